@@ -1,0 +1,45 @@
+# obmm-testbed front door.  `make setup` then `make test` on a fresh Debian 12 machine as root.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST := $(PY) -m pytest
+
+# Debian packages the host needs: compiler for the ABI probe and modules,
+# QEMU and mmdebstrap for the guest images.
+APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
+	qemu-system-x86 qemu-utils mmdebstrap e2fsprogs openssh-client \
+	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils
+
+.PHONY: setup setup-apt setup-python test host-test lint qemu-test hw-test bench patch-check image kmod clean
+
+setup: setup-apt setup-python
+
+setup-apt:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
+	else \
+		echo "setup-apt: not root or no apt-get; install by hand: $(APT_PACKAGES)"; \
+	fi
+
+setup-python: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=23"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+test: lint host-test
+
+lint: setup-python
+	$(VENV)/bin/ruff check pylib tests
+	$(VENV)/bin/ruff format --check pylib tests
+	$(VENV)/bin/mypy
+
+host-test: setup-python
+	$(PYTEST) tests/host --junitxml=results/host-junit.xml
+
+clean:
+	rm -rf results build dist pylib/*.egg-info
