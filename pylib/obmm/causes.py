@@ -1,0 +1,155 @@
+"""What can go wrong: likely causes per (operation, errno), as data.
+
+Built from the real driver's check order (shared/reference/obmm-uapi-and-driver.md
+section 2, citing openeuler-mirror/kernel drivers/ub/obmm/).  `obmm.errors` takes
+its hints from here and the README prints the same table (`render_markdown`).
+"""
+
+from __future__ import annotations
+
+#: Causes that apply to every /dev/obmm ioctl.
+ANY_OP = "*"
+
+CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
+    (ANY_OP, "EOPNOTSUPP"): (
+        "the UB memory feature is not enabled (ub_feature_get() lacks UB_MEM_*): "
+        "every /dev/obmm ioctl fails this way although the module is loaded",
+    ),
+    (ANY_OP, "ENOTTY"): ("unknown ioctl command for this device",),
+    (ANY_OP, "EFAULT"): (
+        "the argument (or priv / vendor_info) pointer is not readable, or the result "
+        "could not be copied back (the object was created anyway)",
+    ),
+    (ANY_OP, "EACCES"): ("/dev/obmm is root-only (mode 0600)",),
+    ("EXPORT", "E2BIG"): ("length (the number of size[] entries) > 16",),
+    ("EXPORT", "EINVAL"): (
+        "pxm_numa < 0 or > 16",
+        "a size[i] is not a multiple of the memseg granule (2 MiB by default)",
+        "all sizes are 0",
+        "the NUMA nodes used and pxm_numa are not on one socket, or a node has no CPU",
+        "flags outside ALLOW_MMAP|FAST (0x3)",
+        "priv_len > 512 or vendor_len > 128",
+        "a size is not a multiple of the pool allocator granule (mem_allocator_granu)",
+    ),
+    ("EXPORT", "ENODEV"): (
+        "a non-zero size[i] names a NUMA node that is not online and local",
+        "no pool allocator on that node",
+    ),
+    ("EXPORT", "EOVERFLOW"): ("the sum of size[] overflows",),
+    ("EXPORT", "ENOSPC"): ("all 2^20-1 region ids are in use",),
+    ("EXPORT", "ENOMEM"): (
+        "the pool is exhausted (used + size > max_total) or could not allocate",
+        "FAST was given and not enough already-cleared pool memory is available",
+    ),
+    ("EXPORT", "EPERM"): ("the UMMU refused a translation device (ummu_core_alloc_tdev)",),
+    ("EXPORT_PID", "EINVAL"): (
+        "flags must be 0 (ALLOW_MMAP and FAST are refused)",
+        "length is 0 or not a multiple of PMD_SIZE (2 MiB with 4K pages)",
+        "priv_len > 512 or vendor_len > 128",
+        "offset/length not multiples of the memseg granule",
+    ),
+    ("EXPORT_PID", "ESRCH"): ("pid is not a live process in the initial pid namespace",),
+    ("EXPORT_PID", "EOPNOTSUPP"): (
+        "the pages are not hugetlbfs pages (anonymous memory and THP are refused)",
+        "the pages or pxm_numa are on a node >= 16 or on more than one socket",
+    ),
+    ("EXPORT_PID", "ENOMEM"): ("only part of the range could be pinned",),
+    ("EXPORT_PID", "ENOSPC"): ("all region ids are in use",),
+    ("UNEXPORT", "ENOENT"): (
+        "no region with this mem_id (mem_id 0 included; libobmm says EINVAL for 0)",
+    ),
+    ("UNEXPORT", "EINVAL"): ("flags != 0", "mem_id names an import, not an export"),
+    ("UNEXPORT", "EBUSY"): (
+        "a /dev/obmm_shmdev<id> file is still open or mapped, or the region is being created",
+    ),
+    ("UNIMPORT", "ENOENT"): (
+        "no region with this mem_id (mem_id 0 included; libobmm says EINVAL for 0)",
+    ),
+    ("UNIMPORT", "EINVAL"): ("flags != 0", "mem_id names an export, not an import"),
+    ("UNIMPORT", "EBUSY"): (
+        "a /dev/obmm_shmdev<id> file is still open or mapped, or the region is being created",
+    ),
+    ("IMPORT", "EINVAL"): (
+        "flags outside 0x7, not exactly one of ALLOW_MMAP / NUMA_REMOTE, or "
+        "PREIMPORT without NUMA_REMOTE",
+        "priv_len > 512",
+        "length 0, addr 0, addr or length not 2 MiB aligned, or addr + length overflows",
+        "NUMA_REMOTE with base_dist in 1..10",
+        "addr is not UB memory of this controller (not in a decoder window)",
+        "NUMA_REMOTE on a non-cacheable range; preimport parameters differ from the declaration",
+    ),
+    ("IMPORT", "ENODEV"): (
+        "scna is not the CNA of a local UB controller (use the importer's own CNA)",
+    ),
+    ("IMPORT", "EEXIST"): (
+        "the PA range overlaps an existing import or preimport "
+        "(the docs say EBUSY; the driver returns EEXIST)",
+    ),
+    ("IMPORT", "EBUSY"): ("the range conflicts with another iomem resource",),
+    ("IMPORT", "ENOSPC"): ("all region ids are in use",),
+    ("IMPORT", "EPERM"): (
+        "NUMA_REMOTE hot-add failed (length/addr not memory-block multiples: "
+        "128 MiB with 4K pages)",
+    ),
+    ("IMPORT", "EAGAIN"): ("the preimport range is not ready yet",),
+    ("ADDR_QUERY", "ENOENT"): ("no active region contains this PA, or no such mem_id",),
+    ("ADDR_QUERY", "EINVAL"): ("offset >= region size", "unknown key_type"),
+    ("DECLARE_PREIMPORT", "EINVAL"): (
+        "pa or length not a multiple of the memory block size, zero, or overflowing",
+        "flags != 0, pa == 0, invalid base_dist, or the range is not cacheable UB memory",
+    ),
+    ("DECLARE_PREIMPORT", "ENODEV"): ("unknown scna",),
+    ("DECLARE_PREIMPORT", "EEXIST"): ("the range overlaps another import or preimport",),
+    ("DECLARE_PREIMPORT", "EBUSY"): ("iomem resource conflict",),
+    ("DECLARE_PREIMPORT", "EPERM"): ("module is unloading, or the memory hot-add failed",),
+    ("UNDECLARE_PREIMPORT", "EINVAL"): (
+        "flags != 0, the PA is not a preimport range, or pa/length do not match "
+        "the declaration exactly",
+    ),
+    ("UNDECLARE_PREIMPORT", "EFAULT"): ("the PA was never declared",),
+    ("UNDECLARE_PREIMPORT", "EBUSY"): ("imports still use the range",),
+    ("UNDECLARE_PREIMPORT", "EAGAIN"): ("the range is not ready",),
+    ("OPEN", "EPERM"): (
+        "cacheable open of a region without cacheable capability, or O_SYNC open "
+        "without non-cacheable capability",
+        "the region came from EXPORT_PID (it can never be opened)",
+    ),
+    ("OPEN", "EAGAIN"): ("the region is still being created",),
+    ("OPEN", "ENOENT"): ("no /dev/obmm_shmdev<id>: wrong mem_id or already unexported",),
+    ("MMAP", "EINVAL"): (
+        "not MAP_SHARED",
+        "offset >= size or length > size - offset",
+        "PMD flag set but start, end or offset not 2 MiB aligned",
+    ),
+    ("MMAP", "EPERM"): (
+        "the region was exported/imported without ALLOW_MMAP",
+        "PROT_WRITE on a read-only fd (or PROT_READ/PROT_EXEC without read access)",
+        "page and PMD granule mixed on one region (the first mmap fixes it)",
+        "cacheable and O_SYNC mappings of one region at the same time",
+    ),
+    ("MPROTECT", "EOPNOTSUPP"): ("mprotect/mremap of an OBMM mapping is refused",),
+    ("UPDATE_RANGE", "EINVAL"): (
+        "fd opened with O_SYNC, or no cacheable mmap yet",
+        "start >= end, or start/end unaligned",
+        "invalid mem_state (bits outside 0xf, RESV cache bits, READEXEC with NC/DEVICE, "
+        "NORMAL_NC with access other than NO_ACCESS) or cache_ops > INFER",
+    ),
+    ("UPDATE_RANGE", "EPERM"): ("requested access exceeds the fd's open mode",),
+    ("UPDATE_RANGE", "EFAULT"): ("[start, end) is not fully covered by this region's mappings",),
+    ("UPDATE_RANGE", "EOVERFLOW"): ("a per-page reader/writer counter would overflow",),
+}
+
+
+def causes(op: str, errname: str) -> tuple[str, ...]:
+    """Likely causes of `errname` from `op`, the operation's own first."""
+    return CAUSES.get((op, errname), ()) + CAUSES.get((ANY_OP, errname), ())
+
+
+def render_markdown() -> str:
+    """The README's "what can go wrong" table."""
+    lines = ["| operation | errno | likely causes |", "|---|---|---|"]
+    for (op, errname), texts in CAUSES.items():
+        shown_op = "any `/dev/obmm` ioctl" if op == ANY_OP else op
+        cell = "<br>".join(t.replace("|", "\\|") for t in texts)
+        lines.append(f"| {shown_op} | `{errname}` | {cell} |")
+    return "\n".join(lines) + "\n"
