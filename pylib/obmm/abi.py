@@ -8,6 +8,7 @@ the header, and equals the reference table.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import cffi
@@ -307,15 +308,10 @@ def new(struct: str) -> CData:
     return ffi.new(f"{struct} *")
 
 
-_libc: Any = None
-
-
+@functools.lru_cache(maxsize=None)
 def libc() -> Any:
-    """The C library, opened once on first use (ioctl, mmap, munmap)."""
-    global _libc
-    if _libc is None:
-        _libc = ffi.dlopen(None)
-    return _libc
+    """The C library, opened on first use (ioctl, mmap, munmap)."""
+    return ffi.dlopen(None)
 
 
 def ioctl(fd: int, name: str, arg: CData) -> int:

@@ -116,8 +116,8 @@ def test_header_compiles_as_cxx(tmp_path: Path) -> None:
     src = tmp_path / "use.cc"
     src.write_text(
         "#include <sys/ioctl.h>\n#include <ub/obmm.h>\n"
-        "static_assert(sizeof(obmm_cmd_export) == 224, \"export\");\n"
-        "static_assert(alignof(obmm_cmd_preimport) == 16, \"preimport\");\n"
+        'static_assert(sizeof(obmm_cmd_export) == 224, "export");\n'
+        'static_assert(alignof(obmm_cmd_preimport) == 16, "preimport");\n'
         "int main() { return OBMM_CMD_EXPORT == 0xc0e07800UL ? 0 : 1; }\n"
     )
     binary = tmp_path / "use"
