@@ -308,7 +308,7 @@ def new(struct: str) -> CData:
     return ffi.new(f"{struct} *")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def libc() -> Any:
     """The C library, opened on first use (ioctl, mmap, munmap)."""
     return ffi.dlopen(None)
