@@ -21,9 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     # Each concern registers its own subcommands; a registrar adds parsers
     # whose defaults carry `func(args) -> int`.
-    from obmm import abi_cli
+    from obmm import abi_cli, handle_cli
 
     abi_cli.register(sub)
+    handle_cli.register(sub)
     try:
         from obmm.testbed import commands as testbed_commands
     except ImportError:  # the testbed needs paramiko; hosts that only use bindings may lack it
