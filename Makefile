@@ -9,7 +9,7 @@ PYTEST := $(PY) -m pytest
 # QEMU and mmdebstrap for the guest images.
 APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	qemu-system-x86 qemu-utils mmdebstrap e2fsprogs openssh-client \
-	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar
+	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3
 
 .PHONY: setup setup-apt setup-python test host-test lint qemu-test hw-test bench patch-check image kmod clean
 
@@ -40,6 +40,12 @@ lint: setup-python
 
 host-test: setup-python
 	$(PYTEST) tests/host --junitxml=results/host-junit.xml
+
+# Build every module under kmod/ against the guest kernel's headers (fetched
+# into ~/.cache), W=1, then the ELF pre-flight of each .ko.
+KBUILD_ARGS ?=
+kmod: setup-python
+	$(PY) -m obmm.testbed.kbuild $(KBUILD_ARGS)
 
 # The URMA_SEG_MAPPED series: format, trailers, checkpatch; KSRC=<OLK-6.6 tree> adds git am + arm64 build.
 patch-check: setup-python

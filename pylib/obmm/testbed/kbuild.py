@@ -1,0 +1,580 @@
+"""Debian kernel headers and out-of-tree module builds for the QEMU testbed.
+
+The guest image installs exactly ``linux-image-<release>`` and
+``linux-headers-<release>``; this module resolves the same release from the
+host's apt lists, unpacks the matching headers into a private cache (never
+the host's /usr/src) and builds every module under ``kmod/`` against them
+with ``W=1``, so host-built ``.ko`` files load in the guest.
+
+Debug CLI: ``python -m obmm.testbed.kbuild [--release R] [--arch A] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SUITE = "bookworm"
+#: Suites whose packages count as "bookworm" (point releases and security fixes).
+_SUITE_SUFFIXES = ("", "-updates", "-security")
+_MANIFEST = ".obmm-kheaders.json"
+#: Only these dependencies of linux-headers-* carry files the build needs;
+#: linux-compiler-* is a metapackage naming the gcc version.
+_TREE_PACKAGE_PREFIXES = ("linux-headers-", "linux-kbuild-")
+#: gcc, modpost and the linker print these; any one fails a W=1 build.
+_WARNING_RE = re.compile(r"\bwarning:", re.IGNORECASE)
+#: make's bookkeeping lines, dropped from error output to keep it readable.
+_MAKE_CHATTER_RE = re.compile(r"^make(\[\d+\])?: (Entering|Leaving) directory")
+
+
+class KbuildError(RuntimeError):
+    """A kernel headers fetch or module build failed; the message says which step and why."""
+
+
+class BuildWarningsError(KbuildError):
+    """A module built, but the compiler, modpost or linker printed warnings."""
+
+    def __init__(self, module: str, warnings: Sequence[str], output: str) -> None:
+        self.module = module
+        self.warnings = list(warnings)
+        self.output = output
+        super().__init__(
+            f"{module}: build printed {len(self.warnings)} warning(s) (W=1, warnings are errors):\n"
+            + output
+        )
+
+
+@dataclass(frozen=True)
+class DebPackage:
+    """One binary package pinned to a version, as ``apt-get download`` takes it."""
+
+    name: str
+    version: str
+    arch: str  # "all" for architecture-independent packages
+
+    @property
+    def spec(self) -> str:
+        qualifier = "" if self.arch == "all" else f":{self.arch}"
+        return f"{self.name}{qualifier}={self.version}"
+
+
+def _repo_root() -> Path:
+    # pylib/obmm/testbed/kbuild.py -> repository root
+    return Path(__file__).resolve().parents[3]
+
+
+def default_cache_dir() -> Path:
+    """``$OBMM_CACHE_DIR`` or ``$XDG_CACHE_HOME/obmm-testbed`` or ``~/.cache/obmm-testbed``."""
+    explicit = os.environ.get("OBMM_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "obmm-testbed"
+
+
+def _run(
+    argv: Sequence[str],
+    *,
+    what: str,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command, raising KbuildError naming ``what`` with its stderr if it fails."""
+    log.debug("run: %s", " ".join(argv))
+    try:
+        proc = subprocess.run(
+            list(argv),
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise KbuildError(f"{what}: {argv[0]} not found ({exc.strerror})") from exc
+    if proc.returncode != 0:
+        detail = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
+        raise KbuildError(
+            f"{what}: `{' '.join(argv)}` exited {proc.returncode}: " + " | ".join(detail[-5:])
+        )
+    return proc
+
+
+def _apt_env(apt_config: Path | None) -> dict[str, str] | None:
+    # APT_CONFIG lets a later matrix lane point at private lists (e.g. trixie)
+    # without touching the host's sources.
+    if apt_config is None:
+        return None
+    env = dict(os.environ)
+    env["APT_CONFIG"] = str(apt_config)
+    return env
+
+
+def host_arch() -> str:
+    """The host's dpkg architecture (``amd64``, ``arm64``...)."""
+    return _run(["dpkg", "--print-architecture"], what="host arch").stdout.strip()
+
+
+# " *** " marks the installed version in place of the 5-space indent.
+_POLICY_VERSION_RE = re.compile(r"^(?: {5}| \*\*\* )(\S+) -?\d+$")
+_POLICY_SOURCE_RE = re.compile(r"^ {8}-?\d+ \S+ ([^/\s]+)/\S+ \S+ Packages$")
+
+
+def parse_policy(text: str) -> list[tuple[str, list[str]]]:
+    """Parse ``apt-cache policy PKG`` into [(version, [suite, ...])], apt's order (newest first)."""
+    table: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        version = _POLICY_VERSION_RE.match(line)
+        if version:
+            table.append((version.group(1), []))
+            continue
+        source = _POLICY_SOURCE_RE.match(line)
+        if source and table:
+            table[-1][1].append(source.group(1))
+    return table
+
+
+def _suite_version(package: str, suite: str, env: Mapping[str, str] | None) -> str:
+    """Newest version of ``package`` available from ``suite`` (or its -updates/-security)."""
+    proc = _run(["apt-cache", "policy", package], what=f"apt-cache policy {package}", env=env)
+    table = parse_policy(proc.stdout)
+    if not table:
+        raise KbuildError(
+            f"package {package} is not in the host's apt lists "
+            "(wrong release or arch? run `apt-get update`)"
+        )
+    wanted = {suite + suffix for suffix in _SUITE_SUFFIXES}
+    for version, suites in table:
+        if wanted.intersection(suites):
+            return version
+    seen = sorted({s for _, suites in table for s in suites})
+    raise KbuildError(
+        f"package {package}: no version from suite {suite} in the host's apt lists "
+        f"(lists have: {', '.join(seen) or 'none'}); add that suite via APT_CONFIG"
+    )
+
+
+def parse_depends(field: str) -> list[tuple[str, str | None]]:
+    """Split a Depends field into [(package, version-constraint or None)], first alternatives."""
+    deps: list[tuple[str, str | None]] = []
+    for clause in field.split(","):
+        first = clause.split("|")[0].strip()
+        if not first:
+            continue
+        m = re.match(r"^([^\s(:]+)(?::\S+)?\s*(?:\(([^)]*)\))?", first)
+        if m:
+            deps.append((m.group(1), m.group(2).strip() if m.group(2) else None))
+    return deps
+
+
+def _show(specs: Sequence[str], env: Mapping[str, str] | None) -> list[dict[str, str]]:
+    """``apt-cache show`` stanzas of pinned package specs, in one call (each costs ~1 s)."""
+    proc = _run(
+        ["apt-cache", "show", "--no-all-versions", *specs],
+        what=f"apt-cache show {' '.join(specs)}",
+        env=env,
+    )
+    stanzas: list[dict[str, str]] = []
+    fields: dict[str, str] = {}
+    key = ""
+    for line in [*proc.stdout.splitlines(), ""]:
+        if not line.strip():
+            if fields:
+                stanzas.append(fields)
+                fields = {}
+            continue
+        if line[0].isspace() and key:
+            fields[key] += "\n" + line.strip()
+        elif ":" in line:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return stanzas
+
+
+def debian_kernel_release(
+    arch: str = "amd64", suite: str = DEFAULT_SUITE, *, apt_config: Path | None = None
+) -> str:
+    """The release (``6.1.0-57-amd64``) that ``linux-image-<arch>`` from ``suite`` depends on."""
+    env = _apt_env(apt_config)
+    meta = f"linux-image-{arch}" if arch == host_arch() else f"linux-image-{arch}:{arch}"
+    version = _suite_version(meta, suite, env)
+    fields = _show([f"{meta}={version}"], env)[0]
+    for name, _constraint in parse_depends(fields.get("Depends", "")):
+        m = re.fullmatch(r"linux-image-(\d+\.\d+\S*)", name)
+        if m:
+            release = m.group(1).removesuffix("-unsigned")
+            log.info("%s %s (%s) -> kernel release %s", meta, version, suite, release)
+            return release
+    raise KbuildError(
+        f"{meta}={version} does not depend on a linux-image-<release> package "
+        f"(Depends: {fields.get('Depends', '')!r})"
+    )
+
+
+def headers_packages(
+    release: str,
+    arch: str = "amd64",
+    suite: str = DEFAULT_SUITE,
+    *,
+    apt_config: Path | None = None,
+) -> list[DebPackage]:
+    """linux-headers-<release> and the packages its tree needs, pinned to one source version.
+
+    linux-kbuild-* holds host executables (fixdep, modpost), so it is taken for
+    the host's arch even when the headers are for another one (cross builds).
+    """
+    env = _apt_env(apt_config)
+    build_arch = host_arch()
+
+    def qualified(name: str, pkg_arch: str) -> str:
+        return name if pkg_arch == build_arch else f"{name}:{pkg_arch}"
+
+    top = f"linux-headers-{release}"
+    try:
+        version = _suite_version(qualified(top, arch), suite, env)
+    except KbuildError as exc:
+        raise KbuildError(f"cannot find headers for kernel {release} ({arch}): {exc}") from exc
+    packages: list[DebPackage] = []
+    seen = {top}
+    level = [qualified(top, arch) + f"={version}"]
+    while level:
+        wanted: list[str] = []
+        for fields in _show(level, env):
+            packages.append(DebPackage(fields["Package"], version, fields["Architecture"]))
+            for name, _constraint in parse_depends(fields.get("Depends", "")):
+                if name in seen or not name.startswith(_TREE_PACKAGE_PREFIXES):
+                    continue
+                seen.add(name)
+                # The whole tree comes from one source package, hence one version.
+                if name.startswith("linux-kbuild-"):
+                    dep_arch = build_arch  # host tools, even for a cross build
+                elif name.endswith("-common"):
+                    dep_arch = build_arch  # Architecture: all, no qualifier
+                else:
+                    dep_arch = arch
+                wanted.append(qualified(name, dep_arch) + f"={version}")
+        level = wanted
+    return packages
+
+
+def _download(packages: Iterable[DebPackage], dest: Path, env: Mapping[str, str] | None) -> None:
+    argv = ["apt-get", "download", "-q"]
+    if os.geteuid() == 0:
+        # apt's _apt sandbox user cannot write into root's private temp dir.
+        argv += ["-o", "APT::Sandbox::User=root"]
+    for pkg in packages:
+        try:
+            _run([*argv, pkg.spec], what=f"download {pkg.spec}", cwd=dest, env=env)
+        except KbuildError as exc:
+            raise KbuildError(
+                f"cannot download {pkg.spec} from the Debian mirror: {exc}. "
+                "Check network access to deb.debian.org and run `apt-get update`."
+            ) from exc
+
+
+def _relink_absolute(root: Path) -> int:
+    """Point absolute symlinks inside the unpacked tree at the tree, not the host's /."""
+    fixed = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            link = Path(dirpath) / name
+            if not link.is_symlink():
+                continue
+            target = os.readlink(link)
+            if not target.startswith("/"):
+                continue
+            inside = root / target.lstrip("/")
+            link.unlink()
+            link.symlink_to(os.path.relpath(inside, link.parent))
+            fixed += 1
+    return fixed
+
+
+_ABS_INCLUDE_RE = re.compile(r"^(-?include)\s+/(\S+)\s*$", re.MULTILINE)
+
+
+def _relocate_makefile(headers: Path, root: Path) -> None:
+    """Debian's arch Makefile includes the -common tree by absolute path; make it relative."""
+    makefile = headers / "Makefile"
+    text = makefile.read_text()
+
+    def repl(m: re.Match[str]) -> str:
+        target = root / m.group(2)
+        if not target.exists():
+            raise KbuildError(
+                f"{makefile} includes /{m.group(2)}, which no downloaded package provides"
+            )
+        rel = os.path.relpath(target, headers)
+        # make -C <headers> reads this Makefile by a path relative to itself.
+        return f"{m.group(1)} $(dir $(lastword $(MAKEFILE_LIST))){rel}"
+
+    makefile.write_text(_ABS_INCLUDE_RE.sub(repl, text))
+
+
+def headers_dir_for(release: str, cache_dir: Path | None = None) -> Path:
+    """Where fetch_headers() puts the headers tree for ``release``."""
+    base = (cache_dir or default_cache_dir() / "kheaders") / release
+    return base / "usr" / "src" / f"linux-headers-{release}"
+
+
+def fetch_headers(
+    release: str,
+    arch: str = "amd64",
+    cache_dir: Path | None = None,
+    *,
+    suite: str = DEFAULT_SUITE,
+    apt_config: Path | None = None,
+) -> Path:
+    """Download and unpack the headers for ``release``; return the dir for ``make -C``.
+
+    The tree lands in ``<cache_dir>/<release>/`` (default
+    ``~/.cache/obmm-testbed/kheaders``), built in a temp dir and renamed into
+    place, so a crash never leaves a half tree that looks complete.
+    """
+    cache = cache_dir or default_cache_dir() / "kheaders"
+    final = cache / release
+    headers = headers_dir_for(release, cache)
+    if (final / _MANIFEST).is_file() and headers.is_dir():
+        log.info("kernel headers %s: cached at %s", release, headers)
+        return headers
+
+    env = _apt_env(apt_config)
+    packages = headers_packages(release, arch, suite, apt_config=apt_config)
+    cache.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f".{release}.", dir=cache) as tmp:
+        debs = Path(tmp) / "debs"
+        root = Path(tmp) / "root"
+        debs.mkdir()
+        root.mkdir()
+        _download(packages, debs, env)
+        for deb in sorted(debs.glob("*.deb")):
+            _run(["dpkg-deb", "-x", str(deb), str(root)], what=f"unpack {deb.name}")
+        tmp_headers = root / "usr" / "src" / f"linux-headers-{release}"
+        if not (tmp_headers / "Makefile").is_file():
+            raise KbuildError(f"linux-headers-{release} did not provide {tmp_headers}/Makefile")
+        _relink_absolute(root)
+        _relocate_makefile(tmp_headers, root)
+        manifest = {
+            "release": release,
+            "arch": arch,
+            "suite": suite,
+            "packages": [p.spec for p in packages],
+        }
+        (root / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if final.exists() and not (final / _MANIFEST).is_file():
+            shutil.rmtree(final)  # left by an older layout or a hand edit, never complete
+        try:
+            root.rename(final)
+        except OSError:
+            # Another process finished first; its tree is as good as ours.
+            if not (final / _MANIFEST).is_file():
+                raise
+    log.info(
+        "kernel headers %s: fetched in %.1fs to %s", release, time.monotonic() - started, headers
+    )
+    return headers
+
+
+def module_dirs(kmod_dir: Path) -> list[Path]:
+    """Subdirectories of kmod/ that are modules (have a Kbuild or Makefile)."""
+    return sorted(
+        d
+        for d in kmod_dir.iterdir()
+        if d.is_dir() and ((d / "Kbuild").is_file() or (d / "Makefile").is_file())
+    )
+
+
+def _build_ignore(_dir: str, names: list[str]) -> list[str]:
+    # Stale objects from an in-tree build must not leak into the clean copy.
+    suffixes = (".o", ".ko", ".mod", ".mod.c", ".cmd", ".symvers", ".order")
+    return [n for n in names if n.endswith(suffixes) or n == ".tmp_versions"]
+
+
+def _mirror_siblings(kmod_dir: Path, work: Path) -> None:
+    """Link kmod/'s siblings (uapi/ ...) next to the copies, so ``$(src)/../../uapi`` resolves."""
+    work.mkdir(parents=True, exist_ok=True)
+    for entry in kmod_dir.parent.iterdir():
+        link = work / entry.name
+        if entry.name == kmod_dir.name or entry.name.startswith(".") or not entry.is_dir():
+            continue
+        if link.is_symlink() or work.resolve().is_relative_to(entry.resolve()):
+            continue  # already linked, or results/, which holds the build dir itself
+        link.symlink_to(entry.resolve())
+
+
+def find_warnings(output: str) -> list[str]:
+    """Lines of a kbuild log that are compiler, modpost or linker warnings."""
+    return [line for line in output.splitlines() if _WARNING_RE.search(line)]
+
+
+def build_modules(
+    headers_dir: Path,
+    kmod_dir: Path,
+    out_dir: Path,
+    *,
+    extra_cflags: Sequence[str] = (),
+    warnings_as_errors: bool = True,
+    build_dir: Path | None = None,
+    jobs: int | None = None,
+    modules: Sequence[str] | None = None,
+    make_vars: Mapping[str, str] | None = None,
+) -> list[Path]:
+    """Build every module under ``kmod_dir`` with W=1 and copy the .ko files to ``out_dir``.
+
+    Each module is built in a fresh copy under ``<build_dir>/kmod/`` (default
+    build_dir ``<out_dir>/.build``), so the source tree stays free of build
+    output; kmod/'s siblings are linked beside the copy so relative paths in a
+    Kbuild file keep working.  ``modules`` limits the build to those names;
+    ``make_vars`` adds make variables (e.g. ARCH/CROSS_COMPILE for a cross build).
+    """
+    headers_dir = Path(headers_dir).resolve()
+    out_dir = Path(out_dir).resolve()
+    work = Path(build_dir).resolve() if build_dir else out_dir / ".build"
+    if not (headers_dir / "Makefile").is_file():
+        raise KbuildError(f"{headers_dir} is not a kernel build dir (no Makefile)")
+    kmod_dir = Path(kmod_dir).resolve()
+    dirs = module_dirs(kmod_dir)
+    if modules is not None:
+        unknown = sorted(set(modules) - {d.name for d in dirs})
+        if unknown:
+            raise KbuildError(f"no such module dir under {kmod_dir}: {', '.join(unknown)}")
+        dirs = [d for d in dirs if d.name in modules]
+    if not dirs:
+        raise KbuildError(f"no module directories (with Kbuild or Makefile) under {kmod_dir}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _mirror_siblings(kmod_dir, work)
+    built: list[Path] = []
+    for src in dirs:
+        copy = work / kmod_dir.name / src.name
+        if copy.exists():
+            shutil.rmtree(copy)
+        shutil.copytree(src, copy, ignore=_build_ignore)
+        argv = [
+            "make",
+            f"-j{jobs or os.cpu_count() or 1}",
+            "-C",
+            str(headers_dir),
+            f"M={copy}",
+            "W=1",
+        ]
+        if extra_cflags:
+            argv.append("KCFLAGS=" + " ".join(extra_cflags))
+        argv += [f"{key}={value}" for key, value in (make_vars or {}).items()]
+        argv.append("modules")
+        started = time.monotonic()
+        # C locale: ASCII quotes in gcc's messages.  Kbuild unexports LC_ALL,
+        # so the per-category variables are what reach gcc.
+        env = {**os.environ, "LANG": "C", "LC_CTYPE": "C", "LC_MESSAGES": "C"}
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+        output = "\n".join(
+            line
+            for line in (proc.stdout + proc.stderr).splitlines()
+            if not _MAKE_CHATTER_RE.match(line)
+        )
+        if proc.returncode != 0:
+            raise KbuildError(f"{src.name}: make exited {proc.returncode}:\n{output}")
+        warnings = find_warnings(output)
+        if warnings and warnings_as_errors:
+            raise BuildWarningsError(src.name, warnings, output)
+        for line in warnings:
+            log.warning("%s: %s", src.name, line)
+        kos = sorted(copy.rglob("*.ko"))
+        if not kos:
+            raise KbuildError(f"{src.name}: make succeeded but produced no .ko:\n{output}")
+        for ko in kos:
+            dest = out_dir / ko.name
+            shutil.copy2(ko, dest)
+            built.append(dest)
+        log.info(
+            "%s: built %s in %.1fs",
+            src.name,
+            ", ".join(k.name for k in kos),
+            time.monotonic() - started,
+        )
+    return built
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: resolve the release, fetch headers, build all modules, pre-flight each .ko."""
+    from obmm import elfcheck  # deferred: the library part must not need pyelftools
+
+    parser = argparse.ArgumentParser(
+        prog="python -m obmm.testbed.kbuild",
+        description="Build kmod/* against Debian kernel headers and pre-flight the .ko files.",
+    )
+    parser.add_argument(
+        "--release", help="kernel release (default: what linux-image-ARCH depends on)"
+    )
+    parser.add_argument("--arch", default="amd64", help="Debian arch of the guest (default amd64)")
+    parser.add_argument(
+        "--suite", default=DEFAULT_SUITE, help=f"Debian suite (default {DEFAULT_SUITE})"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="where the .ko files go (default results/kmod/RELEASE)"
+    )
+    parser.add_argument("--kmod", type=Path, default=_repo_root() / "kmod", help="module sources")
+    parser.add_argument(
+        "--cache", type=Path, help="headers cache (default ~/.cache/obmm-testbed/kheaders)"
+    )
+    parser.add_argument(
+        "--module", action="append", dest="modules", help="build only this module dir (repeatable)"
+    )
+    parser.add_argument("--no-werror", action="store_true", help="report warnings but do not fail")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="kbuild: %(message)s"
+    )
+
+    try:
+        t0 = time.monotonic()
+        release = args.release or debian_kernel_release(args.arch, args.suite)
+        headers = fetch_headers(release, args.arch, args.cache, suite=args.suite)
+        t1 = time.monotonic()
+        out = args.out or _repo_root() / "results" / "kmod" / release
+        kos = build_modules(
+            headers, args.kmod, out, warnings_as_errors=not args.no_werror, modules=args.modules
+        )
+        t2 = time.monotonic()
+    except KbuildError as exc:
+        print(f"kbuild: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"kbuild: headers {release} ready in {t1 - t0:.1f}s: {headers}")
+    print(f"kbuild: built {len(kos)} module(s) in {t2 - t1:.1f}s into {out}")
+
+    symvers = elfcheck.Symvers.load(headers / "Module.symvers")
+    exports = {sym for ko in kos for sym in elfcheck.module_exports(ko)}
+    failed = 0
+    for ko in kos:
+        t = time.monotonic()
+        problems = elfcheck.check_module(
+            ko, kernel_release=release, arch=args.arch, symvers_path=symvers, extra_exports=exports
+        )
+        ms = (time.monotonic() - t) * 1000
+        if problems:
+            failed += 1
+            print(f"elfcheck: {ko.name}: FAIL ({ms:.0f} ms)")
+            for problem in problems:
+                print(f"  {problem}")
+        else:
+            print(f"elfcheck: {ko.name}: ok ({ms:.0f} ms)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
