@@ -1,0 +1,213 @@
+"""Decoder resolution: (exporter, UBA, length) -> the importer's local physical address.
+
+On real UB hardware, management software programs the importer's UB memory
+decoder so that a window of local physical addresses reaches the exporter's
+memory; OBMM_CMD_IMPORT then takes that local address.  This module does that
+step:
+
+* `EmulatorDecoder` reads the emulated fabric's windows from
+  `/sys/kernel/obmm_emu/windows/<node>/{base,size}` (obmm_emu.ko) and decodes
+  the emulator's UBA (bit 48 set, exporter node in bits 40..47, exporter PA in
+  bits 0..39; see kmod/obmm_emu/obmm_emu_ctl.h).
+* `CommandDecoder` runs a program the site provides (hardware): it gets the
+  request in its environment and prints the local address.
+* `TableDecoder` reads a JSON file of decoder windows the site provides.
+
+`decoder_from_spec("emulator" | "cmd:PROGRAM ARGS" | "file:PATH")` picks one;
+`default_decoder()` reads the spec from $OBMM_DECODER, else the emulator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+EMU_SYSFS = "/sys/kernel/obmm_emu"
+ENV_SPEC = "OBMM_DECODER"
+
+# The emulator's UBA encoding (kmod/obmm_emu/obmm_emu_ctl.h).
+EMU_UBA_VALID = 1 << 48
+EMU_UBA_NODE_SHIFT = 40
+EMU_UBA_NODE_MASK = 0xFF << EMU_UBA_NODE_SHIFT
+EMU_UBA_PA_MASK = (1 << 40) - 1
+
+
+class DecoderError(Exception):
+    """The decoder cannot reach the requested exporter memory from this node."""
+
+
+class Decoder(Protocol):
+    def resolve(self, exporter_node: int, uba: int, length: int) -> int:
+        """Local physical address at which this node reaches [uba, uba + length)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Window:
+    """`size` bytes of node `node`'s memory, starting at its address `remote_base`,
+    appear at local physical address `base`."""
+
+    node: int
+    base: int
+    size: int
+    remote_base: int = 0
+
+    def translate(self, remote: int, length: int) -> int | None:
+        if self.remote_base <= remote and remote + length <= self.remote_base + self.size:
+            return self.base + (remote - self.remote_base)
+        return None
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text().strip(), 0)
+    except (OSError, ValueError) as exc:
+        raise DecoderError(f"cannot read {path}: {exc}") from exc
+
+
+def emulator_uba_split(uba: int) -> tuple[int, int]:
+    """(exporter node, exporter PA) of an obmm_emu UBA."""
+    if not uba & EMU_UBA_VALID or uba >> 49:
+        raise DecoderError(f"UBA {uba:#x} is not an obmm_emu UBA (bit 48 set, bits 49+ clear)")
+    return (uba & EMU_UBA_NODE_MASK) >> EMU_UBA_NODE_SHIFT, uba & EMU_UBA_PA_MASK
+
+
+class EmulatorDecoder:
+    """Windows of the emulated fabric, as obmm_emu.ko publishes them in sysfs."""
+
+    def __init__(self, sysfs: str = EMU_SYSFS) -> None:
+        self.root = Path(sysfs)
+
+    def windows(self) -> list[Window]:
+        wdir = self.root / "windows"
+        if not wdir.is_dir():
+            raise DecoderError(
+                f"{wdir} does not exist: obmm_emu.ko is not loaded (on real hardware set "
+                f"{ENV_SPEC}=cmd:... or file:...)"
+            )
+        found = []
+        for entry in sorted(wdir.iterdir()):
+            if (entry / "base").exists():
+                found.append(
+                    Window(
+                        node=_read_int(entry / "node"),
+                        base=_read_int(entry / "base"),
+                        size=_read_int(entry / "size"),
+                    )
+                )
+        return found
+
+    def resolve(self, exporter_node: int, uba: int, length: int) -> int:
+        node, pa = emulator_uba_split(uba)
+        if node != exporter_node:
+            raise DecoderError(f"UBA {uba:#x} belongs to node {node}, not node {exporter_node}")
+        for window in self.windows():
+            if window.node == node:
+                local = window.translate(pa, length)
+                if local is None:
+                    raise DecoderError(
+                        f"[{pa:#x}, {pa + length:#x}) of node {node} is outside its "
+                        f"{window.size:#x}-byte window"
+                    )
+                return local
+        raise DecoderError(f"this node has no decoder window onto node {node}")
+
+
+class TableDecoder:
+    """Windows from a JSON file: {"windows": [{"node", "base", "size", "remote_base"}]}.
+
+    `remote_base` is the UBA the window starts at on the exporter; integers may be
+    written as numbers or as strings such as "0x100000000".
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def windows(self) -> list[Window]:
+        try:
+            doc = json.loads(self.path.read_text())
+            return [
+                Window(
+                    node=int(str(w["node"]), 0),
+                    base=int(str(w["base"]), 0),
+                    size=int(str(w["size"]), 0),
+                    remote_base=int(str(w.get("remote_base", 0)), 0),
+                )
+                for w in doc["windows"]
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DecoderError(f"bad decoder table {self.path}: {exc!r}") from exc
+
+    def resolve(self, exporter_node: int, uba: int, length: int) -> int:
+        for window in self.windows():
+            if window.node == exporter_node:
+                local = window.translate(uba, length)
+                if local is not None:
+                    return local
+        raise DecoderError(
+            f"no window in {self.path} covers node {exporter_node} [{uba:#x}, {uba + length:#x})"
+        )
+
+
+class CommandDecoder:
+    """Asks a site program: it gets OBMM_EXPORTER_NODE, OBMM_UBA and OBMM_LENGTH in its
+    environment and prints the local physical address (decimal or 0x-hex) on stdout."""
+
+    def __init__(self, command: str, timeout: float = 30.0) -> None:
+        self.argv = shlex.split(command)
+        self.timeout = timeout
+        if not self.argv:
+            raise DecoderError("empty decoder command")
+
+    def resolve(self, exporter_node: int, uba: int, length: int) -> int:
+        env: Mapping[str, str] = dict(
+            os.environ,
+            OBMM_EXPORTER_NODE=str(exporter_node),
+            OBMM_UBA=hex(uba),
+            OBMM_LENGTH=str(length),
+        )
+        try:
+            out = subprocess.run(
+                self.argv, env=env, capture_output=True, text=True, timeout=self.timeout
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise DecoderError(f"decoder command {self.argv[0]} failed: {exc}") from exc
+        if out.returncode != 0:
+            raise DecoderError(
+                f"decoder command {self.argv[0]} exited {out.returncode}: {out.stderr.strip()}"
+            )
+        try:
+            return int(out.stdout.strip(), 0)
+        except ValueError as exc:
+            raise DecoderError(
+                f"decoder command {self.argv[0]} printed {out.stdout.strip()!r}, not an address"
+            ) from exc
+
+
+def decoder_from_spec(spec: str) -> Decoder:
+    """`emulator[:SYSFS]`, `cmd:PROGRAM ARGS...` or `file:PATH`."""
+    kind, _, arg = spec.partition(":")
+    if kind == "emulator":
+        return EmulatorDecoder(arg or EMU_SYSFS)
+    if kind == "cmd":
+        return CommandDecoder(arg)
+    if kind == "file":
+        return TableDecoder(arg)
+    raise DecoderError(f"unknown decoder {spec!r}: use emulator, cmd:PROGRAM or file:PATH")
+
+
+def default_decoder() -> Decoder:
+    return decoder_from_spec(os.environ.get(ENV_SPEC, "emulator"))
+
+
+def local_cna(sysfs: str = "/sys/devices") -> int:
+    """This node's primary CNA, as libobmm reads it (ub_bus_controller<i>/*/ubc/primary_cna)."""
+    for path in sorted(Path(sysfs).glob("ub_bus_controller*/*/ubc/primary_cna")):
+        return _read_int(path)
+    raise DecoderError(f"no {sysfs}/ub_bus_controller*/*/ubc/primary_cna: no UB controller")
