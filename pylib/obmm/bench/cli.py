@@ -1,0 +1,116 @@
+"""`obmm-testbed bench` and `obmm-testbed bench-compare`.
+
+    obmm-testbed bench --local-only [--out bench-results] [--full]   # host smoke run, no VM
+    obmm-testbed bench [--nodes 2] [--quick]                         # needs a cluster hook
+    obmm-testbed bench-compare OLD NEW [--threshold 0.10] [--by-ratio]
+
+The cluster mode needs a way to reach the nodes; `register(sub, cluster_bench=FN)` takes
+`FN(args, config) -> Run` (it boots or attaches the cluster, builds run/copy callables and calls
+`obmm.bench.runner.run_cluster_bench`).  Without one, only --local-only works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from obmm.bench import compare
+from obmm.bench.probe import ProbeSettings
+from obmm.bench.results import Environment, Run, write_run
+from obmm.bench.runner import BenchConfig, run_local_bench
+
+DEFAULT_OUT = Path("bench-results")
+ClusterBench = Callable[[argparse.Namespace, BenchConfig], Run]
+
+
+def _print_summary(outdir: Path) -> None:
+    print(f"results in {outdir}/ (results.json, summary.md, *.png)")
+
+
+def _cmd_bench(args: argparse.Namespace, cluster_bench: ClusterBench | None) -> int:
+    if args.local_only:
+        settings = ProbeSettings() if args.full else ProbeSettings.quick()
+        if args.max_seconds is not None:
+            settings.max_seconds = args.max_seconds
+        env = Environment.collect_host(accelerator="host", node_count=1)
+        run = run_local_bench(env, settings, say=lambda m: print(f"[bench] {m}", flush=True))
+    else:
+        if cluster_bench is None:
+            print(
+                "obmm-testbed bench: the cluster mode is not wired in this build; "
+                "use --local-only for a host run",
+                file=sys.stderr,
+            )
+            return 2
+        config = BenchConfig.quick() if args.quick else BenchConfig()
+        if args.max_seconds is not None:
+            config.probe.max_seconds = args.max_seconds
+        run = cluster_bench(args, config)
+    outdir = write_run(run, args.out, name=args.name, plots=not args.no_plots)
+    _print_summary(outdir)
+    if args.print_summary:
+        print((outdir / "summary.md").read_text())
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    argv = [str(args.old), str(args.new), "--threshold", str(args.threshold)]
+    return compare.main(argv + (["--by-ratio"] if args.by_ratio else []))
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--local-only",
+        action="store_true",
+        help="run memprobe on this machine (no VM): local memory vs a shared file",
+    )
+    p.add_argument("--nodes", type=int, default=2, help="cluster size for the cluster mode (2)")
+    p.add_argument("--quick", action="store_true", help="cluster mode: small counts")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="--local-only: full-size counts (10 000-row tables, 64 MiB sets)",
+    )
+    p.add_argument(
+        "--max-seconds", type=float, default=None, help="memprobe time budget per source"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="results root (bench-results); a <timestamp>/ folder is made in it",
+    )
+    p.add_argument("--name", default=None, help="folder name instead of the timestamp")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--print-summary", action="store_true", help="print summary.md at the end")
+
+
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    cluster_bench: ClusterBench | None = None,
+) -> None:
+    p = sub.add_parser("bench", help="measure control path, data path and Engram prefetch")
+    add_bench_arguments(p)
+    p.set_defaults(func=lambda a: _cmd_bench(a, cluster_bench))
+    c = sub.add_parser("bench-compare", help="two bench-results folders side by side")
+    c.add_argument("old", type=Path)
+    c.add_argument("new", type=Path)
+    c.add_argument("--threshold", type=float, default=0.10)
+    c.add_argument("--by-ratio", action="store_true")
+    c.set_defaults(func=_cmd_compare)
+
+
+def main(argv: Sequence[str] | None = None, cluster_bench: ClusterBench | None = None) -> int:
+    """`python -m obmm.bench [bench options]` (the `bench` subcommand's options)."""
+    p = argparse.ArgumentParser(prog="python -m obmm.bench")
+    add_bench_arguments(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return _cmd_bench(args, cluster_bench)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

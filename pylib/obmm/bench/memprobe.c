@@ -1,0 +1,861 @@
+// SPDX-License-Identifier: GPL-2.0-or-later
+/*
+ * memprobe: data-path and Engram measurements on one memory source.
+ *
+ * Sources: --local SIZE (anonymous memory, the local baseline),
+ * --shmdev PATH (an OBMM region, MAP_SHARED; --sync opens it O_SYNC) and
+ * --file PATH (a regular file mapped MAP_SHARED, for host tests).
+ *
+ * Output: one JSON object per line.  Every timed sample is printed:
+ *   {"kind":"sample","test":T,"param":P,"unit":U,"value":V}
+ * plus "env", "info", "skip", "verify" and a final "done" line.
+ *
+ * Only libc is used so it builds in any guest with gcc.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CACHELINE		64
+#define ENGRAM_ROW_BYTES	1364	/* 341 fp32 */
+#define ENGRAM_ROW_FLOATS	(ENGRAM_ROW_BYTES / 4)
+#define ENGRAM_TABLES		12
+#define ENGRAM_ROWS		10000
+#define ENGRAM_WARMUP		10
+#define ENGRAM_ITERS		100
+#define ENGRAM_PROBE_ROW	42
+#define MAX_LIST		16
+#define DEF_SAMPLES		10
+#define DEF_LOAD_SAMPLES	1000
+#define DEF_CHASE_LOADS		(1UL << 20)
+#define DEF_BW_BYTES		(64UL << 20)
+#define DEF_MAX_SECONDS		30.0
+#define CLOCK_PAIRS		1000
+#define NSEC_PER_SEC		1000000000.0
+#define NSEC_PER_MSEC		1000000.0
+#define ARRAY_SIZE(a)		(sizeof(a) / sizeof((a)[0]))
+#define BIT(n)			(1U << (n))
+
+#define EXIT_USAGE		1
+#define EXIT_SETUP		2
+#define EXIT_VERIFY		3
+
+enum test_bit {
+	T_VERIFY = BIT(0),
+	T_ENGRAM = BIT(1),
+	T_LOAD   = BIT(2),
+	T_CHASE  = BIT(3),
+	T_READ   = BIT(4),
+	T_WRITE  = BIT(5),
+	T_CLOCK  = BIT(6),
+};
+
+#define T_ALL (T_VERIFY | T_ENGRAM | T_LOAD | T_CHASE | T_READ | T_WRITE | T_CLOCK)
+
+static const struct {
+	const char *name;
+	unsigned int bit;
+} test_names[] = {
+	{ "verify", T_VERIFY }, { "engram", T_ENGRAM }, { "load", T_LOAD },
+	{ "chase", T_CHASE },   { "read", T_READ },     { "write", T_WRITE },
+	{ "clock", T_CLOCK },   { "all", T_ALL },       { "none", 0 },
+};
+
+struct opts {
+	const char *kind;	/* "local", "shmdev" or "file" */
+	const char *path;
+	size_t length;
+	off_t offset;
+	int sync;
+	int fill;
+	unsigned int tests;
+	size_t chase_sizes[MAX_LIST];
+	int nr_chase;
+	size_t chase_loads;
+	size_t engram_tokens[MAX_LIST];
+	int nr_tokens;
+	size_t engram_rows;
+	int engram_iters;
+	size_t bw_bytes;
+	int samples;
+	int load_samples;
+	double max_seconds;
+	uint64_t seed;
+};
+
+struct region {
+	unsigned char *base;
+	size_t length;
+	int fd;
+};
+
+static uint64_t rng_state;
+
+/* xorshift64*: cheap, good enough to pick rows and build permutations. */
+static uint64_t rng_next(void)
+{
+	rng_state ^= rng_state >> 12;
+	rng_state ^= rng_state << 25;
+	rng_state ^= rng_state >> 27;
+	return rng_state * 0x2545F4914F6CDD1DULL;
+}
+
+static uint64_t rng_below(uint64_t n)
+{
+	return rng_next() % n;
+}
+
+static double now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * NSEC_PER_SEC + (double)ts.tv_nsec;
+}
+
+static inline void sink_u64(uint64_t v)
+{
+	__asm__ volatile("" : : "r"(v) : "memory");
+}
+
+static inline void barrier_mem(void)
+{
+	__asm__ volatile("" : : : "memory");
+}
+
+static void emit_sample(const char *test, size_t param, const char *unit,
+			double value)
+{
+	printf("{\"kind\":\"sample\",\"test\":\"%s\",\"param\":%zu,\"unit\":\"%s\",\"value\":%.9g}\n", test, param, unit, value);
+}
+
+static void emit_skip(const char *test, size_t param, const char *reason)
+{
+	printf("{\"kind\":\"skip\",\"test\":\"%s\",\"param\":%zu,\"reason\":\"%s\"}\n", test, param, reason);
+}
+
+static void emit_truncated(const char *test, size_t param, int done, int wanted)
+{
+	printf("{\"kind\":\"truncated\",\"test\":\"%s\",\"param\":%zu,\"samples\":%d,\"wanted\":%d,\"reason\":\"max-seconds\"}\n",
+	       test, param, done, wanted);
+}
+
+/* Per-block time budget: --max-seconds shared by the blocks to run. */
+struct budget {
+	double end_ns;
+};
+
+static void budget_start(struct budget *b, double seconds)
+{
+	b->end_ns = now_ns() + seconds * NSEC_PER_SEC;
+}
+
+static int budget_over(const struct budget *b)
+{
+	return now_ns() > b->end_ns;
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(s, &end, 0);
+	if (errno || end == s)
+		return -1;
+	switch (*end) {
+	case 'k': case 'K':
+		v <<= 10;
+		end++;
+		break;
+	case 'm': case 'M':
+		v <<= 20;
+		end++;
+		break;
+	case 'g': case 'G':
+		v <<= 30;
+		end++;
+		break;
+	default:
+		break;
+	}
+	if (*end == 'i' && end[1] == 'B')
+		end += 2;
+	else if (*end == 'B')
+		end++;
+	if (*end)
+		return -1;
+	*out = (size_t)v;
+	return 0;
+}
+
+static int parse_size_list(const char *s, size_t *out, int max)
+{
+	char buf[256];
+	char *tok, *save = NULL;
+	int n = 0;
+
+	if (strlen(s) >= sizeof(buf))
+		return -1;
+	strcpy(buf, s);
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (n >= max || parse_size(tok, &out[n]) || !out[n])
+			return -1;
+		n++;
+	}
+	return n ? n : -1;
+}
+
+static int parse_tests(const char *s, unsigned int *out)
+{
+	char buf[256];
+	char *tok, *save = NULL;
+	unsigned int bits = 0;
+	size_t i;
+
+	if (strlen(s) >= sizeof(buf))
+		return -1;
+	strcpy(buf, s);
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		for (i = 0; i < ARRAY_SIZE(test_names); i++)
+			if (!strcmp(tok, test_names[i].name))
+				break;
+		if (i == ARRAY_SIZE(test_names))
+			return -1;
+		bits |= test_names[i].bit;
+	}
+	*out = bits;
+	return 0;
+}
+
+static void print_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: memprobe (--local SIZE | --shmdev PATH | --file PATH) [options]\n"
+		"  --length N        bytes to map (shmdev: required; file: default its size)\n"
+		"  --offset N        mmap offset (shmdev, file)\n"
+		"  --sync            open with O_SYNC (non-cacheable mapping on OBMM)\n"
+		"  --fill            write the Engram pattern (float i = i * 0.001) first\n"
+		"  --tests LIST      verify,engram,load,chase,read,write,clock,all,none (all)\n"
+		"  --chase-sizes L   working sets, e.g. 16K,256K,4M,64M\n"
+		"  --chase-loads N   dependent loads per chase sample (%lu)\n"
+		"  --bw-size N       bytes per bandwidth pass (min(length, 64M))\n"
+		"  --samples N       samples per chase size and bandwidth test (%d)\n"
+		"  --load-samples N  single 4-byte load samples (%d)\n"
+		"  --engram-rows N   rows per table (%d, or as many as fit)\n"
+		"  --engram-tokens L tokens per prefetch, e.g. 32,128 (128)\n"
+		"  --engram-iters N  timed prefetches after %d warm-up ones (%d)\n"
+		"  --max-seconds S   time budget shared by the tests (%.0f)\n"
+		"  --seed N          random seed (1)\n",
+		DEF_CHASE_LOADS, DEF_SAMPLES, DEF_LOAD_SAMPLES, ENGRAM_ROWS,
+		ENGRAM_WARMUP, ENGRAM_ITERS, DEF_MAX_SECONDS);
+}
+
+enum {
+	OPT_LOCAL = 256, OPT_SHMDEV, OPT_FILE, OPT_LENGTH, OPT_OFFSET, OPT_SYNC,
+	OPT_FILL, OPT_TESTS, OPT_CHASE_SIZES, OPT_CHASE_LOADS, OPT_BW_SIZE,
+	OPT_SAMPLES, OPT_LOAD_SAMPLES, OPT_ENGRAM_ROWS, OPT_ENGRAM_TOKENS,
+	OPT_ENGRAM_ITERS, OPT_MAX_SECONDS, OPT_SEED, OPT_HELP,
+};
+
+static const struct option long_opts[] = {
+	{ "local", required_argument, NULL, OPT_LOCAL },
+	{ "shmdev", required_argument, NULL, OPT_SHMDEV },
+	{ "file", required_argument, NULL, OPT_FILE },
+	{ "length", required_argument, NULL, OPT_LENGTH },
+	{ "offset", required_argument, NULL, OPT_OFFSET },
+	{ "sync", no_argument, NULL, OPT_SYNC },
+	{ "fill", no_argument, NULL, OPT_FILL },
+	{ "tests", required_argument, NULL, OPT_TESTS },
+	{ "chase-sizes", required_argument, NULL, OPT_CHASE_SIZES },
+	{ "chase-loads", required_argument, NULL, OPT_CHASE_LOADS },
+	{ "bw-size", required_argument, NULL, OPT_BW_SIZE },
+	{ "samples", required_argument, NULL, OPT_SAMPLES },
+	{ "load-samples", required_argument, NULL, OPT_LOAD_SAMPLES },
+	{ "engram-rows", required_argument, NULL, OPT_ENGRAM_ROWS },
+	{ "engram-tokens", required_argument, NULL, OPT_ENGRAM_TOKENS },
+	{ "engram-iters", required_argument, NULL, OPT_ENGRAM_ITERS },
+	{ "max-seconds", required_argument, NULL, OPT_MAX_SECONDS },
+	{ "seed", required_argument, NULL, OPT_SEED },
+	{ "help", no_argument, NULL, OPT_HELP },
+	{ NULL, 0, NULL, 0 },
+};
+
+static int parse_int(const char *s, int *out)
+{
+	size_t v;
+
+	if (parse_size(s, &v) || v > 0x7fffffff)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	size_t v;
+	char *end;
+	int c;
+
+	while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+		int bad = 0;
+
+		switch (c) {
+		case OPT_LOCAL:
+			o->kind = "local";
+			bad = parse_size(optarg, &o->length);
+			break;
+		case OPT_SHMDEV:
+			o->kind = "shmdev";
+			o->path = optarg;
+			break;
+		case OPT_FILE:
+			o->kind = "file";
+			o->path = optarg;
+			break;
+		case OPT_LENGTH:
+			bad = parse_size(optarg, &o->length);
+			break;
+		case OPT_OFFSET:
+			bad = parse_size(optarg, &v);
+			o->offset = (off_t)v;
+			break;
+		case OPT_SYNC:
+			o->sync = 1;
+			break;
+		case OPT_FILL:
+			o->fill = 1;
+			break;
+		case OPT_TESTS:
+			bad = parse_tests(optarg, &o->tests);
+			break;
+		case OPT_CHASE_SIZES:
+			o->nr_chase = parse_size_list(optarg, o->chase_sizes, MAX_LIST);
+			bad = o->nr_chase < 0;
+			break;
+		case OPT_CHASE_LOADS:
+			bad = parse_size(optarg, &o->chase_loads) || !o->chase_loads;
+			break;
+		case OPT_BW_SIZE:
+			bad = parse_size(optarg, &o->bw_bytes) || !o->bw_bytes;
+			break;
+		case OPT_SAMPLES:
+			bad = parse_int(optarg, &o->samples) || o->samples < 1;
+			break;
+		case OPT_LOAD_SAMPLES:
+			bad = parse_int(optarg, &o->load_samples) || o->load_samples < 1;
+			break;
+		case OPT_ENGRAM_ROWS:
+			bad = parse_size(optarg, &o->engram_rows) || !o->engram_rows;
+			break;
+		case OPT_ENGRAM_TOKENS:
+			o->nr_tokens = parse_size_list(optarg, o->engram_tokens, MAX_LIST);
+			bad = o->nr_tokens < 0;
+			break;
+		case OPT_ENGRAM_ITERS:
+			bad = parse_int(optarg, &o->engram_iters) || o->engram_iters < 1;
+			break;
+		case OPT_MAX_SECONDS:
+			o->max_seconds = strtod(optarg, &end);
+			bad = *end || o->max_seconds <= 0;
+			break;
+		case OPT_SEED:
+			bad = parse_size(optarg, &v);
+			o->seed = v ? v : 1;
+			break;
+		case 'h':
+		case OPT_HELP:
+			print_usage(stdout);
+			exit(0);
+		default:
+			return -1;
+		}
+		if (bad) {
+			fprintf(stderr, "memprobe: bad value for %s: %s\n",
+				argv[optind - 1], optarg ? optarg : "");
+			return -1;
+		}
+	}
+	if (optind != argc || !o->kind) {
+		fprintf(stderr, "memprobe: give exactly one of --local, --shmdev, --file\n");
+		return -1;
+	}
+	if (!strcmp(o->kind, "shmdev") && !o->length) {
+		fprintf(stderr, "memprobe: --shmdev needs --length\n");
+		return -1;
+	}
+	if (!strcmp(o->kind, "local") && !o->length) {
+		fprintf(stderr, "memprobe: --local needs a non-zero size\n");
+		return -1;
+	}
+	return 0;
+}
+
+static int map_region(const struct opts *o, struct region *r)
+{
+	int flags = O_RDWR | O_CLOEXEC;
+	struct stat st;
+
+	r->fd = -1;
+	r->length = o->length;
+	if (!strcmp(o->kind, "local")) {
+		r->base = mmap(NULL, r->length, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (r->base == MAP_FAILED) {
+			perror("memprobe: mmap anonymous");
+			return -1;
+		}
+		/* Fault every page in: the baseline measures memory, not faults. */
+		memset(r->base, 0, r->length);
+		return 0;
+	}
+	if (o->sync)
+		flags |= O_SYNC;
+	if (!strcmp(o->kind, "file"))
+		flags |= O_CREAT;
+	r->fd = open(o->path, flags, 0600);
+	if (r->fd < 0) {
+		fprintf(stderr, "memprobe: open %s: %s\n", o->path, strerror(errno));
+		return -1;
+	}
+	if (!strcmp(o->kind, "file")) {
+		if (fstat(r->fd, &st)) {
+			perror("memprobe: fstat");
+			goto err_close;
+		}
+		if (!r->length)
+			r->length = (size_t)st.st_size - (size_t)o->offset;
+		if ((size_t)st.st_size < (size_t)o->offset + r->length &&
+		    ftruncate(r->fd, o->offset + (off_t)r->length)) {
+			perror("memprobe: ftruncate");
+			goto err_close;
+		}
+		if (!r->length) {
+			fprintf(stderr, "memprobe: %s is empty; give --length\n", o->path);
+			goto err_close;
+		}
+	}
+	r->base = mmap(NULL, r->length, PROT_READ | PROT_WRITE, MAP_SHARED,
+		       r->fd, o->offset);
+	if (r->base == MAP_FAILED) {
+		fprintf(stderr, "memprobe: mmap %s length %zu offset %lld: %s\n",
+			o->path, r->length, (long long)o->offset, strerror(errno));
+		goto err_close;
+	}
+	return 0;
+
+err_close:
+	close(r->fd);
+	r->fd = -1;
+	return -1;
+}
+
+static void unmap_region(struct region *r)
+{
+	munmap(r->base, r->length);
+	if (r->fd >= 0)
+		close(r->fd);
+}
+
+/* ---- Engram ---- */
+
+struct engram {
+	size_t rows;
+	size_t table_bytes;
+};
+
+static int engram_layout(const struct opts *o, const struct region *r,
+			 struct engram *e)
+{
+	size_t fit = r->length / ((size_t)ENGRAM_TABLES * ENGRAM_ROW_BYTES);
+
+	e->rows = o->engram_rows < fit ? o->engram_rows : fit;
+	e->table_bytes = e->rows * ENGRAM_ROW_BYTES;
+	return e->rows ? 0 : -1;
+}
+
+static float engram_value(size_t table, size_t row, size_t col,
+			  const struct engram *e)
+{
+	size_t i = (table * e->rows + row) * ENGRAM_ROW_FLOATS + col;
+
+	return (float)((double)i * 0.001);
+}
+
+static void engram_fill(const struct region *r, const struct engram *e)
+{
+	size_t t, row, col;
+	float v;
+
+	for (t = 0; t < ENGRAM_TABLES; t++)
+		for (row = 0; row < e->rows; row++) {
+			unsigned char *p = r->base + t * e->table_bytes +
+					   row * ENGRAM_ROW_BYTES;
+
+			for (col = 0; col < ENGRAM_ROW_FLOATS; col++) {
+				v = engram_value(t, row, col, e);
+				memcpy(p + col * sizeof(v), &v, sizeof(v));
+			}
+		}
+	barrier_mem();
+}
+
+static int engram_verify(const struct region *r, const struct engram *e)
+{
+	size_t probe[4] = { 0, ENGRAM_PROBE_ROW % e->rows, e->rows / 2, e->rows - 1 };
+	size_t t, k, col, checked = 0;
+	float got, want;
+
+	for (t = 0; t < ENGRAM_TABLES; t++)
+		for (k = 0; k < ARRAY_SIZE(probe); k++) {
+			const unsigned char *p = r->base + t * e->table_bytes +
+						 probe[k] * ENGRAM_ROW_BYTES;
+
+			for (col = 0; col < ENGRAM_ROW_FLOATS; col++) {
+				memcpy(&got, p + col * sizeof(got), sizeof(got));
+				want = engram_value(t, probe[k], col, e);
+				if (memcmp(&got, &want, sizeof(got))) {
+					printf("{\"kind\":\"verify\",\"ok\":false,\"table\":%zu,\"row\":%zu,\"col\":%zu,\"got\":%.9g,\"want\":%.9g}\n",
+					       t, probe[k], col, (double)got, (double)want);
+					return -1;
+				}
+			}
+			checked++;
+		}
+	printf("{\"kind\":\"verify\",\"ok\":true,\"rows_checked\":%zu,\"rows_per_table\":%zu}\n", checked, e->rows);
+	return 0;
+}
+
+static int engram_bench(const struct opts *o, const struct region *r,
+			const struct engram *e, size_t tokens, double seconds)
+{
+	size_t nreads = tokens * ENGRAM_TABLES;
+	unsigned char *dst;
+	size_t *src_off;
+	struct budget b;
+	uint64_t check = 0;
+	size_t i, tok, t;
+	int it, total = ENGRAM_WARMUP + o->engram_iters;
+
+	dst = malloc(nreads * ENGRAM_ROW_BYTES);
+	src_off = malloc(nreads * sizeof(*src_off));
+	if (!dst || !src_off) {
+		free(dst);
+		free(src_off);
+		fprintf(stderr, "memprobe: out of memory for Engram buffers\n");
+		return -1;
+	}
+	memset(dst, 0, nreads * ENGRAM_ROW_BYTES);
+	budget_start(&b, seconds);
+	for (it = 0; it < total; it++) {
+		double t0, t1;
+
+		/* One random row per table per token, like an N-gram hash would. */
+		for (tok = 0; tok < tokens; tok++)
+			for (t = 0; t < ENGRAM_TABLES; t++)
+				src_off[tok * ENGRAM_TABLES + t] = t * e->table_bytes +
+					rng_below(e->rows) * ENGRAM_ROW_BYTES;
+		barrier_mem();
+		t0 = now_ns();
+		for (i = 0; i < nreads; i++)
+			memcpy(dst + i * ENGRAM_ROW_BYTES, r->base + src_off[i],
+			       ENGRAM_ROW_BYTES);
+		barrier_mem();
+		t1 = now_ns();
+		check += dst[(size_t)it % nreads * ENGRAM_ROW_BYTES];
+		if (it >= ENGRAM_WARMUP) {
+			double ns = t1 - t0;
+
+			printf("{\"kind\":\"sample\",\"test\":\"engram\",\"param\":%zu,\"unit\":\"ms\",\"value\":%.9g,\"rows_per_s\":%.9g}\n",
+			       tokens, ns / NSEC_PER_MSEC, (double)nreads * NSEC_PER_SEC / ns);
+		}
+		if (it >= ENGRAM_WARMUP && it + 1 < total && budget_over(&b)) {
+			emit_truncated("engram", tokens, it + 1 - ENGRAM_WARMUP,
+				       o->engram_iters);
+			break;
+		}
+	}
+	sink_u64(check);
+	free(dst);
+	free(src_off);
+	return 0;
+}
+
+/* ---- pointer chase ---- */
+
+struct chase_node {
+	struct chase_node *next;
+	unsigned char pad[CACHELINE - sizeof(struct chase_node *)];
+};
+
+static int chase_bench(const struct opts *o, const struct region *r,
+		       size_t ws, double seconds)
+{
+	size_t n = ws / sizeof(struct chase_node);
+	struct chase_node *nodes = (struct chase_node *)r->base;
+	struct chase_node *p;
+	size_t *perm, i, j, tmp, k;
+	struct budget b;
+	int s;
+
+	if (n < 2) {
+		emit_skip("chase", ws, "working set smaller than two cache lines");
+		return 0;
+	}
+	perm = malloc(n * sizeof(*perm));
+	if (!perm) {
+		fprintf(stderr, "memprobe: out of memory for the permutation\n");
+		return -1;
+	}
+	/* Sattolo's algorithm: a random permutation that is one single cycle. */
+	for (i = 0; i < n; i++)
+		perm[i] = i;
+	for (i = n - 1; i > 0; i--) {
+		j = rng_below(i);
+		tmp = perm[i];
+		perm[i] = perm[j];
+		perm[j] = tmp;
+	}
+	for (i = 0; i < n; i++)
+		nodes[i].next = &nodes[perm[i]];
+	free(perm);
+	barrier_mem();
+
+	p = &nodes[0];
+	for (k = 0; k < n && k < o->chase_loads; k++)	/* warm-up pass */
+		p = *(struct chase_node * volatile *)&p->next;
+	budget_start(&b, seconds);
+	for (s = 0; s < o->samples; s++) {
+		double t0 = now_ns();
+
+		for (k = 0; k < o->chase_loads; k++)
+			p = *(struct chase_node * volatile *)&p->next;
+		emit_sample("chase", ws, "ns", (now_ns() - t0) / (double)o->chase_loads);
+		if (s + 1 < o->samples && budget_over(&b)) {
+			emit_truncated("chase", ws, s + 1, o->samples);
+			break;
+		}
+	}
+	sink_u64((uint64_t)(uintptr_t)p);
+	return 0;
+}
+
+/* ---- sequential bandwidth ---- */
+
+static uint64_t read_pass(const uint64_t *p, size_t words)
+{
+	uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+	size_t i;
+
+	for (i = 0; i + 4 <= words; i += 4) {
+		a0 ^= p[i];
+		a1 ^= p[i + 1];
+		a2 ^= p[i + 2];
+		a3 ^= p[i + 3];
+	}
+	return a0 ^ a1 ^ a2 ^ a3;
+}
+
+static void write_pass(uint64_t *p, size_t words, uint64_t v)
+{
+	size_t i;
+
+	for (i = 0; i < words; i++)
+		p[i] = v;
+	barrier_mem();
+}
+
+static void bw_bench(const struct opts *o, const struct region *r, int write,
+		     double seconds)
+{
+	const char *name = write ? "write" : "read";
+	size_t bytes = o->bw_bytes ? o->bw_bytes : DEF_BW_BYTES;
+	size_t words;
+	struct budget b;
+	int s;
+
+	if (bytes > r->length)
+		bytes = r->length;
+	words = bytes / sizeof(uint64_t);
+	bytes = words * sizeof(uint64_t);
+	/* One untimed pass so that first-touch faults are not measured. */
+	if (write)
+		write_pass((uint64_t *)r->base, words, 0);
+	else
+		sink_u64(read_pass((const uint64_t *)r->base, words));
+	budget_start(&b, seconds);
+	for (s = 0; s < o->samples; s++) {
+		double t0 = now_ns(), ns;
+
+		if (write)
+			write_pass((uint64_t *)r->base, words, (uint64_t)s + 1);
+		else
+			sink_u64(read_pass((const uint64_t *)r->base, words));
+		barrier_mem();
+		ns = now_ns() - t0;
+		emit_sample(name, bytes, "GB/s", (double)bytes / ns);
+		if (s + 1 < o->samples && budget_over(&b)) {
+			emit_truncated(name, bytes, s + 1, o->samples);
+			break;
+		}
+	}
+}
+
+/* ---- single loads and the clock ---- */
+
+static double clock_overhead(void)
+{
+	double best = -1;
+	int i;
+
+	for (i = 0; i < CLOCK_PAIRS; i++) {
+		double t0 = now_ns(), d = now_ns() - t0;
+
+		if (best < 0 || d < best)
+			best = d;
+	}
+	return best;
+}
+
+static void clock_bench(const struct opts *o)
+{
+	int i;
+
+	for (i = 0; i < o->load_samples; i++) {
+		double t0 = now_ns();
+
+		emit_sample("clock", 0, "ns", now_ns() - t0);
+	}
+}
+
+static void load_bench(const struct opts *o, const struct region *r, double seconds)
+{
+	size_t slots = r->length / CACHELINE;
+	uint64_t acc = 0;
+	struct budget b;
+	int s;
+
+	budget_start(&b, seconds);
+	for (s = 0; s < o->load_samples; s++) {
+		const volatile uint32_t *q = (const volatile uint32_t *)
+			(r->base + rng_below(slots) * CACHELINE);
+		double t0 = now_ns(), t1;
+
+		acc += *q;
+		t1 = now_ns();
+		emit_sample("load", 4, "ns", t1 - t0);
+		if (s + 1 < o->load_samples && budget_over(&b)) {
+			emit_truncated("load", 4, s + 1, o->load_samples);
+			break;
+		}
+	}
+	sink_u64(acc);
+}
+
+static void print_env(const struct opts *o, const struct region *r)
+{
+	printf("{\"kind\":\"env\",\"source\":\"%s\",\"path\":\"%s\",\"sync\":%s,\"length\":%zu,\"offset\":%lld,\"page_size\":%ld,\"clock_overhead_ns\":%.3f,\"seed\":%llu}\n",
+	       o->kind, o->path ? o->path : "", o->sync ? "true" : "false",
+	       r->length, (long long)o->offset, sysconf(_SC_PAGESIZE),
+	       clock_overhead(), (unsigned long long)o->seed);
+}
+
+static int count_blocks(const struct opts *o, size_t nr_chase)
+{
+	int n = 0;
+
+	n += (o->tests & T_ENGRAM) ? o->nr_tokens : 0;
+	n += (o->tests & T_LOAD) ? 1 : 0;
+	n += (o->tests & T_CHASE) ? (int)nr_chase : 0;
+	n += (o->tests & T_READ) ? 1 : 0;
+	n += (o->tests & T_WRITE) ? 1 : 0;
+	return n ? n : 1;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = {
+		.tests = T_ALL,
+		.chase_sizes = { 16UL << 10, 256UL << 10, 4UL << 20, 64UL << 20 },
+		.nr_chase = 4,
+		.chase_loads = DEF_CHASE_LOADS,
+		.engram_tokens = { 128 },
+		.nr_tokens = 1,
+		.engram_rows = ENGRAM_ROWS,
+		.engram_iters = ENGRAM_ITERS,
+		.samples = DEF_SAMPLES,
+		.load_samples = DEF_LOAD_SAMPLES,
+		.max_seconds = DEF_MAX_SECONDS,
+		.seed = 1,
+	};
+	struct region r;
+	struct engram e;
+	double start = now_ns(), per_block;
+	int verified = 1, rc = 0, i;
+
+	if (parse_args(argc, argv, &o)) {
+		print_usage(stderr);
+		return EXIT_USAGE;
+	}
+	rng_state = o.seed;
+	if (map_region(&o, &r))
+		return EXIT_SETUP;
+	print_env(&o, &r);
+	per_block = o.max_seconds / count_blocks(&o, (size_t)o.nr_chase);
+
+	if (engram_layout(&o, &r, &e)) {
+		if (o.fill || (o.tests & (T_VERIFY | T_ENGRAM)))
+			emit_skip("engram", 0, "region smaller than one row per table");
+		o.fill = 0;
+		o.tests &= ~(T_VERIFY | T_ENGRAM);
+	} else {
+		printf("{\"kind\":\"info\",\"engram_tables\":%d,\"engram_rows\":%zu,\"engram_row_bytes\":%d}\n", ENGRAM_TABLES, e.rows, ENGRAM_ROW_BYTES);
+	}
+	/* Local memory is its own writer: fill it, or verification has no data. */
+	if (o.fill || !strcmp(o.kind, "local"))
+		engram_fill(&r, &e);
+	if (o.tests & T_VERIFY)
+		verified = !engram_verify(&r, &e);
+	if (o.tests & T_CLOCK)
+		clock_bench(&o);
+	/* Engram first: the chase and write tests overwrite the tables. */
+	for (i = 0; (o.tests & T_ENGRAM) && i < o.nr_tokens; i++) {
+		if (!verified) {
+			emit_skip("engram", o.engram_tokens[i], "verification failed");
+			continue;
+		}
+		if (engram_bench(&o, &r, &e, o.engram_tokens[i], per_block))
+			rc = EXIT_SETUP;
+	}
+	if (o.tests & T_LOAD)
+		load_bench(&o, &r, per_block);
+	for (i = 0; (o.tests & T_CHASE) && i < o.nr_chase; i++) {
+		if (o.chase_sizes[i] > r.length) {
+			emit_skip("chase", o.chase_sizes[i], "working set larger than the region");
+			continue;
+		}
+		if (chase_bench(&o, &r, o.chase_sizes[i], per_block))
+			rc = EXIT_SETUP;
+	}
+	if (o.tests & T_READ)
+		bw_bench(&o, &r, 0, per_block);
+	if (o.tests & T_WRITE)
+		bw_bench(&o, &r, 1, per_block);
+
+	if (!rc && !verified)
+		rc = EXIT_VERIFY;
+	printf("{\"kind\":\"done\",\"ok\":%s,\"elapsed_s\":%.3f}\n",
+	       rc ? "false" : "true", (now_ns() - start) / NSEC_PER_SEC);
+	unmap_region(&r);
+	return rc;
+}

@@ -1,0 +1,318 @@
+"""memprobe.c: where its source is, how to build and run it, and its output turned into figures.
+
+memprobe prints one JSON object per line (see the comment at the top of memprobe.c); this
+module parses that and names the figures `data.<test>.<source>[.<size>]` and
+`engram.{prefetch,rows_per_s}.<source>.<tokens>tok`, each paired with the same figure of the
+baseline source (normally `local`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from obmm.bench.results import Figure, size_label
+
+SOURCE_NAME = "memprobe.c"
+CFLAGS = ("-O2", "-std=gnu11", "-Wall", "-Wextra")
+ENGRAM_TABLES = 12
+ENGRAM_ROW_BYTES = 1364
+
+# What each memory source is, for plots and the summary.
+SOURCE_TITLES = {
+    "local": "local memory",
+    "file": "shared file (host stand-in)",
+    "loopback": "loopback import",
+    "loopback-sync": "loopback import, O_SYNC",
+    "cross-node": "cross-node import",
+    "cross-node-sync": "cross-node import, O_SYNC",
+}
+
+
+def source_text() -> str:
+    return resources.files("obmm.bench").joinpath(SOURCE_NAME).read_text()
+
+
+def compile_argv(src: str, out: str, *, cc: str = "gcc", werror: bool = False) -> list[str]:
+    return [cc, *CFLAGS, *(["-Werror"] if werror else []), "-o", out, src]
+
+
+def compile_local(outdir: Path, *, cc: str = "gcc", werror: bool = True) -> Path:
+    """Build memprobe on this machine into `outdir`; raises RuntimeError with gcc's output."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    src = outdir / SOURCE_NAME
+    src.write_text(source_text())
+    binary = outdir / "memprobe"
+    proc = subprocess.run(
+        compile_argv(str(src), str(binary), cc=cc, werror=werror),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"compiling {SOURCE_NAME} failed:\n{proc.stderr}")
+    return binary
+
+
+@dataclass
+class ProbeSettings:
+    """memprobe options shared by every source of one run (so figures pair up)."""
+
+    chase_sizes: tuple[int, ...] = (16 << 10, 256 << 10, 4 << 20, 64 << 20)
+    chase_loads: int = 1 << 20
+    samples: int = 10
+    load_samples: int = 1000
+    engram_rows: int = 10000
+    engram_tokens: tuple[int, ...] = (128,)
+    engram_iters: int = 100
+    bw_size: int = 64 << 20
+    max_seconds: float = 30.0
+    seed: int = 1
+
+    @classmethod
+    def quick(cls) -> ProbeSettings:
+        """A few seconds per source: smoke runs and tests."""
+        return cls(
+            chase_sizes=(16 << 10, 1 << 20, 16 << 20),
+            chase_loads=1 << 17,
+            samples=5,
+            load_samples=200,
+            engram_rows=2000,
+            engram_iters=30,
+            bw_size=16 << 20,
+            max_seconds=8.0,
+        )
+
+    def args(self) -> list[str]:
+        return [
+            "--chase-sizes",
+            ",".join(str(s) for s in self.chase_sizes),
+            "--chase-loads",
+            str(self.chase_loads),
+            "--samples",
+            str(self.samples),
+            "--load-samples",
+            str(self.load_samples),
+            "--engram-rows",
+            str(self.engram_rows),
+            "--engram-tokens",
+            ",".join(str(t) for t in self.engram_tokens),
+            "--engram-iters",
+            str(self.engram_iters),
+            "--bw-size",
+            str(self.bw_size),
+            "--max-seconds",
+            f"{self.max_seconds:g}",
+            "--seed",
+            str(self.seed),
+        ]
+
+    def region_bytes(self) -> int:
+        """Bytes a source needs for every test at full size (Engram tables or the largest set)."""
+        engram = self.engram_rows * ENGRAM_TABLES * ENGRAM_ROW_BYTES
+        return max(engram, self.bw_size, *self.chase_sizes)
+
+
+@dataclass
+class ProbeOutput:
+    """memprobe's output lines, sorted by kind."""
+
+    env: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    samples: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
+    skips: list[dict[str, Any]] = field(default_factory=list)
+    truncated: list[dict[str, Any]] = field(default_factory=list)
+    verify: dict[str, Any] | None = None
+    done: dict[str, Any] | None = None
+
+    def values(self, test: str, param: int) -> list[float]:
+        return [float(s["value"]) for s in self.samples.get((test, param), [])]
+
+
+def parse_output(text: str) -> ProbeOutput:
+    """Parse memprobe's stdout; raises ValueError on a line that is not one of its objects."""
+    out = ProbeOutput()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            kind = obj["kind"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"memprobe output line {lineno} is not JSON: {line[:120]!r}") from exc
+        if kind == "sample":
+            out.samples.setdefault((str(obj["test"]), int(obj["param"])), []).append(obj)
+        elif kind == "env":
+            out.env = obj
+        elif kind == "info":
+            out.info.update(obj)
+        elif kind == "skip":
+            out.skips.append(obj)
+        elif kind == "truncated":
+            out.truncated.append(obj)
+        elif kind == "verify":
+            out.verify = obj
+        elif kind == "done":
+            out.done = obj
+        else:
+            raise ValueError(f"memprobe output line {lineno}: unknown kind {kind!r}")
+    return out
+
+
+def _name(test: str, source: str, param: int | None = None) -> str:
+    if test == "chase" and param is not None:
+        return f"data.chase.{source}.{size_label(param)}"
+    return f"data.{test}.{source}"
+
+
+def _engram_names(source: str, tokens: int) -> tuple[str, str]:
+    return (f"engram.prefetch.{source}.{tokens}tok", f"engram.rows_per_s.{source}.{tokens}tok")
+
+
+def figures_from_probe(
+    out: ProbeOutput, source: str, *, baseline_source: str | None = "local"
+) -> list[Figure]:
+    """Figures of one memprobe run on `source`, each paired with `baseline_source`'s."""
+    base = None if baseline_source in (None, source) else baseline_source
+    sync = bool(out.env.get("sync", False))
+    truncated = {(str(t["test"]), int(t["param"])): t for t in out.truncated}
+    figs: list[Figure] = []
+
+    def params(test: str, param: int) -> dict[str, str | int | float | bool]:
+        return {"test": test, "source": source, "param": param, "sync": sync}
+
+    def note(test: str, param: int, extra: str = "") -> str:
+        t = truncated.get((test, param))
+        cut = f"stopped at {t['samples']} of {t['wanted']} samples (time budget)" if t else ""
+        return "; ".join(x for x in (extra, cut) if x)
+
+    for (test, param), rows in sorted(out.samples.items()):
+        values = [float(r["value"]) for r in rows]
+        if test == "chase":
+            figs.append(
+                Figure(
+                    name=_name(test, source, param),
+                    group="data",
+                    unit="ns",
+                    samples=values,
+                    baseline=_name(test, base, param) if base else None,
+                    params=params(test, param),
+                    note=note(test, param, f"dependent loads, {size_label(param)} working set"),
+                )
+            )
+        elif test in ("read", "write"):
+            figs.append(
+                Figure(
+                    name=_name(test, source),
+                    group="data",
+                    unit="GB/s",
+                    samples=values,
+                    baseline=_name(test, base) if base else None,
+                    higher_is_better=True,
+                    params=params(test, param),
+                    note=note(test, param, f"sequential {test}, {size_label(param)} per pass"),
+                )
+            )
+        elif test == "load":
+            overhead = float(out.env.get("clock_overhead_ns", 0.0))
+            figs.append(
+                Figure(
+                    name=_name(test, source),
+                    group="data",
+                    unit="ns",
+                    samples=[max(v - overhead, 0.0) for v in values],
+                    baseline=_name(test, base) if base else None,
+                    params=params(test, param),
+                    note=note(
+                        test,
+                        param,
+                        f"one 4 B load at a random line, minus the "
+                        f"{overhead:g} ns clock_gettime pair",
+                    ),
+                )
+            )
+        elif test == "clock":
+            if base is None:  # the timer is a property of the node, not of the source
+                figs.append(
+                    Figure(
+                        name="data.clock_gettime",
+                        group="data",
+                        unit="ns",
+                        samples=values,
+                        params=params(test, param),
+                        note="two back-to-back CLOCK_MONOTONIC reads",
+                    )
+                )
+        elif test == "engram":
+            prefetch, rate = _engram_names(source, param)
+            bprefetch, brate = _engram_names(base, param) if base else (None, None)
+            rows_note = f"{out.info.get('engram_rows', '?')} rows x {ENGRAM_TABLES} tables"
+            figs.append(
+                Figure(
+                    name=prefetch,
+                    group="engram",
+                    unit="ms",
+                    samples=values,
+                    baseline=bprefetch,
+                    params=params(test, param),
+                    note=note(
+                        test,
+                        param,
+                        f"{param} tokens x {ENGRAM_TABLES} random "
+                        f"{ENGRAM_ROW_BYTES} B rows memcpy'd; {rows_note}",
+                    ),
+                )
+            )
+            figs.append(
+                Figure(
+                    name=rate,
+                    group="engram",
+                    unit="rows/s",
+                    higher_is_better=True,
+                    samples=[float(r["rows_per_s"]) for r in rows],
+                    baseline=brate,
+                    params=params(test, param),
+                    note=rows_note,
+                )
+            )
+    for skip in out.skips:
+        test, param, reason = str(skip["test"]), int(skip["param"]), str(skip["reason"])
+        if test == "engram":
+            for name in _engram_names(source, param) if param else (f"engram.{source}",):
+                figs.append(
+                    Figure(
+                        name=name,
+                        group="engram",
+                        unit="ms",
+                        skipped=reason,
+                        params=params(test, param),
+                    )
+                )
+        else:
+            figs.append(
+                Figure(
+                    name=_name(test, source, param),
+                    group="data",
+                    unit="ns",
+                    skipped=reason,
+                    params=params(test, param),
+                )
+            )
+    return figs
+
+
+def probe_failure_figures(source: str, reason: str) -> list[Figure]:
+    """One skipped figure standing for a whole source that could not be measured."""
+    return [
+        Figure(
+            name=f"data.{source}",
+            group="data",
+            unit="-",
+            skipped=reason,
+            params={"source": source},
+        )
+    ]

@@ -1,0 +1,455 @@
+"""Drive the measurements on nodes, independent of how commands reach them.
+
+The caller supplies two callables (SSH to QEMU guests, SSH to real UB hosts, or a local
+subprocess):
+
+    run(node: int, argv: Sequence[str]) -> (returncode, stdout, stderr)
+    copy(node: int, local: Path, remote: str) -> None
+
+and `run_cluster_bench(run, copy, nodes, env)` compiles memprobe.c on the nodes, measures
+local memory (the baseline), the control path, a loopback import and (with two nodes or more)
+a cross-node import where node 1 reads node 0's export, cacheable and O_SYNC, and returns a
+`Run`.  `run_local_bench(env)` does the host-only smoke run (no VM): local memory against a
+MAP_SHARED file on /dev/shm, which is what QEMU's memory-backend-file is on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from obmm.bench import controlpath
+from obmm.bench.probe import (
+    CFLAGS,
+    SOURCE_NAME,
+    ProbeSettings,
+    compile_local,
+    figures_from_probe,
+    parse_output,
+    probe_failure_figures,
+    source_text,
+)
+from obmm.bench.results import Environment, Figure, Run, cpu_model_from_cpuinfo, now_iso
+
+log = logging.getLogger(__name__)
+
+RunFn = Callable[[int, Sequence[str]], tuple[int, str, str]]
+CopyFn = Callable[[int, Path, str], None]
+SayFn = Callable[[str], None]
+
+GRANULE = 2 << 20
+VERIFY_FAILED = 3
+ALL_TESTS = "verify,engram,load,chase,read,write,clock"
+REMOTE_TESTS = "verify,engram,load,chase,read,write"
+
+
+GUEST_PYTHON = ("env", "PYTHONPATH=/opt/obmm-testbed/pylib", "python3")
+COMMAND_TIMEOUT_S = 900.0
+
+
+class ResultLike(Protocol):
+    """What a connection's run() returns (obmm.testbed.ssh.Result has these)."""
+
+    @property
+    def exit_status(self) -> int: ...
+    @property
+    def out(self) -> str: ...
+    @property
+    def err(self) -> str: ...
+
+
+class ConnectionLike(Protocol):
+    """A connection to one node (obmm.testbed.ssh.Connection has this shape)."""
+
+    def run(self, command: str, *, timeout: float) -> ResultLike: ...
+    def put(self, local: Path, remote: str) -> None: ...
+
+
+def callables_for(
+    connections: dict[int, ConnectionLike], timeout: float = COMMAND_TIMEOUT_S
+) -> tuple[RunFn, CopyFn]:
+    """run/copy callables over per-node connections (node index -> connection)."""
+
+    def run(node: int, argv: Sequence[str]) -> tuple[int, str, str]:
+        res = connections[node].run(shlex.join(argv), timeout=timeout)
+        return res.exit_status, res.out, res.err
+
+    def copy(node: int, local: Path, remote: str) -> None:
+        connections[node].put(local, remote)
+
+    return run, copy
+
+
+class BenchError(RuntimeError):
+    """A step every measurement depends on failed (compiling memprobe, say)."""
+
+
+@dataclass
+class BenchConfig:
+    """What to measure and how to run it on a node."""
+
+    workdir: str = "/tmp/obmm-bench"
+    python: tuple[str, ...] = ("python3",)  # with obmm importable, e.g. env PYTHONPATH=...
+    cc: str = "gcc"
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    region_bytes: int | None = None  # default: what `probe` needs, capped by the free pool
+    sync: bool = True  # also measure O_SYNC mappings
+    control: bool = True
+    control_sizes: tuple[int, ...] = controlpath.SIZES
+    control_reps: int = 10
+    control_max_seconds: float = 20.0
+
+    @classmethod
+    def quick(cls) -> BenchConfig:
+        return cls(
+            probe=ProbeSettings.quick(),
+            control_sizes=(2 << 20, 8 << 20, 32 << 20, 128 << 20),
+            control_reps=5,
+            control_max_seconds=5.0,
+        )
+
+    @property
+    def binary(self) -> str:
+        return f"{self.workdir}/memprobe"
+
+
+def _round_granule(n: int) -> int:
+    return max(GRANULE, (n + GRANULE - 1) // GRANULE * GRANULE)
+
+
+class Nodes:
+    """The run/copy callables with error handling and a log of each command."""
+
+    def __init__(self, run: RunFn, copy: CopyFn, config: BenchConfig, say: SayFn) -> None:
+        self._run = run
+        self._copy = copy
+        self.config = config
+        self.say = say
+
+    def run(self, node: int, argv: Sequence[str]) -> tuple[int, str, str]:
+        log.debug("node %d: %s", node, shlex.join(argv))
+        return self._run(node, argv)
+
+    def check(self, node: int, argv: Sequence[str]) -> str:
+        rc, out, err = self.run(node, argv)
+        if rc != 0:
+            raise BenchError(f"node {node}: {shlex.join(argv)} exited {rc}: {err.strip()[-500:]}")
+        return out
+
+    def python_json(self, node: int, module: str, *args: str) -> dict[str, Any]:
+        """Run `python -m module args` on the node; its last stdout line is a JSON object."""
+        rc, out, err = self.run(node, [*self.config.python, "-m", module, *args])
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        try:
+            doc: dict[str, Any] = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            doc = {}
+        if rc != 0 or not doc or "error" in doc:
+            detail = doc.get("error") or err.strip()[-500:] or out.strip()[-500:]
+            raise BenchError(f"node {node}: {module} {' '.join(args)} failed ({rc}): {detail}")
+        return doc
+
+    def install_probe(self, node: int) -> None:
+        cfg = self.config
+        self.check(node, ["mkdir", "-p", cfg.workdir])
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / SOURCE_NAME
+            src.write_text(source_text())
+            self._copy(node, src, f"{cfg.workdir}/{SOURCE_NAME}")
+        self.check(node, [cfg.cc, *CFLAGS, "-o", cfg.binary, f"{cfg.workdir}/{SOURCE_NAME}"])
+
+    def probe(
+        self,
+        node: int,
+        source_args: Sequence[str],
+        source: str,
+        tests: str,
+        baseline: str | None = "local",
+    ) -> list[Figure]:
+        """Run memprobe on the node; every failure becomes skipped figures, never an exception."""
+        argv = [self.config.binary, *source_args, *self.config.probe.args(), "--tests", tests]
+        self.say(f"memprobe {source} on node {node}")
+        rc, out, err = self.run(node, argv)
+        try:
+            parsed = parse_output(out)
+        except ValueError as exc:
+            return probe_failure_figures(source, f"memprobe output unreadable: {exc}")
+        if rc not in (0, VERIFY_FAILED) or parsed.done is None:
+            return probe_failure_figures(
+                source, f"memprobe exited {rc} on node {node}: {err.strip()[-300:]}"
+            )
+        return figures_from_probe(parsed, source, baseline_source=baseline)
+
+    def fill(self, node: int, mem_id: int, length: int) -> None:
+        self.check(
+            node,
+            [
+                self.config.binary,
+                "--shmdev",
+                f"/dev/obmm_shmdev{mem_id}",
+                "--length",
+                str(length),
+                "--fill",
+                "--tests",
+                "none",
+                "--engram-rows",
+                str(self.config.probe.engram_rows),
+            ],
+        )
+
+    @contextmanager
+    def exported(self, node: int, size: int) -> Iterator[dict[str, Any]]:
+        exp = self.python_json(node, "obmm.bench.regions", "export", str(size))
+        try:
+            yield exp
+        finally:
+            self._release(node, "unexport", int(exp["mem_id"]))
+
+    @contextmanager
+    def imported(self, node: int, exp: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        imp = self.python_json(
+            node,
+            "obmm.bench.regions",
+            "import",
+            "--exporter-node",
+            str(exp["node"]),
+            "--uba",
+            str(exp["uba"]),
+            "--size",
+            str(exp["size"]),
+            "--tokenid",
+            str(exp["tokenid"]),
+        )
+        try:
+            yield imp
+        finally:
+            self._release(node, "unimport", int(imp["mem_id"]))
+
+    def _release(self, node: int, what: str, mem_id: int) -> None:
+        try:
+            self.python_json(node, "obmm.bench.regions", what, str(mem_id))
+        except BenchError as exc:
+            log.warning("cleanup: %s", exc)
+
+
+def node_environment(nodes: Nodes, node: int) -> dict[str, str]:
+    """Kernel release and CPU model of a node."""
+    out: dict[str, str] = {}
+    rc, text, _ = nodes.run(node, ["uname", "-r"])
+    out["kernel"] = text.strip() if rc == 0 else "unknown"
+    rc, text, _ = nodes.run(node, ["cat", "/proc/cpuinfo"])
+    out["cpu_model"] = cpu_model_from_cpuinfo(text) if rc == 0 else "unknown"
+    return out
+
+
+def _import_sources(
+    nodes: Nodes, exporter: int, importer: int, region: int, name: str
+) -> list[Figure]:
+    """Export on `exporter`, fill it there, import on `importer`, measure cacheable and O_SYNC."""
+    cfg = nodes.config
+    figs: list[Figure] = []
+    variants: list[tuple[str, list[str]]] = [(name, [])] + (
+        [(f"{name}-sync", ["--sync"])] if cfg.sync else []
+    )
+    try:
+        with nodes.exported(exporter, region) as exp, nodes.imported(importer, exp) as imp:
+            for source, extra in variants:
+                # chase and write overwrite the tables: fill again before every source
+                nodes.fill(exporter, int(exp["mem_id"]), region)
+                figs += nodes.probe(
+                    importer,
+                    [
+                        "--shmdev",
+                        f"/dev/obmm_shmdev{imp['mem_id']}",
+                        "--length",
+                        str(region),
+                        *extra,
+                    ],
+                    source,
+                    REMOTE_TESTS,
+                )
+    except BenchError as exc:
+        done = {str(f.params.get("source")) for f in figs}
+        for source, _ in variants:
+            if source not in done:
+                figs += probe_failure_figures(source, str(exc))
+    return figs
+
+
+def _control_figures(nodes: Nodes, node: int) -> list[Figure]:
+    cfg = nodes.config
+    nodes.say(f"control path on node {node}")
+    try:
+        doc = nodes.python_json(
+            node,
+            "obmm.bench.controlpath",
+            "--sizes",
+            ",".join(str(s) for s in cfg.control_sizes),
+            "--reps",
+            str(cfg.control_reps),
+            "--max-seconds",
+            f"{cfg.control_max_seconds:g}",
+        )
+    except BenchError as exc:
+        return [Figure(name="control", group="control", unit="us", skipped=str(exc))]
+    return [Figure.from_dict(f) for f in doc.get("figures", [])]
+
+
+def run_cluster_bench(
+    run: RunFn,
+    copy: CopyFn,
+    nodes: int,
+    env: Environment,
+    config: BenchConfig | None = None,
+    say: SayFn | None = None,
+) -> Run:
+    """Every data-path, Engram and control-path figure on a cluster of `nodes` nodes.
+
+    `env` is completed with node 0's kernel and CPU (the host's go to env.extra).
+    Raises BenchError only when memprobe cannot be built; everything else that fails becomes a
+    skipped figure with its reason.
+    """
+    cfg = config or BenchConfig()
+    say = say or log.info
+    n = Nodes(run, copy, cfg, say)
+    used = [0, 1] if nodes >= 2 else [0]
+    for node in used:
+        say(f"building memprobe on node {node}")
+        n.install_probe(node)
+    guest = node_environment(n, 0)
+    env.extra.setdefault("host_kernel", env.kernel)
+    env.extra.setdefault("host_cpu_model", env.cpu_model)
+    env.kernel, env.cpu_model, env.node_count = guest["kernel"], guest["cpu_model"], nodes
+    result = Run(env=env)
+
+    region = cfg.region_bytes or _round_granule(cfg.probe.region_bytes())
+    try:
+        free = n.python_json(0, "obmm.bench.regions", "pool").get("free")
+    except BenchError as exc:
+        free = None
+        result.notes.append(f"pool size unknown: {exc}")
+    if isinstance(free, int) and free < region:
+        region = free // GRANULE * GRANULE
+        result.notes.append(f"data-path region capped to the free pool: {region} bytes")
+    result.notes.append(f"data-path region {region} bytes on every source")
+
+    result.add(n.probe(0, ["--local", str(region)], "local", ALL_TESTS, baseline=None))
+    if cfg.control:
+        result.add(_control_figures(n, 0))
+    if region < GRANULE:
+        for source in ("loopback", "cross-node"):
+            result.add(probe_failure_figures(source, "the export pool has no free 2 MiB"))
+    else:
+        say("loopback import on node 0")
+        result.add(_import_sources(n, 0, 0, region, "loopback"))
+        if nodes >= 2:
+            say("cross-node import: node 1 reads node 0's export")
+            result.add(_import_sources(n, 0, 1, region, "cross-node"))
+        else:
+            reason = "one node: cross-node import needs a second node"
+            result.add(probe_failure_figures("cross-node", reason))
+            if cfg.sync:
+                result.add(probe_failure_figures("cross-node-sync", reason))
+    env.finished = now_iso()
+    return result
+
+
+def local_run(_node: int, argv: Sequence[str]) -> tuple[int, str, str]:
+    """A RunFn for this machine."""
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=3600)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def run_local_bench(
+    env: Environment,
+    settings: ProbeSettings | None = None,
+    *,
+    shm_dir: Path | None = None,
+    say: SayFn | None = None,
+) -> Run:
+    """Host-only smoke run: memprobe on local memory and on a MAP_SHARED /dev/shm file.
+
+    No /dev/obmm is needed; the control path is recorded as skipped unless the host has one.
+    """
+    settings = settings or ProbeSettings.quick()
+    say = say or log.info
+    cfg = BenchConfig(probe=settings)
+    result = Run(env=env)
+    region = _round_granule(settings.region_bytes())
+    shm = shm_dir or (
+        Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    )
+    with tempfile.TemporaryDirectory(prefix="obmm-bench-") as tmp:
+        say("building memprobe on the host")
+        binary = compile_local(Path(tmp))
+        cfg.workdir = str(binary.parent)
+
+        def copy(_node: int, local: Path, remote: str) -> None:
+            Path(remote).write_bytes(local.read_bytes())
+
+        n = Nodes(local_run, copy, cfg, say)
+        result.add(n.probe(0, ["--local", str(region)], "local", ALL_TESTS, baseline=None))
+        fd, path = tempfile.mkstemp(prefix="obmm-bench-", dir=shm)
+        os.close(fd)
+        try:
+            result.add(
+                n.probe(
+                    0, ["--file", path, "--length", str(region), "--fill"], "file", REMOTE_TESTS
+                )
+            )
+        finally:
+            os.unlink(path)
+    if Path("/dev/obmm").exists():
+        say("control path on the host")
+        result.add(controlpath.run(cfg.control_sizes[:4], reps=5, max_seconds=5.0))
+    else:
+        result.add(
+            [
+                Figure(
+                    name="control",
+                    group="control",
+                    unit="us",
+                    skipped="no /dev/obmm on this machine (host-only run)",
+                )
+            ]
+        )
+    result.notes.append(
+        "host-only run: 'file' is a MAP_SHARED file on tmpfs, the host-side stand-in for an "
+        "emulated import (QEMU maps guest RAM from such a file); no VM, no OBMM driver"
+    )
+    for source in ("loopback", "cross-node"):
+        result.add(probe_failure_figures(source, "host-only run (--local-only): no VM"))
+    env.finished = now_iso()
+    return result
+
+
+def make_testbed_figure(
+    name: str, seconds: Sequence[float], *, baseline: str | None = None, note: str = ""
+) -> Figure:
+    """A testbed-speed figure (group `testbed`, seconds), e.g.
+
+    make_testbed_figure("testbed.boot_to_ssh.2nodes", [41.2, 39.8],
+                        baseline="testbed.boot_to_ssh.1node")
+    Names the lead's `make bench` should use: testbed.image_build.cold, testbed.image_build.cached
+    (baseline cold), testbed.boot_to_ssh.{1node,2nodes,4nodes} (baseline 1node),
+    testbed.qemu_test.cold, testbed.qemu_test.warm (baseline cold).
+    """
+    if not name.startswith("testbed."):
+        raise ValueError(f"testbed figure names start with 'testbed.': {name}")
+    return Figure(
+        name=name,
+        group="testbed",
+        unit="s",
+        samples=[float(s) for s in seconds],
+        baseline=baseline,
+        note=note,
+    )

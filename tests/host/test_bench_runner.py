@@ -1,0 +1,204 @@
+"""The runner against a fake cluster: nodes are this host, OBMM regions are files.
+
+The fake `run` executes memprobe and gcc for real, answers the `obmm.bench.regions` and
+`obmm.bench.controlpath` helpers from a table of regions, and points `/dev/obmm_shmdev<id>` of
+an import at its export's file, so what node 1 reads is what node 0 filled.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from obmm.bench import controlpath
+from obmm.bench.probe import ProbeSettings
+from obmm.bench.results import Environment, write_run
+from obmm.bench.runner import BenchConfig, BenchError, run_cluster_bench, run_local_bench
+
+pytestmark = pytest.mark.needs_gcc
+
+SHMDEV = re.compile(r"^/dev/obmm_shmdev(\d+)$")
+TINY = ProbeSettings(
+    chase_sizes=(4 << 10, 256 << 10),
+    chase_loads=10000,
+    samples=3,
+    load_samples=20,
+    engram_rows=200,
+    engram_iters=5,
+    bw_size=1 << 20,
+    max_seconds=3.0,
+)
+
+
+class FakeCluster:
+    def __init__(self, root: Path, *, fail_import: bool = False, pool: int = 64 << 20) -> None:
+        self.root = root
+        self.fail_import = fail_import
+        self.pool = pool
+        self.next_id = 1
+        self.exports: dict[int, Path] = {}
+        self.imports: dict[int, int] = {}  # import id -> export id
+        self.log: list[tuple[int, list[str]]] = []
+
+    def copy(self, node: int, local: Path, remote: str) -> None:
+        Path(remote).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(local, remote)
+
+    def _json(self, obj: object) -> tuple[int, str, str]:
+        return 0, json.dumps(obj) + "\n", ""
+
+    def _regions(self, node: int, args: list[str]) -> tuple[int, str, str]:
+        cmd = args[0]
+        if cmd == "pool":
+            return self._json({"free": self.pool, "node": node})
+        if cmd == "export":
+            mem_id, self.next_id = self.next_id, self.next_id + 1
+            path = self.root / f"region{mem_id}"
+            path.write_bytes(b"")
+            self.exports[mem_id] = path
+            return self._json(
+                {
+                    "mem_id": mem_id,
+                    "tokenid": 7,
+                    "uba": 0x1_0000_0000_0000 | mem_id,
+                    "size": int(args[1]),
+                    "node": node,
+                }
+            )
+        if cmd == "import":
+            if self.fail_import:
+                return 1, json.dumps({"error": "IMPORT failed: EPERM (token mismatch)"}), ""
+            exp_id = int(args[args.index("--uba") + 1]) & 0xFF
+            mem_id, self.next_id = self.next_id, self.next_id + 1
+            self.imports[mem_id] = exp_id
+            return self._json({"mem_id": mem_id, "addr": 0, "length": 0, "numa_id": -1})
+        if cmd == "unimport":
+            del self.imports[int(args[1])]
+            return self._json({"released": int(args[1])})
+        if cmd == "unexport":
+            self.exports.pop(int(args[1])).unlink()
+            return self._json({"released": int(args[1])})
+        raise AssertionError(args)
+
+    def _path_of(self, mem_id: int) -> str:
+        return str(self.exports[self.imports.get(mem_id, mem_id)])
+
+    def run(self, node: int, argv: Sequence[str]) -> tuple[int, str, str]:
+        argv = list(argv)
+        self.log.append((node, argv))
+        if argv[:3] == ["python3", "-m", "obmm.bench.regions"]:
+            return self._regions(node, argv[3:])
+        if argv[:3] == ["python3", "-m", "obmm.bench.controlpath"]:
+            res = controlpath.SizeResult(2 << 20)
+            for op in (*controlpath.OPS, *controlpath.BASE_OPS):
+                res.add(op, 12.5)
+            figs = controlpath.figures([res], [0.25])
+            return self._json({"kind": "controlpath", "figures": [f.to_dict() for f in figs]})
+        # memprobe --shmdev: the region's file stands for the device
+        out = []
+        for a in argv:
+            m = SHMDEV.match(a)
+            out.append(self._path_of(int(m.group(1))) if m else a)
+        if "--shmdev" in out:
+            out[out.index("--shmdev")] = "--file"
+        proc = subprocess.run(out, capture_output=True, text=True, timeout=60, check=False)
+        return proc.returncode, proc.stdout, proc.stderr
+
+
+def env() -> Environment:
+    return Environment.collect_host(accelerator="tcg", node_count=2)
+
+
+@pytest.fixture()
+def config(tmp_path: Path) -> BenchConfig:
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    return BenchConfig(workdir=str(tmp_path / "wd"), probe=TINY, region_bytes=4 << 20)
+
+
+def test_two_nodes_every_source(tmp_path: Path, config: BenchConfig) -> None:
+    fake = FakeCluster(tmp_path)
+    run = run_cluster_bench(fake.run, fake.copy, 2, env(), config, say=lambda _m: None)
+    names = {f.name for f in run.figures if f.ok}
+    for src in ("local", "loopback", "loopback-sync", "cross-node", "cross-node-sync"):
+        assert f"data.chase.{src}.256KiB" in names, src
+        assert f"data.read.{src}" in names
+        assert f"engram.prefetch.{src}.128tok" in names
+    assert "control.export.2MiB" in names
+    # every paired figure has its baseline in the same run
+    for fig in run.figures:
+        if fig.ok and fig.baseline:
+            assert run.figure(fig.baseline) is not None, fig.name
+    cross = run.figure("engram.prefetch.cross-node.128tok")
+    assert cross is not None and run.ratio(cross) is not None
+    # memprobe was built on both nodes; node 0 filled, node 1 measured the cross-node import
+    assert {n for n, a in fake.log if a[0] == "gcc"} == {0, 1}
+    probes = [(n, a) for n, a in fake.log if a[0].endswith("/memprobe")]
+    fills = [n for n, a in probes if "--fill" in a]
+    assert fills == [0, 0, 0, 0]  # before each of the 4 import sources
+    cross_runs = [a for n, a in probes if n == 1]
+    assert len(cross_runs) == 2 and "--sync" in cross_runs[1]
+    # every region was released
+    assert fake.exports == {} and fake.imports == {}
+    assert run.env.node_count == 2
+    assert run.env.extra["host_kernel"]
+    write_run(run, tmp_path / "out", name="r", plots=False)
+
+
+def test_one_node_records_why_cross_node_is_missing(tmp_path: Path, config: BenchConfig) -> None:
+    config.sync = False
+    fake = FakeCluster(tmp_path)
+    run = run_cluster_bench(fake.run, fake.copy, 1, env(), config, say=lambda _m: None)
+    cross = run.figure("data.cross-node")
+    assert cross is not None
+    assert cross.skipped == "one node: cross-node import needs a second node"
+    assert run.figure("data.cross-node-sync") is None  # sync not asked for
+    assert run.figure("data.read.loopback") is not None
+    assert run.figure("data.read.loopback-sync") is None
+    assert {n for n, _ in fake.log} == {0}
+
+
+def test_failed_import_is_recorded_and_cleaned_up(tmp_path: Path, config: BenchConfig) -> None:
+    fake = FakeCluster(tmp_path, fail_import=True)
+    run = run_cluster_bench(fake.run, fake.copy, 2, env(), config, say=lambda _m: None)
+    for src in ("loopback", "loopback-sync", "cross-node", "cross-node-sync"):
+        fig = run.figure(f"data.{src}")
+        assert fig is not None and fig.skipped is not None
+        assert "EPERM (token mismatch)" in fig.skipped
+    assert fake.exports == {}  # the export was released although the import failed
+    assert run.figure("data.read.local") is not None
+
+
+def test_region_capped_by_the_pool(tmp_path: Path, config: BenchConfig) -> None:
+    config.sync = False
+    fake = FakeCluster(tmp_path, pool=3 << 20)
+    run = run_cluster_bench(fake.run, fake.copy, 1, env(), config, say=lambda _m: None)
+    assert f"data-path region capped to the free pool: {2 << 20} bytes" in run.notes
+    local = [a for n, a in fake.log if "--local" in a]
+    assert local[0][local[0].index("--local") + 1] == str(2 << 20)
+
+
+def test_compile_failure_is_fatal(tmp_path: Path, config: BenchConfig) -> None:
+    config.cc = "false"
+    fake = FakeCluster(tmp_path)
+    with pytest.raises(BenchError, match="exited 1"):
+        run_cluster_bench(fake.run, fake.copy, 1, env(), config, say=lambda _m: None)
+
+
+def test_local_only_run(tmp_path: Path) -> None:
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    run = run_local_bench(env(), TINY, shm_dir=tmp_path, say=lambda _m: None)
+    names = {f.name for f in run.figures if f.ok}
+    assert {"data.read.local", "data.read.file", "engram.prefetch.file.128tok"} <= names
+    fig = run.figure("data.read.file")
+    assert fig is not None and fig.baseline == "data.read.local"
+    loop = run.figure("data.loopback")
+    assert loop is not None and loop.skipped == "host-only run (--local-only): no VM"
+    assert list(tmp_path.iterdir()) == []  # the shared file is removed
