@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * obmm_emu: /dev/obmm misc device, ioctl dispatch, module init and exit.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/fs.h>
+#include <linux/miscdevice.h>
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+
+#include "obmm_emu.h"
+
+int obmm_emu_node_id;
+module_param_named(node_id, obmm_emu_node_id, int, 0444);
+MODULE_PARM_DESC(node_id, "Fabric node id of this guest (0..7, default 0)");
+
+static long obmm_dev_ioctl(struct file *file, unsigned int cmd,
+			   unsigned long arg)
+{
+	void __user *uarg = (void __user *)arg;
+
+	if (!obmm_fabric_enabled())
+		return -EOPNOTSUPP;
+
+	switch (cmd) {
+	case OBMM_CMD_EXPORT:
+		return obmm_export_ioctl(uarg);
+	case OBMM_CMD_IMPORT:
+		return obmm_import_ioctl(uarg);
+	case OBMM_CMD_UNEXPORT:
+		return obmm_unexport_ioctl(uarg);
+	case OBMM_CMD_UNIMPORT:
+		return obmm_unimport_ioctl(uarg);
+	case OBMM_CMD_ADDR_QUERY:
+		return obmm_addr_query_ioctl(uarg);
+	case OBMM_CMD_EXPORT_PID:
+		return obmm_export_pid_ioctl(uarg);
+	case OBMM_CMD_DECLARE_PREIMPORT:
+		return obmm_declare_preimport_ioctl(uarg);
+	case OBMM_CMD_UNDECLARE_PREIMPORT:
+		return obmm_undeclare_preimport_ioctl(uarg);
+	default:
+		return -ENOTTY;
+	}
+}
+
+static int obmm_dev_open(struct inode *inode, struct file *file)
+{
+	return 0;
+}
+
+static int obmm_dev_flush(struct file *file, fl_owner_t id)
+{
+	return 0;
+}
+
+static const struct file_operations obmm_dev_fops = {
+	.owner = THIS_MODULE,
+	.open = obmm_dev_open,
+	.flush = obmm_dev_flush,
+	.unlocked_ioctl = obmm_dev_ioctl,
+};
+
+static struct miscdevice obmm_misc = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "obmm",
+	.fops = &obmm_dev_fops,
+};
+
+static int __init obmm_emu_init(void)
+{
+	int ret;
+
+	if (obmm_emu_node_id < 0 || obmm_emu_node_id >= OBMM_EMU_MAX_NODES) {
+		pr_err("node_id %d out of range\n", obmm_emu_node_id);
+		return -EINVAL;
+	}
+	ret = obmm_pool_parse_params();
+	if (ret)
+		return ret;
+
+	obmm_regions_init();
+	ret = obmm_imports_init();
+	if (ret)
+		return ret;
+	ret = obmm_fabric_init();
+	if (ret)
+		goto err_imports;
+	ret = obmm_shmdev_init();
+	if (ret)
+		goto err_fabric;
+	ret = obmm_sysfs_init();
+	if (ret)
+		goto err_shmdev;
+	/* Last: no ioctl may arrive before init is complete. */
+	ret = misc_register(&obmm_misc);
+	if (ret)
+		goto err_sysfs;
+
+	pr_info("node %d ready (%s)\n", obmm_emu_node_id,
+		obmm_fabric_enabled() ? "fabric present" :
+		"no fabric: every ioctl returns EOPNOTSUPP");
+	return 0;
+
+err_sysfs:
+	obmm_sysfs_exit();
+err_shmdev:
+	obmm_shmdev_exit();
+err_fabric:
+	obmm_fabric_exit();
+err_imports:
+	obmm_imports_exit();
+	return ret;
+}
+
+static void __exit obmm_emu_exit(void)
+{
+	misc_deregister(&obmm_misc);
+	obmm_sysfs_exit();
+	obmm_shmdev_exit();
+	obmm_fabric_exit();
+	obmm_imports_exit();
+	obmm_regions_exit();
+}
+
+module_init(obmm_emu_init);
+module_exit(obmm_emu_exit);
+
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("Emulated OBMM (UB memory export/import) driver for obmm-testbed");
+MODULE_AUTHOR("obmm-testbed");

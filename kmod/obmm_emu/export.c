@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * obmm_emu: OBMM_CMD_EXPORT, OBMM_CMD_EXPORT_PID and OBMM_CMD_UNEXPORT.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/hugetlb.h>
+#include <linux/io.h>
+#include <linux/mm.h>
+#include <linux/nodemask.h>
+#include <linux/overflow.h>
+#include <linux/pid.h>
+#include <linux/pid_namespace.h>
+#include <linux/random.h>
+#include <linux/sched/mm.h>
+#include <linux/slab.h>
+#include <linux/topology.h>
+#include <linux/uaccess.h>
+
+#include "obmm_emu.h"
+
+static u32 obmm_new_tokenid(void)
+{
+	u32 token;
+
+	do {
+		token = get_random_u32() & OBMM_EMU_TOKENID_MASK;
+	} while (!token);
+	return token;
+}
+
+/* Physical package of a node with CPUs, -EINVAL for a node without. */
+static int obmm_node_package(int nid)
+{
+	unsigned int cpu;
+
+	if (nid < 0 || nid >= nr_node_ids || !node_online(nid))
+		return -EINVAL;
+	cpu = cpumask_first(cpumask_of_node(nid));
+	if (cpu >= nr_cpu_ids)
+		return -EINVAL;
+	return topology_physical_package_id(cpu);
+}
+
+static bool obmm_pxm_numa_valid(int pxm_numa)
+{
+	return pxm_numa >= 0 && pxm_numa <= OBMM_MAX_LOCAL_NUMA_NODES;
+}
+
+/* EXPORT checks 1-5: sizes, nodes, pxm_numa. */
+static int obmm_export_check_sizes(const struct obmm_cmd_export *cmd,
+				   u64 *total)
+{
+	u64 memseg = obmm_pool_granu();
+	int pkg, node_pkg;
+	u64 sum = 0;
+	unsigned int i;
+
+	if (cmd->length > OBMM_MAX_LOCAL_NUMA_NODES)
+		return -E2BIG;
+	if (!obmm_pxm_numa_valid(cmd->pxm_numa))
+		return -EINVAL;
+	for (i = 0; i < cmd->length; i++) {
+		if (cmd->size[i] % memseg)
+			return -EINVAL;
+		if (cmd->size[i] && (i >= nr_node_ids || !node_online(i)))
+			return -ENODEV;
+		if (check_add_overflow(sum, cmd->size[i], &sum))
+			return -EOVERFLOW;
+	}
+	if (!sum)
+		return -EINVAL;
+
+	pkg = obmm_node_package(cmd->pxm_numa);
+	if (pkg < 0)
+		return -EINVAL;
+	for (i = 0; i < cmd->length; i++) {
+		if (!cmd->size[i])
+			continue;
+		node_pkg = obmm_node_package(i);
+		if (node_pkg < 0 || node_pkg != pkg)
+			return -EINVAL;
+	}
+	*total = sum;
+	return 0;
+}
+
+/* EXPORT check 8: the per-node allocation; one node carries the pool. */
+static int obmm_export_alloc(struct obmm_region *r,
+			     const struct obmm_cmd_export *cmd, u64 total)
+{
+	unsigned int i;
+
+	for (i = 0; i < cmd->length; i++) {
+		if (!cmd->size[i])
+			continue;
+		if (!obmm_pool_present() || i != obmm_pool_nid())
+			return -ENODEV;
+		if (cmd->size[i] % obmm_pool_granu())
+			return -EINVAL;
+	}
+	return obmm_pool_alloc(total, cmd->flags & OBMM_EXPORT_FLAG_FAST,
+			       &r->pa);
+}
+
+static int obmm_export_finish(struct obmm_region *r)
+{
+	int ret;
+
+	r->tokenid = obmm_new_tokenid();
+	r->uba = obmm_fabric_make_uba(r->pa);
+	ret = obmm_shmdev_publish(r);
+	if (ret)
+		return ret;
+	obmm_ctl_publish_export(r);
+	obmm_region_activate(r);
+	return 0;
+}
+
+long obmm_export_ioctl(void __user *uarg)
+{
+	struct obmm_cmd_export cmd;
+	struct obmm_region *r;
+	unsigned int i;
+	u64 total;
+	int ret;
+
+	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
+		return -EFAULT;
+	ret = obmm_export_check_sizes(&cmd, &total);
+	if (ret)
+		return ret;
+	if (cmd.flags & ~OBMM_EXPORT_FLAG_MASK)
+		return -EINVAL;
+
+	r = obmm_region_alloc(OBMM_REGION_EXPORT);
+	if (!r)
+		return -ENOMEM;
+	ret = obmm_copy_priv(r, cmd.priv, cmd.priv_len);
+	if (ret)
+		goto err_free;
+	ret = obmm_check_vendor(cmd.vendor_info, cmd.vendor_len);
+	if (ret)
+		goto err_free;
+	ret = obmm_region_add_id(r);
+	if (ret)
+		goto err_free;
+	ret = obmm_export_alloc(r, &cmd, total);
+	if (ret)
+		goto err_id;
+
+	r->size = total;
+	r->export_flags = cmd.flags;
+	r->allow_mmap = cmd.flags & OBMM_EXPORT_FLAG_ALLOW_MMAP;
+	r->mem_cap = OBMM_CAP_CACHEABLE | OBMM_CAP_NONCACHEABLE;
+	r->pxm_numa = cmd.pxm_numa;
+	for (i = 0; i < cmd.length; i++) {
+		r->node_mem_size[i] = cmd.size[i];
+		if (cmd.size[i])
+			r->node_count = i + 1;
+	}
+	memcpy(r->deid, cmd.deid, sizeof(r->deid));
+	ret = obmm_export_finish(r);
+	if (ret)
+		goto err_pool;
+
+	cmd.mem_id = r->id;
+	cmd.uba = r->uba;
+	cmd.tokenid = r->tokenid;
+	/* As the real driver: the region stays exported on a copy fault. */
+	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
+		return -EFAULT;
+	return 0;
+
+err_pool:
+	obmm_pool_free(r->pa, total);
+err_id:
+	obmm_region_remove_id(r);
+err_free:
+	obmm_region_free(r);
+	return ret;
+}
+
+static bool obmm_page_is_hugetlb(struct page *page)
+{
+#ifdef OBMM_HAVE_FOLIO_HUGETLB
+	return folio_test_hugetlb(page_folio(page));
+#else
+	return PageHuge(page);
+#endif
+}
+
+static long obmm_pin_pages(struct mm_struct *mm, unsigned long va,
+			   unsigned long npages, struct page **pages)
+{
+	long pinned;
+
+	if (mm == current->mm)
+		return pin_user_pages_fast(va, npages, FOLL_WRITE, pages);
+	mmap_read_lock(mm);
+#ifdef OBMM_HAVE_PIN_REMOTE_NO_VMAS
+	pinned = pin_user_pages_remote(mm, va, npages, FOLL_WRITE, pages,
+				       NULL);
+#else
+	pinned = pin_user_pages_remote(mm, va, npages, FOLL_WRITE, pages,
+				       NULL, NULL);
+#endif
+	mmap_read_unlock(mm);
+	return pinned;
+}
+
+/* EXPORT_PID check 6: hugetlbfs pages on local nodes of one package. */
+static int obmm_pid_check_pages(struct obmm_region *r)
+{
+	int pkg = obmm_node_package(r->pxm_numa);
+	unsigned long i;
+	int nid;
+
+	if (!obmm_pxm_numa_valid(r->pxm_numa) || pkg < 0)
+		return -EOPNOTSUPP;
+	for (i = 0; i < r->npages; i++) {
+		if (!obmm_page_is_hugetlb(r->pages[i]))
+			return -EOPNOTSUPP;
+		nid = page_to_nid(r->pages[i]);
+		if (nid >= OBMM_MAX_LOCAL_NUMA_NODES ||
+		    obmm_node_package(nid) != pkg)
+			return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+/* EXPORT_PID check 7: every memseg must be physically aligned and whole. */
+static int obmm_pid_check_memsegs(struct obmm_region *r)
+{
+	unsigned long per_seg = obmm_pool_granu() >> PAGE_SHIFT;
+	unsigned long i;
+	phys_addr_t first;
+
+	if (r->size % obmm_pool_granu())
+		return -EINVAL;
+	for (i = 0; i < r->npages; i++) {
+		if (i % per_seg == 0) {
+			first = page_to_phys(r->pages[i]);
+			if (!IS_ALIGNED(first, obmm_pool_granu()))
+				return -EINVAL;
+		} else if (page_to_phys(r->pages[i]) !=
+			   first + (i % per_seg) * PAGE_SIZE) {
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static struct mm_struct *obmm_pid_get_mm(pid_t nr)
+{
+	struct task_struct *task;
+	struct mm_struct *mm;
+	struct pid *pid;
+
+	if (!nr)
+		return get_task_mm(current);
+	rcu_read_lock();
+	pid = find_pid_ns(nr, &init_pid_ns);
+	task = pid ? pid_task(pid, PIDTYPE_PID) : NULL;
+	if (task)
+		get_task_struct(task);
+	rcu_read_unlock();
+	if (!task)
+		return NULL;
+	mm = get_task_mm(task);
+	put_task_struct(task);
+	return mm;
+}
+
+static void obmm_pid_unpin(struct obmm_region *r, unsigned long npinned)
+{
+	if (npinned)
+		unpin_user_pages_dirty_lock(r->pages, npinned, true);
+	atomic64_sub(npinned, &r->mm->pinned_vm);
+}
+
+static int obmm_pid_pin(struct obmm_region *r, unsigned long va)
+{
+	long pinned;
+
+	r->pages = kvcalloc(r->npages, sizeof(*r->pages), GFP_KERNEL);
+	if (!r->pages)
+		return -ENOMEM;
+	pinned = obmm_pin_pages(r->mm, va, r->npages, r->pages);
+	if (pinned < 0)
+		return pinned;
+	atomic64_add(pinned, &r->mm->pinned_vm);
+	if (pinned != r->npages) {
+		obmm_pid_unpin(r, pinned);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+long obmm_export_pid_ioctl(void __user *uarg)
+{
+	struct obmm_cmd_export_pid cmd;
+	struct obmm_region *r;
+	struct mm_struct *mm;
+	int ret;
+
+	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
+		return -EFAULT;
+	if (cmd.flags & ~OBMM_EXPORT_FLAG_MASK ||
+	    cmd.flags & OBMM_EXPORT_FLAG_ALLOW_MMAP ||
+	    cmd.flags & OBMM_EXPORT_FLAG_FAST)
+		return -EINVAL;
+	if (!cmd.length || cmd.length % PMD_SIZE)
+		return -EINVAL;
+
+	r = obmm_region_alloc(OBMM_REGION_EXPORT);
+	if (!r)
+		return -ENOMEM;
+	ret = obmm_copy_priv(r, cmd.priv, cmd.priv_len);
+	if (ret)
+		goto err_free;
+	ret = obmm_check_vendor(cmd.vendor_info, cmd.vendor_len);
+	if (ret)
+		goto err_free;
+	ret = obmm_region_add_id(r);
+	if (ret)
+		goto err_free;
+
+	mm = obmm_pid_get_mm(cmd.pid);
+	if (!mm) {
+		ret = -ESRCH;
+		goto err_id;
+	}
+	mmgrab(mm);
+	mmput(mm);
+	r->mm = mm;
+	r->from_user = true;
+	r->size = cmd.length;
+	r->npages = cmd.length >> PAGE_SHIFT;
+	r->pxm_numa = cmd.pxm_numa;
+	ret = obmm_pid_pin(r, (unsigned long)cmd.va);
+	if (ret)
+		goto err_mm;
+	ret = obmm_pid_check_pages(r);
+	if (ret)
+		goto err_unpin;
+	ret = obmm_pid_check_memsegs(r);
+	if (ret)
+		goto err_unpin;
+
+	/* No shmdev access to user memory: mem_cap stays 0. */
+	r->pa = page_to_phys(r->pages[0]);
+	r->mem_cap = 0;
+	memcpy(r->deid, cmd.deid, sizeof(r->deid));
+	ret = obmm_export_finish(r);
+	if (ret)
+		goto err_unpin;
+
+	cmd.mem_id = r->id;
+	cmd.uba = r->uba;
+	cmd.tokenid = r->tokenid;
+	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
+		return -EFAULT;
+	return 0;
+
+err_unpin:
+	obmm_pid_unpin(r, r->npages);
+err_mm:
+	kvfree(r->pages);
+	r->pages = NULL;
+	mmdrop(r->mm);
+err_id:
+	obmm_region_remove_id(r);
+err_free:
+	obmm_region_free(r);
+	return ret;
+}
+
+static void obmm_export_teardown(struct obmm_region *r)
+{
+	obmm_ctl_withdraw_export(r);
+	obmm_shmdev_unpublish(r);
+	if (r->from_user) {
+		obmm_pid_unpin(r, r->npages);
+		kvfree(r->pages);
+		mmdrop(r->mm);
+	} else {
+		obmm_pool_free(r->pa, r->size);
+	}
+	obmm_region_remove_id(r);
+	obmm_region_free(r);
+}
+
+long obmm_unexport_ioctl(void __user *uarg)
+{
+	struct obmm_cmd_unexport cmd;
+	struct obmm_region *r;
+	int ret;
+
+	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
+		return -EFAULT;
+	if (cmd.mem_id < OBMM_MIN_VALID_REGIONID ||
+	    cmd.mem_id > OBMM_MAX_VALID_REGIONID)
+		return -ENOENT;
+	if (cmd.flags & ~OBMM_UNEXPORT_FLAG_MASK)
+		return -EINVAL;
+	ret = obmm_region_deactivate(cmd.mem_id, OBMM_REGION_EXPORT, &r);
+	if (ret)
+		return ret;
+	obmm_export_teardown(r);
+	return 0;
+}

@@ -1,0 +1,397 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * obmm_emu: the emulated UB fabric on this node.
+ *
+ * Every node of an N-node cluster sees, as ivshmem-plain PCI devices on
+ * bus 0, one window per node at slot OBMM_EMU_WIN_SLOT0 + j (BAR2 = node
+ * j's whole RAM file, its own included for loopback) and the shared
+ * control region at slot OBMM_EMU_CTL_SLOT.  A window is the emulated UB
+ * memory decoder: byte P of node j is at window[j].base + P.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/bitmap.h>
+#include <linux/io.h>
+#include <linux/jiffies.h>
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+#include <linux/pci.h>
+#include <linux/random.h>
+#include <linux/workqueue.h>
+
+#include "obmm_emu.h"
+
+#define OBMM_EMU_IVSHMEM_VENDOR		0x1af4
+#define OBMM_EMU_IVSHMEM_DEVICE		0x1110
+#define OBMM_EMU_IVSHMEM_BAR		2
+#define OBMM_EMU_CTL_SLOT		0x0f
+#define OBMM_EMU_WIN_SLOT0		0x10
+#define OBMM_EMU_DEFAULT_HEARTBEAT_MS	1000
+#define OBMM_EMU_MIN_HEARTBEAT_MS	10
+
+static unsigned int cna;
+module_param(cna, uint, 0444);
+MODULE_PARM_DESC(cna, "Primary CNA of this node's UB controller (default node_id + 1)");
+
+static unsigned int eid;
+module_param(eid, uint, 0444);
+MODULE_PARM_DESC(eid, "EID (first 32 bits) of this node's UB controller (default node_id + 1)");
+
+static unsigned int heartbeat_ms = OBMM_EMU_DEFAULT_HEARTBEAT_MS;
+module_param(heartbeat_ms, uint, 0444);
+MODULE_PARM_DESC(heartbeat_ms, "Control-region heartbeat period in ms (default 1000)");
+
+struct obmm_fabric {
+	bool enabled;
+	struct pci_dev *win_pdev[OBMM_EMU_MAX_NODES];
+	struct obmm_emu_window win[OBMM_EMU_MAX_NODES];
+	struct pci_dev *ctl_pdev;
+	phys_addr_t ctl_base;
+	u64 ctl_size;
+	void *ctl;
+	u64 boot_id;
+	u64 heartbeat;
+	struct delayed_work heartbeat_work;
+	struct mutex rec_lock;	/* protects rec_used and record writes */
+	DECLARE_BITMAP(rec_used, OBMM_EMU_CTL_RECORDS_PER_NODE);
+};
+
+static struct obmm_fabric fab;
+
+bool obmm_fabric_enabled(void)
+{
+	return fab.enabled;
+}
+
+u32 obmm_fabric_cna(void)
+{
+	return cna;
+}
+
+u32 obmm_fabric_eid(void)
+{
+	return eid;
+}
+
+const struct obmm_emu_window *obmm_fabric_window(int node)
+{
+	if (node < 0 || node >= OBMM_EMU_MAX_NODES)
+		return NULL;
+	return &fab.win[node];
+}
+
+phys_addr_t obmm_fabric_ctl_base(void)
+{
+	return fab.ctl_base;
+}
+
+u64 obmm_fabric_ctl_size(void)
+{
+	return fab.ctl_size;
+}
+
+/*
+ * ub_memory_validate_pa(): the range must lie in one decoder window and
+ * the controller must be this node's.
+ */
+bool obmm_fabric_validate_pa(u32 scna, phys_addr_t start, u64 len)
+{
+	const struct obmm_emu_window *w;
+	int j;
+
+	if (scna != cna)
+		return false;
+	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
+		w = &fab.win[j];
+		if (w->present && start >= w->base &&
+		    start - w->base < w->size && len <= w->size - (start - w->base))
+			return true;
+	}
+	return false;
+}
+
+u64 obmm_fabric_make_uba(phys_addr_t pa)
+{
+	return OBMM_EMU_UBA_VALID |
+	       ((u64)obmm_emu_node_id << OBMM_EMU_UBA_NODE_SHIFT) |
+	       (pa & OBMM_EMU_UBA_PA_MASK);
+}
+
+static struct obmm_emu_ctl_node *obmm_ctl_node(int node)
+{
+	return fab.ctl + OBMM_EMU_CTL_NODE_TABLE_OFF +
+	       node * OBMM_EMU_CTL_NODE_STRIDE;
+}
+
+static struct obmm_emu_ctl_export *obmm_ctl_record(int slot)
+{
+	return fab.ctl + OBMM_EMU_CTL_RECORDS_OFF +
+	       ((size_t)obmm_emu_node_id * OBMM_EMU_CTL_RECORDS_PER_NODE +
+		slot) * OBMM_EMU_CTL_RECORD_SIZE;
+}
+
+/* Seqcount writer side on shared memory: odd while the entry changes. */
+static void obmm_ctl_write_begin(__le32 *seq)
+{
+	WRITE_ONCE(*seq, cpu_to_le32(le32_to_cpu(READ_ONCE(*seq)) + 1));
+	/* Readers on other nodes must see the odd seq before the data. */
+	wmb();
+}
+
+static void obmm_ctl_write_end(__le32 *seq)
+{
+	/* The data must be visible before the even seq that validates it. */
+	wmb();
+	WRITE_ONCE(*seq, cpu_to_le32(le32_to_cpu(READ_ONCE(*seq)) + 1));
+}
+
+static void obmm_ctl_init_header(void)
+{
+	struct obmm_emu_ctl_header *h = fab.ctl;
+
+	BUILD_BUG_ON(sizeof(struct obmm_emu_ctl_node) >
+		     OBMM_EMU_CTL_NODE_STRIDE);
+	BUILD_BUG_ON(sizeof(struct obmm_emu_ctl_export) >
+		     OBMM_EMU_CTL_RECORD_SIZE);
+	if (le64_to_cpu(READ_ONCE(h->magic)) == OBMM_EMU_CTL_MAGIC)
+		return;
+	h->version = cpu_to_le32(OBMM_EMU_CTL_VERSION);
+	h->max_nodes = cpu_to_le32(OBMM_EMU_MAX_NODES);
+	h->node_table_off = cpu_to_le32(OBMM_EMU_CTL_NODE_TABLE_OFF);
+	h->node_stride = cpu_to_le32(OBMM_EMU_CTL_NODE_STRIDE);
+	h->records_off = cpu_to_le32(OBMM_EMU_CTL_RECORDS_OFF);
+	h->record_size = cpu_to_le32(OBMM_EMU_CTL_RECORD_SIZE);
+	h->records_per_node = cpu_to_le32(OBMM_EMU_CTL_RECORDS_PER_NODE);
+	/* The layout fields must be visible before the magic. */
+	wmb();
+	WRITE_ONCE(h->magic, cpu_to_le64(OBMM_EMU_CTL_MAGIC));
+}
+
+static void obmm_ctl_node_update(u32 state)
+{
+	struct obmm_emu_ctl_node *n = obmm_ctl_node(obmm_emu_node_id);
+	const struct obmm_emu_window *own = &fab.win[obmm_emu_node_id];
+	__le32 eid_le = cpu_to_le32(eid);
+
+	obmm_ctl_write_begin(&n->seq);
+	n->state = cpu_to_le32(state);
+	n->node_id = cpu_to_le32(obmm_emu_node_id);
+	n->cna = cpu_to_le32(cna);
+	memset(n->eid, 0, sizeof(n->eid));
+	memcpy(n->eid, &eid_le, sizeof(eid_le));
+	n->boot_id = cpu_to_le64(fab.boot_id);
+	n->pool_base = cpu_to_le64(obmm_pool_base());
+	n->pool_size = cpu_to_le64(obmm_pool_size());
+	n->ram_size = cpu_to_le64(own->size);
+	n->heartbeat_ms = cpu_to_le32(heartbeat_ms);
+	n->heartbeat = cpu_to_le64(fab.heartbeat);
+	obmm_ctl_write_end(&n->seq);
+}
+
+static void obmm_heartbeat_fn(struct work_struct *work)
+{
+	struct obmm_emu_ctl_node *n = obmm_ctl_node(obmm_emu_node_id);
+
+	fab.heartbeat++;
+	obmm_ctl_write_begin(&n->seq);
+	n->heartbeat = cpu_to_le64(fab.heartbeat);
+	obmm_ctl_write_end(&n->seq);
+	schedule_delayed_work(&fab.heartbeat_work,
+			      msecs_to_jiffies(heartbeat_ms));
+}
+
+void obmm_ctl_publish_export(struct obmm_region *r)
+{
+	struct obmm_emu_ctl_export *rec;
+	u32 flags;
+	int slot;
+
+	if (!fab.ctl)
+		return;
+	mutex_lock(&fab.rec_lock);
+	slot = find_first_zero_bit(fab.rec_used, OBMM_EMU_CTL_RECORDS_PER_NODE);
+	if (slot >= OBMM_EMU_CTL_RECORDS_PER_NODE) {
+		mutex_unlock(&fab.rec_lock);
+		pr_warn_ratelimited("no export record slot for mem_id %d\n",
+				    r->id);
+		return;
+	}
+	set_bit(slot, fab.rec_used);
+	r->record_slot = slot;
+	rec = obmm_ctl_record(slot);
+	flags = (u32)r->export_flags;
+	if (r->from_user)
+		flags |= OBMM_EMU_REC_FLAG_FROM_USER;
+
+	obmm_ctl_write_begin(&rec->seq);
+	rec->generation = cpu_to_le64(le64_to_cpu(rec->generation) + 1);
+	rec->boot_id = cpu_to_le64(fab.boot_id);
+	rec->mem_id = cpu_to_le64(r->id);
+	rec->uba = cpu_to_le64(r->uba);
+	rec->pa = cpu_to_le64(r->pa);
+	rec->size = cpu_to_le64(r->size);
+	rec->tokenid = cpu_to_le32(r->tokenid);
+	rec->flags = cpu_to_le32(flags);
+	memcpy(rec->deid, r->deid, sizeof(rec->deid));
+	rec->pxm_numa = cpu_to_le32(r->pxm_numa);
+	rec->state = cpu_to_le32(OBMM_EMU_REC_LIVE);
+	obmm_ctl_write_end(&rec->seq);
+	mutex_unlock(&fab.rec_lock);
+}
+
+void obmm_ctl_withdraw_export(struct obmm_region *r)
+{
+	struct obmm_emu_ctl_export *rec;
+
+	if (!fab.ctl || r->record_slot < 0)
+		return;
+	mutex_lock(&fab.rec_lock);
+	rec = obmm_ctl_record(r->record_slot);
+	obmm_ctl_write_begin(&rec->seq);
+	rec->state = cpu_to_le32(OBMM_EMU_REC_FREE);
+	rec->generation = cpu_to_le64(le64_to_cpu(rec->generation) + 1);
+	obmm_ctl_write_end(&rec->seq);
+	clear_bit(r->record_slot, fab.rec_used);
+	r->record_slot = -1;
+	mutex_unlock(&fab.rec_lock);
+}
+
+/* Withdraw whatever a previous incarnation of this node left behind. */
+static void obmm_ctl_clear_own_records(void)
+{
+	struct obmm_emu_ctl_export *rec;
+	int slot;
+
+	for (slot = 0; slot < OBMM_EMU_CTL_RECORDS_PER_NODE; slot++) {
+		rec = obmm_ctl_record(slot);
+		if (le32_to_cpu(rec->state) == OBMM_EMU_REC_FREE &&
+		    !(le32_to_cpu(rec->seq) & 1))
+			continue;
+		obmm_ctl_write_begin(&rec->seq);
+		rec->state = cpu_to_le32(OBMM_EMU_REC_FREE);
+		rec->generation = cpu_to_le64(le64_to_cpu(rec->generation) + 1);
+		if (le32_to_cpu(rec->seq) & 1)
+			rec->seq = cpu_to_le32(le32_to_cpu(rec->seq) + 1);
+		obmm_ctl_write_end(&rec->seq);
+	}
+}
+
+static void obmm_fabric_add(struct pci_dev *pdev)
+{
+	unsigned int slot = PCI_SLOT(pdev->devfn);
+	phys_addr_t base = pci_resource_start(pdev, OBMM_EMU_IVSHMEM_BAR);
+	u64 size = pci_resource_len(pdev, OBMM_EMU_IVSHMEM_BAR);
+	int node;
+
+	if (pci_domain_nr(pdev->bus) || pdev->bus->number ||
+	    PCI_FUNC(pdev->devfn) || !size)
+		return;
+	if (slot == OBMM_EMU_CTL_SLOT && !fab.ctl_pdev) {
+		if (pci_enable_device_mem(pdev))
+			return;
+		fab.ctl_pdev = pci_dev_get(pdev);
+		fab.ctl_base = base;
+		fab.ctl_size = size;
+		return;
+	}
+	if (slot < OBMM_EMU_WIN_SLOT0 ||
+	    slot >= OBMM_EMU_WIN_SLOT0 + OBMM_EMU_MAX_NODES)
+		return;
+	node = slot - OBMM_EMU_WIN_SLOT0;
+	if (fab.win_pdev[node] || pci_enable_device_mem(pdev))
+		return;
+	fab.win_pdev[node] = pci_dev_get(pdev);
+	fab.win[node].present = true;
+	fab.win[node].base = base;
+	fab.win[node].size = size;
+}
+
+static void obmm_fabric_put_devices(void)
+{
+	int j;
+
+	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
+		if (!fab.win_pdev[j])
+			continue;
+		pci_disable_device(fab.win_pdev[j]);
+		pci_dev_put(fab.win_pdev[j]);
+		fab.win_pdev[j] = NULL;
+		fab.win[j].present = false;
+	}
+	if (fab.ctl_pdev) {
+		pci_disable_device(fab.ctl_pdev);
+		pci_dev_put(fab.ctl_pdev);
+		fab.ctl_pdev = NULL;
+	}
+}
+
+int obmm_fabric_init(void)
+{
+	struct pci_dev *pdev = NULL;
+	const struct obmm_emu_window *own;
+	int ret;
+
+	if (!cna)
+		cna = obmm_emu_node_id + 1;
+	if (!eid)
+		eid = obmm_emu_node_id + 1;
+	if (heartbeat_ms < OBMM_EMU_MIN_HEARTBEAT_MS)
+		heartbeat_ms = OBMM_EMU_MIN_HEARTBEAT_MS;
+	mutex_init(&fab.rec_lock);
+	INIT_DELAYED_WORK(&fab.heartbeat_work, obmm_heartbeat_fn);
+	fab.boot_id = get_random_u64();
+
+	while ((pdev = pci_get_device(OBMM_EMU_IVSHMEM_VENDOR,
+				      OBMM_EMU_IVSHMEM_DEVICE, pdev)))
+		obmm_fabric_add(pdev);
+
+	own = &fab.win[obmm_emu_node_id];
+	if (!own->present || !fab.ctl_pdev ||
+	    fab.ctl_size < OBMM_EMU_CTL_MIN_SIZE) {
+		pr_warn("own window or control region missing: fabric disabled\n");
+		return 0;
+	}
+	/*
+	 * Write-combining, not write-back: on x86 a WB kernel mapping would
+	 * make PAT refuse every other mapping type of the region, and the
+	 * region must stay mappable through sysfs resource2 (the host tools
+	 * and the Python library read it there).
+	 */
+	fab.ctl = memremap(fab.ctl_base, fab.ctl_size, MEMREMAP_WC);
+	if (!fab.ctl) {
+		ret = -ENOMEM;
+		goto err_put;
+	}
+	ret = obmm_pool_init(own->size);
+	if (ret)
+		goto err_unmap;
+
+	obmm_ctl_init_header();
+	obmm_ctl_clear_own_records();
+	obmm_ctl_node_update(OBMM_EMU_NODE_ONLINE);
+	schedule_delayed_work(&fab.heartbeat_work,
+			      msecs_to_jiffies(heartbeat_ms));
+	fab.enabled = true;
+	return 0;
+
+err_unmap:
+	memunmap(fab.ctl);
+	fab.ctl = NULL;
+err_put:
+	obmm_fabric_put_devices();
+	return ret;
+}
+
+void obmm_fabric_exit(void)
+{
+	if (fab.enabled) {
+		cancel_delayed_work_sync(&fab.heartbeat_work);
+		obmm_ctl_node_update(OBMM_EMU_NODE_OFFLINE);
+		obmm_pool_exit();
+		memunmap(fab.ctl);
+		fab.ctl = NULL;
+		fab.enabled = false;
+	}
+	obmm_fabric_put_devices();
+	mutex_destroy(&fab.rec_lock);
+}

@@ -1,0 +1,355 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * obmm_emu: OBMM_CMD_IMPORT, OBMM_CMD_UNIMPORT and the preimport ioctls.
+ *
+ * NUMA_REMOTE ("borrow") imports need the OLK numa_remote memory hot-add,
+ * which stock kernels lack: every argument check is made as the real
+ * driver makes it, then the hot-add step fails with -EOPNOTSUPP.  So no
+ * preimport range is ever registered.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/list.h>
+#include <linux/memory.h>
+#include <linux/mutex.h>
+#include <linux/proc_fs.h>
+#include <linux/seq_file.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include "obmm_emu.h"
+
+/* Direct import PA ranges (the real driver's maple tree). */
+struct obmm_import_range {
+	struct list_head link;
+	phys_addr_t start;
+	phys_addr_t end;	/* inclusive */
+	struct obmm_region *region;
+};
+
+static DEFINE_MUTEX(obmm_import_mutex);
+static LIST_HEAD(obmm_import_ranges);
+
+#define OBMM_PROC_DIR		"obmm"
+#define OBMM_PROC_PREIMPORT	"preimport_info"
+#define OBMM_PROC_MODE		0400
+
+static struct proc_dir_entry *obmm_proc_dir;
+
+/* /proc/obmm/preimport_info: the header; no range is ever registered. */
+static int obmm_preimport_info_show(struct seq_file *m, void *v)
+{
+	seq_puts(m, "pa_start - pa_end : dcna scna deid seid nid\n");
+	return 0;
+}
+
+int obmm_imports_init(void)
+{
+	obmm_proc_dir = proc_mkdir(OBMM_PROC_DIR, NULL);
+	if (!obmm_proc_dir)
+		return -ENOMEM;
+	if (!proc_create_single(OBMM_PROC_PREIMPORT, OBMM_PROC_MODE,
+				obmm_proc_dir, obmm_preimport_info_show)) {
+		proc_remove(obmm_proc_dir);
+		obmm_proc_dir = NULL;
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+void obmm_imports_exit(void)
+{
+	proc_remove(obmm_proc_dir);
+	obmm_proc_dir = NULL;
+}
+
+static u64 obmm_memory_block_size(void)
+{
+#ifdef CONFIG_MEMORY_HOTPLUG
+	return memory_block_size_bytes();
+#else
+	return OBMM_EMU_DEFAULT_MEMBLOCK;
+#endif
+}
+
+static bool obmm_range_overlaps(phys_addr_t start, phys_addr_t end)
+{
+	struct obmm_import_range *ir;
+
+	list_for_each_entry(ir, &obmm_import_ranges, link)
+		if (start <= ir->end && ir->start <= end)
+			return true;
+	return false;
+}
+
+static int obmm_range_insert(struct obmm_region *r, phys_addr_t start,
+			     u64 len)
+{
+	struct obmm_import_range *ir;
+	int ret = 0;
+
+	ir = kzalloc(sizeof(*ir), GFP_KERNEL);
+	if (!ir)
+		return -ENOMEM;
+	ir->start = start;
+	ir->end = start + len - 1;
+	ir->region = r;
+	mutex_lock(&obmm_import_mutex);
+	if (obmm_range_overlaps(ir->start, ir->end)) {
+		ret = -EEXIST;
+		kfree(ir);
+	} else {
+		list_add_tail(&ir->link, &obmm_import_ranges);
+	}
+	mutex_unlock(&obmm_import_mutex);
+	return ret;
+}
+
+static void obmm_range_remove(struct obmm_region *r)
+{
+	struct obmm_import_range *ir, *tmp;
+
+	mutex_lock(&obmm_import_mutex);
+	list_for_each_entry_safe(ir, tmp, &obmm_import_ranges, link) {
+		if (ir->region == r) {
+			list_del(&ir->link);
+			kfree(ir);
+		}
+	}
+	mutex_unlock(&obmm_import_mutex);
+}
+
+static bool obmm_base_dist_invalid(u8 base_dist)
+{
+	return base_dist >= 1 && base_dist <= OBMM_LOCAL_DISTANCE;
+}
+
+/* IMPORT checks 1, 3 and 4 (2, priv, is done by the caller in order). */
+static int obmm_import_check_flags(u64 flags)
+{
+	bool mmap = flags & OBMM_IMPORT_FLAG_ALLOW_MMAP;
+	bool numa = flags & OBMM_IMPORT_FLAG_NUMA_REMOTE;
+
+	if (flags & ~OBMM_IMPORT_FLAG_MASK)
+		return -EINVAL;
+	if (mmap == numa)
+		return -EINVAL;
+	if ((flags & OBMM_IMPORT_FLAG_PREIMPORT) && !numa)
+		return -EINVAL;
+	return 0;
+}
+
+static int obmm_import_check_range(const struct obmm_cmd_import *cmd)
+{
+	u64 end;
+
+	if (!cmd->length)
+		return -EINVAL;
+	if (!IS_ALIGNED(cmd->addr, OBMM_BASIC_GRANU) ||
+	    !IS_ALIGNED(cmd->length, OBMM_BASIC_GRANU))
+		return -EINVAL;
+	if (!cmd->addr)
+		return -EINVAL;
+	if (check_add_overflow(cmd->addr, cmd->length, &end))
+		return -EINVAL;
+	if ((cmd->flags & OBMM_IMPORT_FLAG_NUMA_REMOTE) &&
+	    !(cmd->flags & OBMM_IMPORT_FLAG_PREIMPORT) &&
+	    obmm_base_dist_invalid(cmd->base_dist))
+		return -EINVAL;
+	return 0;
+}
+
+#define OBMM_DIRECT_IMPORT_NAME	"DIRECT_IMPORT_UBMEM"
+
+/* Steps 9 and 11 of IMPORT: the ubmem and memdev iomem resources. */
+static int obmm_import_claim_iomem(struct obmm_region *r, phys_addr_t start,
+				   u64 len)
+{
+	r->ubmem_res.name = OBMM_DIRECT_IMPORT_NAME;
+	r->ubmem_res.start = start;
+	r->ubmem_res.end = start + len - 1;
+	r->ubmem_res.flags = IORESOURCE_MEM;
+	if (insert_resource(&iomem_resource, &r->ubmem_res))
+		return -EBUSY;
+	snprintf(r->memid_name, sizeof(r->memid_name), "MEMID_%d", r->id);
+	r->memid_res.name = r->memid_name;
+	r->memid_res.start = start;
+	r->memid_res.end = start + len - 1;
+	r->memid_res.flags = IORESOURCE_MEM;
+	if (request_resource(&r->ubmem_res, &r->memid_res)) {
+		release_resource(&r->ubmem_res);
+		return -EBUSY;
+	}
+	return 0;
+}
+
+static void obmm_import_release_iomem(struct obmm_region *r)
+{
+	if (r->memid_res.parent)
+		release_resource(&r->memid_res);
+	if (r->ubmem_res.parent)
+		release_resource(&r->ubmem_res);
+}
+
+/* The hot-add part of an import: unsupported without OLK numa_remote. */
+static int obmm_import_numa(struct obmm_region *r,
+			    const struct obmm_cmd_import *cmd)
+{
+	/* Preimport: no range is ever registered (see top of file). */
+	if (cmd->flags & OBMM_IMPORT_FLAG_PREIMPORT)
+		return -EFAULT;
+	return -EOPNOTSUPP;
+}
+
+long obmm_import_ioctl(void __user *uarg)
+{
+	struct obmm_cmd_import cmd;
+	struct obmm_region *r;
+	bool ranged = false;
+	int ret;
+
+	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
+		return -EFAULT;
+	ret = obmm_import_check_flags(cmd.flags);
+	if (ret)
+		return ret;
+
+	r = obmm_region_alloc(OBMM_REGION_IMPORT);
+	if (!r)
+		return -ENOMEM;
+	ret = obmm_copy_priv(r, cmd.priv, cmd.priv_len);
+	if (ret)
+		goto err_free;
+	ret = obmm_import_check_range(&cmd);
+	if (ret)
+		goto err_free;
+	ret = obmm_region_add_id(r);
+	if (ret)
+		goto err_free;
+	if (cmd.scna != obmm_fabric_cna()) {
+		ret = -ENODEV;
+		goto err_id;
+	}
+	if (!(cmd.flags & OBMM_IMPORT_FLAG_PREIMPORT)) {
+		ret = obmm_range_insert(r, cmd.addr, cmd.length);
+		if (ret)
+			goto err_id;
+		ranged = true;
+	}
+	if (!obmm_fabric_validate_pa(cmd.scna, cmd.addr, cmd.length)) {
+		ret = -EINVAL;
+		goto err_range;
+	}
+	r->mem_cap = OBMM_CAP_CACHEABLE | OBMM_CAP_NONCACHEABLE;
+	if (!(cmd.flags & OBMM_IMPORT_FLAG_PREIMPORT)) {
+		ret = obmm_import_claim_iomem(r, cmd.addr, cmd.length);
+		if (ret)
+			goto err_range;
+	}
+	if (cmd.flags & OBMM_IMPORT_FLAG_NUMA_REMOTE) {
+		ret = obmm_import_numa(r, &cmd);
+		goto err_iomem;
+	}
+
+	r->pa = cmd.addr;
+	r->size = cmd.length;
+	r->allow_mmap = true;
+	r->scna = cmd.scna;
+	r->dcna = cmd.dcna;
+	r->numa_id = NUMA_NO_NODE;
+	memcpy(r->seid, cmd.seid, sizeof(r->seid));
+	memcpy(r->deid, cmd.deid, sizeof(r->deid));
+	ret = obmm_shmdev_publish(r);
+	if (ret)
+		goto err_iomem;
+	obmm_region_activate(r);
+
+	cmd.mem_id = r->id;
+	cmd.numa_id = r->numa_id;
+	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
+		return -EFAULT;
+	return 0;
+
+err_iomem:
+	obmm_import_release_iomem(r);
+err_range:
+	if (ranged)
+		obmm_range_remove(r);
+err_id:
+	obmm_region_remove_id(r);
+err_free:
+	obmm_region_free(r);
+	return ret;
+}
+
+long obmm_unimport_ioctl(void __user *uarg)
+{
+	struct obmm_cmd_unimport cmd;
+	struct obmm_region *r;
+	int ret;
+
+	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
+		return -EFAULT;
+	if (cmd.mem_id < OBMM_MIN_VALID_REGIONID ||
+	    cmd.mem_id > OBMM_MAX_VALID_REGIONID)
+		return -ENOENT;
+	if (cmd.flags & ~OBMM_UNIMPORT_FLAG_MASK)
+		return -EINVAL;
+	ret = obmm_region_deactivate(cmd.mem_id, OBMM_REGION_IMPORT, &r);
+	if (ret)
+		return ret;
+	obmm_shmdev_unpublish(r);
+	obmm_import_release_iomem(r);
+	obmm_range_remove(r);
+	obmm_region_remove_id(r);
+	obmm_region_free(r);
+	return 0;
+}
+
+long obmm_declare_preimport_ioctl(void __user *uarg)
+{
+	struct obmm_cmd_preimport cmd;
+	u64 block = obmm_memory_block_size();
+	phys_addr_t start, end;
+	int ret;
+
+	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
+		return -EFAULT;
+	if (cmd.length % block || cmd.pa % block)
+		return -EINVAL;
+	if (check_add_overflow(cmd.pa, cmd.length, &end))
+		return -EINVAL;
+	if (!cmd.length)
+		return -EINVAL;
+	if (cmd.flags & ~OBMM_PREIMPORT_FLAG_MASK)
+		return -EINVAL;
+	if (cmd.scna != obmm_fabric_cna())
+		return -ENODEV;
+	if (obmm_base_dist_invalid(cmd.base_dist))
+		return -EINVAL;
+	if (!cmd.pa)
+		return -EINVAL;
+	start = cmd.pa;
+	end = start + cmd.length - 1;
+	mutex_lock(&obmm_import_mutex);
+	ret = obmm_range_overlaps(start, end) ? -EEXIST : 0;
+	mutex_unlock(&obmm_import_mutex);
+	if (ret)
+		return ret;
+	if (!obmm_fabric_validate_pa(cmd.scna, cmd.pa, cmd.length))
+		return -EINVAL;
+	/* add_memory_remote(): no numa_remote in this kernel. */
+	return -EOPNOTSUPP;
+}
+
+long obmm_undeclare_preimport_ioctl(void __user *uarg)
+{
+	struct obmm_cmd_preimport cmd;
+
+	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
+		return -EFAULT;
+	if (cmd.flags & ~OBMM_UNPREIMPORT_FLAG_MASK)
+		return -EINVAL;
+	/* No preimport range can be registered (see top of file). */
+	return -EFAULT;
+}

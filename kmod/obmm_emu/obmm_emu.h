@@ -1,0 +1,198 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * obmm_emu: emulated OBMM driver for obmm-testbed - internal interfaces.
+ */
+#ifndef OBMM_EMU_H
+#define OBMM_EMU_H
+
+#include <linux/cdev.h>
+#include <linux/device.h>
+#include <linux/ioport.h>
+#include <linux/kdev_t.h>
+#include <linux/mm_types.h>
+#include <linux/mutex.h>
+#include <linux/refcount.h>
+#include <linux/sizes.h>
+#include <linux/types.h>
+#include <linux/version.h>
+
+#include <ub/obmm.h>
+
+#include "obmm_emu_ctl.h"
+
+#define OBMM_EMU_NAME			"obmm_emu"
+
+/* Region ids: one id space for exports and imports, lowest free first. */
+#define OBMM_INVALID_REGIONID		0
+#define OBMM_MIN_VALID_REGIONID		1
+#define OBMM_MAX_VALID_REGIONID		MINORMASK
+
+/* Import address/length granule of the real driver (PMD size, 4K pages). */
+#define OBMM_BASIC_GRANU		SZ_2M
+/* Default export memseg size (mem_allocator_granu). */
+#define OBMM_DEFAULT_MEMSEG_SIZE	SZ_2M
+/* Memory block size used when memory hotplug is not configured. */
+#define OBMM_EMU_DEFAULT_MEMBLOCK	SZ_128M
+/* LOCAL_DISTANCE: base_dist 1..10 is refused for NUMA imports. */
+#define OBMM_LOCAL_DISTANCE		10
+
+/* Region memory capabilities (open modes allowed). */
+#define OBMM_CAP_CACHEABLE		BIT(0)
+#define OBMM_CAP_NONCACHEABLE		BIT(1)
+
+/* "MEMID_" + up to 7 decimal digits + NUL */
+#define OBMM_MEMID_NAME_LEN		16
+
+/* UB token ids are 20 bits wide. */
+#define OBMM_EMU_TOKENID_MASK		GENMASK(19, 0)
+
+enum obmm_region_type {
+	OBMM_REGION_EXPORT,
+	OBMM_REGION_IMPORT,
+};
+
+enum obmm_mmap_granu {
+	OBMM_MMAP_GRANU_NONE,
+	OBMM_MMAP_GRANU_PAGE,
+	OBMM_MMAP_GRANU_PMD,
+};
+
+enum obmm_mmap_mode {
+	OBMM_MMAP_MODE_NONE,
+	OBMM_MMAP_MODE_CACHEABLE,
+	OBMM_MMAP_MODE_NONCACHEABLE,
+};
+
+struct obmm_region {
+	struct device dev;
+	struct cdev cdev;
+	int id;
+	enum obmm_region_type type;
+	/* 0: being created or destroyed; 1: active; +1 per open shmdev file */
+	refcount_t ref;
+	bool published;
+	u64 size;
+	bool allow_mmap;
+	unsigned int mem_cap;
+	u16 priv_len;
+	u8 priv[OBMM_MAX_PRIV_LEN];
+	u8 deid[OBMM_EMU_EID_LEN];
+	u8 seid[OBMM_EMU_EID_LEN];
+
+	/* mmap state, protected by mmap_lock */
+	struct mutex mmap_lock;
+	enum obmm_mmap_granu mmap_granu;
+	enum obmm_mmap_mode mmap_mode;
+	unsigned int mmap_count;
+	bool ownership_init;
+
+	/* export */
+	phys_addr_t pa;
+	u64 uba;
+	u32 tokenid;
+	u64 export_flags;
+	int pxm_numa;
+	u64 node_mem_size[OBMM_MAX_LOCAL_NUMA_NODES];
+	unsigned int node_count;
+	bool from_user;
+	struct page **pages;
+	unsigned long npages;
+	struct mm_struct *mm;
+	int record_slot;
+
+	/* import */
+	struct resource ubmem_res;	/* "DIRECT_IMPORT_UBMEM" in iomem */
+	struct resource memid_res;	/* "MEMID_<id>", child of ubmem_res */
+	char memid_name[OBMM_MEMID_NAME_LEN];
+	u32 scna;
+	u32 dcna;
+	int numa_id;
+	bool numa_remote;
+	bool preimport;
+};
+
+static inline struct obmm_region *to_obmm_region(struct device *dev)
+{
+	return container_of(dev, struct obmm_region, dev);
+}
+
+/* core.c */
+extern int obmm_emu_node_id;
+
+/* region.c */
+struct obmm_region *obmm_region_alloc(enum obmm_region_type type);
+void obmm_region_free(struct obmm_region *r);
+int obmm_region_add_id(struct obmm_region *r);
+void obmm_region_remove_id(struct obmm_region *r);
+void obmm_region_activate(struct obmm_region *r);
+int obmm_region_deactivate(u64 mem_id, enum obmm_region_type type,
+			   struct obmm_region **out);
+void obmm_region_reactivate(struct obmm_region *r);
+struct obmm_region *obmm_region_get_by_id(int id, int *err);
+void obmm_region_put(struct obmm_region *r);
+int obmm_copy_priv(struct obmm_region *r, const void __user *priv, u16 len);
+int obmm_check_vendor(const void __user *vendor, u16 len);
+long obmm_addr_query_ioctl(void __user *uarg);
+void obmm_regions_init(void);
+void obmm_regions_exit(void);
+
+/* pool.c */
+int obmm_pool_init(phys_addr_t win_size);
+void obmm_pool_exit(void);
+bool obmm_pool_present(void);
+int obmm_pool_nid(void);
+u64 obmm_pool_granu(void);
+int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa);
+void obmm_pool_free(phys_addr_t pa, u64 size);
+void obmm_pool_stats(u64 *total, u64 *used, u64 *cleared, u64 *uncleared);
+phys_addr_t obmm_pool_base(void);
+u64 obmm_pool_size(void);
+int obmm_pool_parse_params(void);
+
+/* export.c */
+long obmm_export_ioctl(void __user *uarg);
+long obmm_export_pid_ioctl(void __user *uarg);
+long obmm_unexport_ioctl(void __user *uarg);
+
+/* import.c */
+long obmm_import_ioctl(void __user *uarg);
+long obmm_unimport_ioctl(void __user *uarg);
+long obmm_declare_preimport_ioctl(void __user *uarg);
+long obmm_undeclare_preimport_ioctl(void __user *uarg);
+int obmm_imports_init(void);
+void obmm_imports_exit(void);
+
+/* shmdev.c */
+int obmm_shmdev_init(void);
+void obmm_shmdev_exit(void);
+int obmm_shmdev_publish(struct obmm_region *r);
+void obmm_shmdev_unpublish(struct obmm_region *r);
+struct device *obmm_shmdev_root(void);
+
+/* fabric.c */
+struct obmm_emu_window {
+	bool present;
+	phys_addr_t base;
+	u64 size;
+};
+
+int obmm_fabric_init(void);
+void obmm_fabric_exit(void);
+bool obmm_fabric_enabled(void);
+u32 obmm_fabric_cna(void);
+u32 obmm_fabric_eid(void);
+const struct obmm_emu_window *obmm_fabric_window(int node);
+phys_addr_t obmm_fabric_ctl_base(void);
+u64 obmm_fabric_ctl_size(void);
+bool obmm_fabric_validate_pa(u32 scna, phys_addr_t start, u64 len);
+u64 obmm_fabric_make_uba(phys_addr_t pa);
+void obmm_ctl_publish_export(struct obmm_region *r);
+void obmm_ctl_withdraw_export(struct obmm_region *r);
+
+/* sysfs.c */
+extern const struct attribute_group *obmm_export_groups[];
+extern const struct attribute_group *obmm_import_groups[];
+int obmm_sysfs_init(void);
+void obmm_sysfs_exit(void);
+
+#endif /* OBMM_EMU_H */

@@ -1,0 +1,327 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * obmm_emu: the export the_pool.  The guest kernel is booted with mem= below
+ * the end of its RAM; the memory above (up to the end of the node's own
+ * fabric window) is never used by the kernel and is handed out here in
+ * physically contiguous runs of mem_allocator_granu bytes.  Freed memory
+ * is zeroed by a background worker; export zeroes any granule that is
+ * still dirty before handing it out.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/bitmap.h>
+#include <linux/io.h>
+#include <linux/ioport.h>
+#include <linux/log2.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+#include <linux/nodemask.h>
+#include <linux/sched.h>
+#include <linux/slab.h>
+#include <linux/string.h>
+#include <linux/workqueue.h>
+
+#include "obmm_emu.h"
+
+static unsigned long pool_base;
+module_param(pool_base, ulong, 0444);
+MODULE_PARM_DESC(pool_base,
+		 "Pool physical base (default 0: the end of the kernel's RAM, mem=)");
+
+static unsigned long pool_size;
+module_param(pool_size, ulong, 0444);
+MODULE_PARM_DESC(pool_size,
+		 "Pool size in bytes (default 0: up to the end of the node's own window)");
+
+static char *mempool_size;
+module_param(mempool_size, charp, 0440);
+MODULE_PARM_DESC(mempool_size,
+		 "Pool size (memparse, e.g. 256M); used when pool_size is 0");
+
+#define OBMM_EMU_ALLOCATOR	"buddy_highmem"
+
+static char *mempool_allocator = OBMM_EMU_ALLOCATOR;
+module_param(mempool_allocator, charp, 0440);
+MODULE_PARM_DESC(mempool_allocator,
+		 "Pool allocator; only buddy_highmem (contiguous memory above mem=) is emulated");
+
+static bool skip_cache_maintain = true;
+module_param(skip_cache_maintain, bool, 0444);
+MODULE_PARM_DESC(skip_cache_maintain,
+		 "Accepted for compatibility; the emulated fabric is coherent, maintenance is always skipped");
+
+static char *mem_allocator_granu;
+module_param(mem_allocator_granu, charp, 0440);
+MODULE_PARM_DESC(mem_allocator_granu,
+		 "Pool granule (memseg size), power of two >= 2M (default 2M)");
+
+struct obmm_pool_state {
+	bool present;
+	int nid;
+	phys_addr_t base;
+	u64 size;
+	u64 granu;
+	unsigned long nr;
+	unsigned long nr_used;
+	unsigned long *used_map;
+	unsigned long *dirty_map;
+	struct resource *res;
+	struct mutex lock;	/* protects the bitmaps and counters */
+	struct work_struct zero_work;
+};
+
+static struct obmm_pool_state the_pool = {
+	.granu = OBMM_DEFAULT_MEMSEG_SIZE,
+};
+
+int obmm_pool_parse_params(void)
+{
+	u64 granu;
+
+	if (strcmp(mempool_allocator, OBMM_EMU_ALLOCATOR)) {
+		pr_err("mempool_allocator %s is not emulated\n", mempool_allocator);
+		return -EINVAL;
+	}
+	if (!mem_allocator_granu)
+		return 0;
+	granu = memparse(mem_allocator_granu, NULL);
+	if (granu < OBMM_DEFAULT_MEMSEG_SIZE || !is_power_of_2(granu)) {
+		pr_err("invalid mem_allocator_granu %s\n", mem_allocator_granu);
+		return -EINVAL;
+	}
+	the_pool.granu = granu;
+	return 0;
+}
+
+bool obmm_pool_present(void)
+{
+	return the_pool.present;
+}
+
+int obmm_pool_nid(void)
+{
+	return the_pool.nid;
+}
+
+u64 obmm_pool_granu(void)
+{
+	return the_pool.granu;
+}
+
+phys_addr_t obmm_pool_base(void)
+{
+	return the_pool.base;
+}
+
+u64 obmm_pool_size(void)
+{
+	return the_pool.size;
+}
+
+static phys_addr_t obmm_pool_granule_pa(unsigned long idx)
+{
+	return the_pool.base + (phys_addr_t)idx * the_pool.granu;
+}
+
+static int obmm_pool_zero_granule(unsigned long idx)
+{
+	void *va;
+
+	va = memremap(obmm_pool_granule_pa(idx), the_pool.granu, MEMREMAP_WB);
+	if (!va)
+		return -ENOMEM;
+	memset(va, 0, the_pool.granu);
+	memunmap(va);
+	clear_bit(idx, the_pool.dirty_map);
+	return 0;
+}
+
+static void obmm_pool_zero_work(struct work_struct *work)
+{
+	unsigned long idx = 0;
+
+	for (;;) {
+		mutex_lock(&the_pool.lock);
+		for (;;) {
+			idx = find_next_bit(the_pool.dirty_map, the_pool.nr, idx);
+			if (idx >= the_pool.nr || !test_bit(idx, the_pool.used_map))
+				break;
+			idx++;
+		}
+		if (idx >= the_pool.nr) {
+			mutex_unlock(&the_pool.lock);
+			return;
+		}
+		if (obmm_pool_zero_granule(idx))
+			idx++;
+		mutex_unlock(&the_pool.lock);
+		cond_resched();
+	}
+}
+
+static unsigned long obmm_pool_find(unsigned long n, bool fast)
+{
+	unsigned long start = 0, idx, dirty;
+
+	for (;;) {
+		idx = bitmap_find_next_zero_area(the_pool.used_map, the_pool.nr, start,
+						 n, 0);
+		if (idx >= the_pool.nr || !fast)
+			return idx;
+		dirty = find_next_bit(the_pool.dirty_map, idx + n, idx);
+		if (dirty >= idx + n)
+			return idx;
+		start = dirty + 1;
+	}
+}
+
+/*
+ * Allocate size bytes of zeroed, physically contiguous pool memory.
+ * -EINVAL for a size that is not a multiple of the granule, -ENOMEM when
+ * the pool cannot satisfy it (FAST: only already-cleared memory counts).
+ */
+int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa)
+{
+	unsigned long n, idx, i;
+	int ret;
+
+	if (!the_pool.present)
+		return -ENODEV;
+	if (!size || size % the_pool.granu)
+		return -EINVAL;
+	n = size / the_pool.granu;
+
+	mutex_lock(&the_pool.lock);
+	if (n > the_pool.nr - the_pool.nr_used) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	idx = obmm_pool_find(n, fast);
+	if (idx >= the_pool.nr) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (i = idx; i < idx + n; i++) {
+		if (!test_bit(i, the_pool.dirty_map))
+			continue;
+		ret = obmm_pool_zero_granule(i);
+		if (ret)
+			goto out;
+	}
+	bitmap_set(the_pool.used_map, idx, n);
+	the_pool.nr_used += n;
+	*pa = obmm_pool_granule_pa(idx);
+	ret = 0;
+out:
+	mutex_unlock(&the_pool.lock);
+	return ret;
+}
+
+void obmm_pool_free(phys_addr_t pa, u64 size)
+{
+	unsigned long idx = (pa - the_pool.base) / the_pool.granu;
+	unsigned long n = size / the_pool.granu;
+
+	mutex_lock(&the_pool.lock);
+	bitmap_clear(the_pool.used_map, idx, n);
+	bitmap_set(the_pool.dirty_map, idx, n);
+	the_pool.nr_used -= n;
+	mutex_unlock(&the_pool.lock);
+	schedule_work(&the_pool.zero_work);
+}
+
+void obmm_pool_stats(u64 *total, u64 *used, u64 *cleared, u64 *uncleared)
+{
+	unsigned long dirty_free = 0, i;
+
+	mutex_lock(&the_pool.lock);
+	for_each_set_bit(i, the_pool.dirty_map, the_pool.nr)
+		if (!test_bit(i, the_pool.used_map))
+			dirty_free++;
+	*total = (u64)the_pool.nr * the_pool.granu;
+	*used = (u64)the_pool.nr_used * the_pool.granu;
+	*uncleared = (u64)dirty_free * the_pool.granu;
+	*cleared = *total - *used - *uncleared;
+	mutex_unlock(&the_pool.lock);
+}
+
+/* Claim [base, end) or the largest prefix of it that is free in iomem. */
+static int obmm_pool_claim(phys_addr_t base, phys_addr_t end)
+{
+	while (end > base) {
+		the_pool.res = request_mem_region(base, end - base,
+						  "obmm_emu pool");
+		if (the_pool.res) {
+			the_pool.base = base;
+			the_pool.size = end - base;
+			return 0;
+		}
+		end -= the_pool.granu;
+	}
+	return -EBUSY;
+}
+
+int obmm_pool_init(phys_addr_t win_size)
+{
+	phys_addr_t ram_end, base, end;
+	int ret;
+
+	mutex_init(&the_pool.lock);
+	INIT_WORK(&the_pool.zero_work, obmm_pool_zero_work);
+	the_pool.nid = first_online_node;
+
+	ram_end = virt_to_phys(high_memory - 1) + 1;
+	base = pool_base ? pool_base : ram_end;
+	base = ALIGN(base, the_pool.granu);
+	if (pool_size)
+		end = base + pool_size;
+	else if (mempool_size)
+		end = base + memparse(mempool_size, NULL);
+	else
+		end = win_size;
+	end = ALIGN_DOWN(end, the_pool.granu);
+	if (base < ram_end || end > win_size || end <= base) {
+		pr_warn("no export pool: RAM ends at %pa, window size %pa\n",
+			&ram_end, &win_size);
+		return 0;
+	}
+	ret = obmm_pool_claim(base, end);
+	if (ret) {
+		pr_warn("no export pool: [%pa, %pa) is busy\n", &base, &end);
+		return 0;
+	}
+	the_pool.nr = the_pool.size / the_pool.granu;
+	the_pool.used_map = bitmap_zalloc(the_pool.nr, GFP_KERNEL);
+	the_pool.dirty_map = bitmap_zalloc(the_pool.nr, GFP_KERNEL);
+	if (!the_pool.used_map || !the_pool.dirty_map) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	/* Nothing is known about the content left by a previous boot. */
+	bitmap_fill(the_pool.dirty_map, the_pool.nr);
+	the_pool.present = true;
+	schedule_work(&the_pool.zero_work);
+	pr_info("export pool %pa + 0x%llx, granule 0x%llx, node %d\n",
+		&the_pool.base, the_pool.size, the_pool.granu, the_pool.nid);
+	return 0;
+err:
+	bitmap_free(the_pool.used_map);
+	bitmap_free(the_pool.dirty_map);
+	release_mem_region(the_pool.base, the_pool.size);
+	the_pool.res = NULL;
+	return ret;
+}
+
+void obmm_pool_exit(void)
+{
+	if (!the_pool.present)
+		return;
+	cancel_work_sync(&the_pool.zero_work);
+	the_pool.present = false;
+	bitmap_free(the_pool.used_map);
+	bitmap_free(the_pool.dirty_map);
+	release_mem_region(the_pool.base, the_pool.size);
+	the_pool.res = NULL;
+	mutex_destroy(&the_pool.lock);
+}

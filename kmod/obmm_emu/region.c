@@ -1,0 +1,261 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * obmm_emu: regions, the shared id space, lifecycle refcount, ADDR_QUERY.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/idr.h>
+#include <linux/io.h>
+#include <linux/mm.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include "obmm_emu.h"
+
+/* Protects obmm_region_idr and every region's ref transitions. */
+static DEFINE_MUTEX(obmm_region_mutex);
+static DEFINE_IDR(obmm_region_idr);
+
+static void obmm_region_release(struct device *dev)
+{
+	struct obmm_region *r = to_obmm_region(dev);
+
+	mutex_destroy(&r->mmap_lock);
+	kfree(r);
+}
+
+struct obmm_region *obmm_region_alloc(enum obmm_region_type type)
+{
+	struct obmm_region *r;
+
+	r = kzalloc(sizeof(*r), GFP_KERNEL);
+	if (!r)
+		return NULL;
+	r->type = type;
+	r->id = OBMM_INVALID_REGIONID;
+	r->record_slot = -1;
+	r->numa_id = NUMA_NO_NODE;
+	refcount_set(&r->ref, 0);
+	mutex_init(&r->mmap_lock);
+	device_initialize(&r->dev);
+	r->dev.release = obmm_region_release;
+	return r;
+}
+
+/* Drop the last reference of a region; frees it once no file holds it. */
+void obmm_region_free(struct obmm_region *r)
+{
+	put_device(&r->dev);
+}
+
+int obmm_region_add_id(struct obmm_region *r)
+{
+	int id;
+
+	mutex_lock(&obmm_region_mutex);
+	id = idr_alloc(&obmm_region_idr, r, OBMM_MIN_VALID_REGIONID,
+		       OBMM_MAX_VALID_REGIONID + 1, GFP_KERNEL);
+	mutex_unlock(&obmm_region_mutex);
+	if (id < 0)
+		return id == -ENOMEM ? -ENOMEM : -ENOSPC;
+	r->id = id;
+	return 0;
+}
+
+void obmm_region_remove_id(struct obmm_region *r)
+{
+	if (r->id == OBMM_INVALID_REGIONID)
+		return;
+	mutex_lock(&obmm_region_mutex);
+	idr_remove(&obmm_region_idr, r->id);
+	mutex_unlock(&obmm_region_mutex);
+}
+
+void obmm_region_activate(struct obmm_region *r)
+{
+	mutex_lock(&obmm_region_mutex);
+	refcount_set(&r->ref, 1);
+	mutex_unlock(&obmm_region_mutex);
+}
+
+void obmm_region_reactivate(struct obmm_region *r)
+{
+	obmm_region_activate(r);
+}
+
+/*
+ * UNEXPORT/UNIMPORT: take an active region with no open file out of
+ * service.  Check order and errno as the real driver.
+ */
+int obmm_region_deactivate(u64 mem_id, enum obmm_region_type type,
+			   struct obmm_region **out)
+{
+	struct obmm_region *r;
+	int ret = 0;
+
+	mutex_lock(&obmm_region_mutex);
+	r = idr_find(&obmm_region_idr, (unsigned long)mem_id);
+	if (!r) {
+		ret = -ENOENT;
+		goto out;
+	}
+	if (!refcount_dec_if_one(&r->ref)) {
+		ret = -EBUSY;
+		goto out;
+	}
+	if (r->type != type) {
+		refcount_set(&r->ref, 1);
+		ret = -EINVAL;
+		goto out;
+	}
+	*out = r;
+out:
+	mutex_unlock(&obmm_region_mutex);
+	return ret;
+}
+
+/* shmdev open: a reference for an active region, else -EAGAIN. */
+struct obmm_region *obmm_region_get_by_id(int id, int *err)
+{
+	struct obmm_region *r;
+
+	mutex_lock(&obmm_region_mutex);
+	r = idr_find(&obmm_region_idr, id);
+	if (!r) {
+		*err = -ENXIO;
+	} else if (!refcount_inc_not_zero(&r->ref)) {
+		*err = -EAGAIN;
+		r = NULL;
+	}
+	mutex_unlock(&obmm_region_mutex);
+	return r;
+}
+
+void obmm_region_put(struct obmm_region *r)
+{
+	mutex_lock(&obmm_region_mutex);
+	refcount_dec(&r->ref);
+	mutex_unlock(&obmm_region_mutex);
+}
+
+int obmm_copy_priv(struct obmm_region *r, const void __user *priv, u16 len)
+{
+	if (len > OBMM_MAX_PRIV_LEN)
+		return -EINVAL;
+	if (len && copy_from_user(r->priv, priv, len))
+		return -EFAULT;
+	r->priv_len = len;
+	return 0;
+}
+
+int obmm_check_vendor(const void __user *vendor, u16 len)
+{
+	void *buf;
+
+	if (len > OBMM_MAX_VENDOR_LEN)
+		return -EINVAL;
+	if (!len)
+		return 0;
+	buf = memdup_user(vendor, len);
+	if (IS_ERR(buf))
+		return PTR_ERR(buf);
+	/* The UMMU attributes have no meaning without a UMMU. */
+	kfree(buf);
+	return 0;
+}
+
+static bool obmm_region_active(struct obmm_region *r)
+{
+	return refcount_read(&r->ref) != 0;
+}
+
+static bool obmm_region_pa_to_offset(struct obmm_region *r, u64 pa,
+				     u64 *offset)
+{
+	unsigned long i;
+	phys_addr_t base;
+
+	if (r->type == OBMM_REGION_IMPORT || !r->from_user) {
+		if (pa < r->pa || pa - r->pa >= r->size)
+			return false;
+		*offset = pa - r->pa;
+		return true;
+	}
+	for (i = 0; i < r->npages; i++) {
+		base = page_to_phys(r->pages[i]);
+		if (pa >= base && pa - base < PAGE_SIZE) {
+			*offset = ((u64)i << PAGE_SHIFT) + (pa - base);
+			return true;
+		}
+	}
+	return false;
+}
+
+static u64 obmm_region_offset_to_pa(struct obmm_region *r, u64 offset)
+{
+	if (r->type == OBMM_REGION_IMPORT || !r->from_user)
+		return r->pa + offset;
+	return page_to_phys(r->pages[offset >> PAGE_SHIFT]) +
+	       (offset & ~PAGE_MASK);
+}
+
+long obmm_addr_query_ioctl(void __user *uarg)
+{
+	struct obmm_cmd_addr_query cmd;
+	struct obmm_region *r;
+	int id, ret = -ENOENT;
+	u64 offset;
+
+	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
+		return -EFAULT;
+
+	mutex_lock(&obmm_region_mutex);
+	switch (cmd.key_type) {
+	case OBMM_QUERY_BY_PA:
+		idr_for_each_entry(&obmm_region_idr, r, id) {
+			if (!obmm_region_active(r))
+				continue;
+			if (obmm_region_pa_to_offset(r, cmd.pa, &offset)) {
+				cmd.mem_id = r->id;
+				cmd.offset = offset;
+				ret = 0;
+				break;
+			}
+		}
+		break;
+	case OBMM_QUERY_BY_ID_OFFSET:
+		if (cmd.mem_id < OBMM_MIN_VALID_REGIONID ||
+		    cmd.mem_id > OBMM_MAX_VALID_REGIONID)
+			break;
+		r = idr_find(&obmm_region_idr, (unsigned long)cmd.mem_id);
+		if (!r || !obmm_region_active(r))
+			break;
+		if (cmd.offset >= r->size) {
+			ret = -EINVAL;
+			break;
+		}
+		cmd.pa = obmm_region_offset_to_pa(r, cmd.offset);
+		ret = 0;
+		break;
+	default:
+		ret = -EINVAL;
+		break;
+	}
+	mutex_unlock(&obmm_region_mutex);
+
+	if (!ret && copy_to_user(uarg, &cmd, sizeof(cmd)))
+		ret = -EFAULT;
+	return ret;
+}
+
+void obmm_regions_init(void)
+{
+	idr_init(&obmm_region_idr);
+}
+
+void obmm_regions_exit(void)
+{
+	/* Every region holds a module reference, so none can be left. */
+	WARN_ON(!idr_is_empty(&obmm_region_idr));
+	idr_destroy(&obmm_region_idr);
+}

@@ -1,0 +1,394 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * obmm_emu: /dev/obmm_shmdev<id>: open, mmap, VMA rules and
+ * OBMM_SHMDEV_UPDATE_RANGE.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/fs.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/uaccess.h>
+
+#include "obmm_emu.h"
+
+#define OBMM_SHMDEV_VMA_NAME	"OBMM_SHM"
+
+static dev_t obmm_shmdev_devt;
+static struct device *obmm_root;
+
+struct device *obmm_shmdev_root(void)
+{
+	return obmm_root;
+}
+
+static bool obmm_file_cacheable(struct file *file)
+{
+	return !(file->f_flags & O_SYNC);
+}
+
+static int obmm_shm_open(struct inode *inode, struct file *file)
+{
+	struct obmm_region *r;
+	unsigned int need;
+	int err = 0;
+
+	r = obmm_region_get_by_id(iminor(inode), &err);
+	if (!r)
+		return err;
+	need = obmm_file_cacheable(file) ? OBMM_CAP_CACHEABLE :
+		OBMM_CAP_NONCACHEABLE;
+	if (!(r->mem_cap & need)) {
+		obmm_region_put(r);
+		return -EPERM;
+	}
+	file->private_data = r;
+	return 0;
+}
+
+static int obmm_shm_release(struct inode *inode, struct file *file)
+{
+	obmm_region_put(file->private_data);
+	return 0;
+}
+
+static unsigned long obmm_granu_size(enum obmm_mmap_granu granu)
+{
+	return granu == OBMM_MMAP_GRANU_PMD ? PMD_SIZE : PAGE_SIZE;
+}
+
+static void obmm_vm_open(struct vm_area_struct *vma)
+{
+	struct obmm_region *r = vma->vm_private_data;
+
+	mutex_lock(&r->mmap_lock);
+	r->mmap_count++;
+	mutex_unlock(&r->mmap_lock);
+}
+
+static void obmm_vm_close(struct vm_area_struct *vma)
+{
+	struct obmm_region *r = vma->vm_private_data;
+
+	mutex_lock(&r->mmap_lock);
+	if (!--r->mmap_count)
+		r->mmap_mode = OBMM_MMAP_MODE_NONE;
+	mutex_unlock(&r->mmap_lock);
+}
+
+static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
+{
+	/* Every page is installed at mmap time; a fault is an error. */
+	return VM_FAULT_SIGBUS;
+}
+
+static int obmm_vm_may_split(struct vm_area_struct *vma, unsigned long addr)
+{
+	struct obmm_region *r = vma->vm_private_data;
+
+	return IS_ALIGNED(addr, obmm_granu_size(r->mmap_granu)) ? 0 : -EINVAL;
+}
+
+#ifdef OBMM_HAVE_MREMAP_FLAGS
+static int obmm_vm_mremap(struct vm_area_struct *vma, unsigned long flags)
+#else
+static int obmm_vm_mremap(struct vm_area_struct *vma)
+#endif
+{
+	return -EOPNOTSUPP;
+}
+
+#ifdef OBMM_HAVE_MAY_SPLIT
+static int obmm_vm_mprotect(struct vm_area_struct *vma, unsigned long start,
+			    unsigned long end, unsigned long newflags)
+{
+	return -EOPNOTSUPP;
+}
+#endif
+
+static unsigned long obmm_vm_pagesize(struct vm_area_struct *vma)
+{
+	struct obmm_region *r = vma->vm_private_data;
+
+	return obmm_granu_size(r->mmap_granu);
+}
+
+static const char *obmm_vm_name(struct vm_area_struct *vma)
+{
+	return OBMM_SHMDEV_VMA_NAME;
+}
+
+static const struct vm_operations_struct obmm_vm_ops = {
+	.open = obmm_vm_open,
+	.close = obmm_vm_close,
+	.fault = obmm_vm_fault,
+#ifdef OBMM_HAVE_MAY_SPLIT
+	.may_split = obmm_vm_may_split,
+	.mprotect = obmm_vm_mprotect,
+#else
+	.split = obmm_vm_may_split,
+#endif
+	.mremap = obmm_vm_mremap,
+	.pagesize = obmm_vm_pagesize,
+	.name = obmm_vm_name,
+#ifdef CONFIG_HAVE_IOREMAP_PROT
+	.access = generic_access_phys,
+#endif
+};
+
+static void obmm_vma_set_flags(struct vm_area_struct *vma, vm_flags_t flags)
+{
+#ifdef OBMM_HAVE_VM_FLAGS_SET
+	vm_flags_set(vma, flags);
+#else
+	vma->vm_flags |= flags;
+#endif
+}
+
+static int obmm_mmap_check_access(struct file *file, unsigned long vm_flags)
+{
+	if ((vm_flags & VM_READ) && !(file->f_mode & FMODE_READ))
+		return -EPERM;
+	if ((vm_flags & VM_WRITE) && !(file->f_mode & FMODE_WRITE))
+		return -EPERM;
+	if ((vm_flags & VM_EXEC) && !(file->f_mode & FMODE_READ))
+		return -EPERM;
+	return 0;
+}
+
+static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct obmm_region *r = file->private_data;
+	unsigned long len = vma->vm_end - vma->vm_start;
+	u64 offset = (u64)vma->vm_pgoff << PAGE_SHIFT;
+	enum obmm_mmap_granu granu = OBMM_MMAP_GRANU_PAGE;
+	enum obmm_mmap_mode mode;
+	pgprot_t prot;
+	int ret;
+
+	if (!(vma->vm_flags & VM_MAYSHARE))
+		return -EINVAL;
+	if (!r->allow_mmap)
+		return -EPERM;
+	ret = obmm_mmap_check_access(file, vma->vm_flags);
+	if (ret)
+		return ret;
+	if (offset & OBMM_MMAP_FLAG_HUGETLB_PMD) {
+		offset &= ~OBMM_MMAP_FLAG_HUGETLB_PMD;
+		if (!IS_ALIGNED(vma->vm_start, PMD_SIZE) ||
+		    !IS_ALIGNED(vma->vm_end, PMD_SIZE) ||
+		    !IS_ALIGNED(offset, PMD_SIZE))
+			return -EINVAL;
+		granu = OBMM_MMAP_GRANU_PMD;
+	}
+	if (obmm_file_cacheable(file)) {
+		mode = OBMM_MMAP_MODE_CACHEABLE;
+		prot = vma->vm_page_prot;
+	} else {
+		mode = OBMM_MMAP_MODE_NONCACHEABLE;
+		prot = pgprot_writecombine(vma->vm_page_prot);
+	}
+
+	mutex_lock(&r->mmap_lock);
+	if (r->mmap_granu != OBMM_MMAP_GRANU_NONE && r->mmap_granu != granu) {
+		ret = -EPERM;
+		goto out;
+	}
+	if (offset >= r->size || len > r->size - offset) {
+		ret = -EINVAL;
+		goto out;
+	}
+	if (r->mmap_count && r->mmap_mode != mode) {
+		ret = -EPERM;
+		goto out;
+	}
+
+	obmm_vma_set_flags(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_LOCKED);
+	vma->vm_page_prot = prot;
+	ret = remap_pfn_range(vma, vma->vm_start, PHYS_PFN(r->pa + offset),
+			      len, prot);
+	if (ret)
+		goto out;
+	/* Only a counted mapping gets the close hook. */
+	vma->vm_private_data = r;
+	vma->vm_ops = &obmm_vm_ops;
+	r->mmap_granu = granu;
+	r->mmap_mode = mode;
+	r->mmap_count++;
+	if (mode == OBMM_MMAP_MODE_CACHEABLE)
+		r->ownership_init = true;
+out:
+	mutex_unlock(&r->mmap_lock);
+	return ret;
+}
+
+static bool obmm_mem_state_valid(u8 state)
+{
+	u8 cache = state & OBMM_SHM_MEM_CACHE_MASK;
+	u8 access = state & OBMM_SHM_MEM_ACCESS_MASK;
+
+	if (state & ~(OBMM_SHM_MEM_CACHE_MASK | OBMM_SHM_MEM_ACCESS_MASK))
+		return false;
+	if (cache == OBMM_SHM_MEM_CACHE_RESV)
+		return false;
+	if (access == OBMM_SHM_MEM_READEXEC && cache != OBMM_SHM_MEM_NORMAL)
+		return false;
+	if (cache == OBMM_SHM_MEM_NORMAL_NC &&
+	    access != OBMM_SHM_MEM_NO_ACCESS)
+		return false;
+	return true;
+}
+
+static int obmm_mem_state_check_access(struct file *file, u8 state)
+{
+	switch (state & OBMM_SHM_MEM_ACCESS_MASK) {
+	case OBMM_SHM_MEM_READWRITE:
+		if (!(file->f_mode & FMODE_WRITE))
+			return -EPERM;
+		fallthrough;
+	case OBMM_SHM_MEM_READONLY:
+	case OBMM_SHM_MEM_READEXEC:
+		if (!(file->f_mode & FMODE_READ))
+			return -EPERM;
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+/* Every byte of [start, end) must be mapped by VMAs of this region. */
+static int obmm_update_range_walk(struct obmm_region *r, unsigned long start,
+				  unsigned long end)
+{
+	struct mm_struct *mm = current->mm;
+	struct vm_area_struct *vma;
+	unsigned long addr = start;
+	int ret = 0;
+
+	mmap_read_lock(mm);
+	while (addr < end) {
+		vma = find_vma(mm, addr);
+		if (!vma || vma->vm_start > addr ||
+		    vma->vm_ops != &obmm_vm_ops || vma->vm_private_data != r) {
+			ret = -EFAULT;
+			break;
+		}
+		addr = vma->vm_end;
+	}
+	mmap_read_unlock(mm);
+	return ret;
+}
+
+static long obmm_update_range(struct file *file, void __user *uarg)
+{
+	struct obmm_region *r = file->private_data;
+	struct obmm_cmd_update_range cmd;
+	unsigned long granu;
+	int ret;
+
+	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
+		return -EFAULT;
+	if (!obmm_file_cacheable(file))
+		return -EINVAL;
+	mutex_lock(&r->mmap_lock);
+	granu = obmm_granu_size(r->mmap_granu);
+	ret = r->ownership_init ? 0 : -EINVAL;
+	mutex_unlock(&r->mmap_lock);
+	if (ret)
+		return ret;
+	if (cmd.start >= cmd.end)
+		return -EINVAL;
+	if (!IS_ALIGNED(cmd.start, granu) || !IS_ALIGNED(cmd.end, granu))
+		return -EINVAL;
+	ret = obmm_mem_state_check_access(file, cmd.mem_state);
+	if (ret)
+		return ret;
+	if (!obmm_mem_state_valid(cmd.mem_state))
+		return -EINVAL;
+	if (cmd.cache_ops > OBMM_SHM_CACHE_INFER)
+		return -EINVAL;
+	/*
+	 * The emulated fabric is cache coherent: the ownership switch is
+	 * validated, the cache maintenance it asks for is a no-op.
+	 */
+	return obmm_update_range_walk(r, cmd.start, cmd.end);
+}
+
+static long obmm_shm_ioctl(struct file *file, unsigned int cmd,
+			   unsigned long arg)
+{
+	if (cmd != OBMM_SHMDEV_UPDATE_RANGE)
+		return -ENOTTY;
+	return obmm_update_range(file, (void __user *)arg);
+}
+
+static const struct file_operations obmm_shm_fops = {
+	.owner = THIS_MODULE,
+	.open = obmm_shm_open,
+	.release = obmm_shm_release,
+	.mmap = obmm_shm_mmap,
+	.unlocked_ioctl = obmm_shm_ioctl,
+#ifdef CONFIG_TRANSPARENT_HUGEPAGE
+	.get_unmapped_area = thp_get_unmapped_area,
+#endif
+	.llseek = noop_llseek,
+};
+
+int obmm_shmdev_publish(struct obmm_region *r)
+{
+	int ret;
+
+	if (!try_module_get(THIS_MODULE))
+		return -EPERM;
+	r->dev.devt = MKDEV(MAJOR(obmm_shmdev_devt), r->id);
+	r->dev.parent = obmm_root;
+	r->dev.groups = r->type == OBMM_REGION_EXPORT ? obmm_export_groups :
+		obmm_import_groups;
+	ret = dev_set_name(&r->dev, "obmm_shmdev%d", r->id);
+	if (ret)
+		goto err_put;
+	cdev_init(&r->cdev, &obmm_shm_fops);
+	r->cdev.owner = THIS_MODULE;
+	ret = cdev_device_add(&r->cdev, &r->dev);
+	if (ret)
+		goto err_put;
+	r->published = true;
+	return 0;
+err_put:
+	module_put(THIS_MODULE);
+	return ret;
+}
+
+void obmm_shmdev_unpublish(struct obmm_region *r)
+{
+	if (!r->published)
+		return;
+	cdev_device_del(&r->cdev, &r->dev);
+	r->published = false;
+	module_put(THIS_MODULE);
+}
+
+int obmm_shmdev_init(void)
+{
+	int ret;
+
+	ret = alloc_chrdev_region(&obmm_shmdev_devt, OBMM_MIN_VALID_REGIONID,
+				  OBMM_MAX_VALID_REGIONID, "OBMM_SHMDEV");
+	if (ret)
+		return ret;
+	obmm_root = root_device_register("obmm");
+	if (IS_ERR(obmm_root)) {
+		ret = PTR_ERR(obmm_root);
+		unregister_chrdev_region(obmm_shmdev_devt,
+					 OBMM_MAX_VALID_REGIONID);
+		return ret;
+	}
+	return 0;
+}
+
+void obmm_shmdev_exit(void)
+{
+	root_device_unregister(obmm_root);
+	unregister_chrdev_region(obmm_shmdev_devt, OBMM_MAX_VALID_REGIONID);
+}

@@ -1,0 +1,704 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * obmm_emu: sysfs.
+ *
+ *   /sys/devices/obmm/obmm_shmdev<id>/          per region (real names)
+ *   /sys/kernel/obmm_mempool/obmm-<nid>/        pool counters (real names)
+ *   /sys/devices/ub_bus_controller0/0/          what libobmm reads
+ *   /sys/kernel/obmm_emu/                       emulator: node, windows
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/device.h>
+#include <linux/kernel.h>
+#include <linux/kobject.h>
+#include <linux/slab.h>
+#include <linux/string.h>
+#include <linux/sysfs.h>
+
+#include "obmm_emu.h"
+
+#define OBMM_EMU_UBC_NAME	"ub_bus_controller0"
+#define OBMM_EMU_UBC_CHILD	"0"
+#define OBMM_EMU_UMMU_MAP	0
+#define OBMM_EMU_WIN_NAME_LEN	8
+
+/* ---- per region: /sys/devices/obmm/obmm_shmdev<id>/ ---- */
+
+static ssize_t obmm_eid_show(const u8 *eid, char *buf)
+{
+	u64 lo, hi;
+
+	memcpy(&lo, eid, sizeof(lo));
+	memcpy(&hi, eid + sizeof(lo), sizeof(hi));
+	return sysfs_emit(buf, "%#llx:%#llx\n", le64_to_cpu((__force __le64)hi),
+			  le64_to_cpu((__force __le64)lo));
+}
+
+static ssize_t size_show(struct device *dev, struct device_attribute *attr,
+			 char *buf)
+{
+	return sysfs_emit(buf, "0x%llx\n", to_obmm_region(dev)->size);
+}
+
+static DEVICE_ATTR_ADMIN_RO(size);
+
+static ssize_t type_show(struct device *dev, struct device_attribute *attr,
+			 char *buf)
+{
+	return sysfs_emit(buf, "%s\n",
+			  to_obmm_region(dev)->type == OBMM_REGION_EXPORT ?
+			  "export" : "import");
+}
+
+static DEVICE_ATTR_ADMIN_RO(type);
+
+static ssize_t priv_len_show(struct device *dev,
+			     struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%u\n", to_obmm_region(dev)->priv_len);
+}
+
+static DEVICE_ATTR_ADMIN_RO(priv_len);
+
+static ssize_t allow_mmap_show(struct device *dev,
+			       struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%d\n", to_obmm_region(dev)->allow_mmap);
+}
+
+static DEVICE_ATTR_ADMIN_RO(allow_mmap);
+
+static ssize_t priv_read(struct file *filp, struct kobject *kobj,
+			 struct bin_attribute *attr, char *buf, loff_t off,
+			 size_t count)
+{
+	struct obmm_region *r = to_obmm_region(kobj_to_dev(kobj));
+
+	if (off >= OBMM_MAX_PRIV_LEN)
+		return 0;
+	count = min_t(size_t, count, OBMM_MAX_PRIV_LEN - off);
+	/* Bytes past priv_len were zeroed at allocation. */
+	memcpy(buf, r->priv + off, count);
+	return count;
+}
+
+static struct bin_attribute bin_attr_priv =
+	__BIN_ATTR(priv, 0400, priv_read, NULL, OBMM_MAX_PRIV_LEN);
+
+static struct attribute *obmm_region_attrs[] = {
+	&dev_attr_size.attr,
+	&dev_attr_type.attr,
+	&dev_attr_priv_len.attr,
+	&dev_attr_allow_mmap.attr,
+	NULL,
+};
+
+static struct bin_attribute *obmm_region_bin_attrs[] = {
+	&bin_attr_priv,
+	NULL,
+};
+
+static const struct attribute_group obmm_region_group = {
+	.attrs = obmm_region_attrs,
+	.bin_attrs = obmm_region_bin_attrs,
+};
+
+static ssize_t node_mem_size_show(struct device *dev,
+				  struct device_attribute *attr, char *buf)
+{
+	struct obmm_region *r = to_obmm_region(dev);
+	unsigned int i;
+	ssize_t len = 0;
+
+	for (i = 0; i < r->node_count; i++)
+		len += sysfs_emit_at(buf, len, "%s%#llx", i ? "," : "",
+				     r->node_mem_size[i]);
+	len += sysfs_emit_at(buf, len, "\n");
+	return len;
+}
+
+static DEVICE_ATTR_ADMIN_RO(node_mem_size);
+
+static ssize_t uba_show(struct device *dev, struct device_attribute *attr,
+			char *buf)
+{
+	return sysfs_emit(buf, "0x%llx\n", to_obmm_region(dev)->uba);
+}
+
+static DEVICE_ATTR_ADMIN_RO(uba);
+
+static ssize_t tokenid_show(struct device *dev, struct device_attribute *attr,
+			    char *buf)
+{
+	return sysfs_emit(buf, "0x%x\n", to_obmm_region(dev)->tokenid);
+}
+
+static DEVICE_ATTR_ADMIN_RO(tokenid);
+
+static ssize_t memory_from_user_show(struct device *dev,
+				     struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%d\n", to_obmm_region(dev)->from_user);
+}
+
+static DEVICE_ATTR_ADMIN_RO(memory_from_user);
+
+static ssize_t deid_show(struct device *dev, struct device_attribute *attr,
+			 char *buf)
+{
+	return obmm_eid_show(to_obmm_region(dev)->deid, buf);
+}
+
+static DEVICE_ATTR_ADMIN_RO(deid);
+
+static struct attribute *obmm_export_info_attrs[] = {
+	&dev_attr_node_mem_size.attr,
+	&dev_attr_uba.attr,
+	&dev_attr_tokenid.attr,
+	&dev_attr_memory_from_user.attr,
+	&dev_attr_deid.attr,
+	NULL,
+};
+
+static const struct attribute_group obmm_export_info_group = {
+	.name = "export_info",
+	.attrs = obmm_export_info_attrs,
+};
+
+static ssize_t pa_show(struct device *dev, struct device_attribute *attr,
+		       char *buf)
+{
+	return sysfs_emit(buf, "0x%llx\n", (u64)to_obmm_region(dev)->pa);
+}
+
+static DEVICE_ATTR_ADMIN_RO(pa);
+
+static ssize_t dcna_show(struct device *dev, struct device_attribute *attr,
+			 char *buf)
+{
+	return sysfs_emit(buf, "0x%x\n", to_obmm_region(dev)->dcna);
+}
+
+static DEVICE_ATTR_ADMIN_RO(dcna);
+
+static ssize_t scna_show(struct device *dev, struct device_attribute *attr,
+			 char *buf)
+{
+	return sysfs_emit(buf, "0x%x\n", to_obmm_region(dev)->scna);
+}
+
+static DEVICE_ATTR_ADMIN_RO(scna);
+
+static ssize_t seid_show(struct device *dev, struct device_attribute *attr,
+			 char *buf)
+{
+	return obmm_eid_show(to_obmm_region(dev)->seid, buf);
+}
+
+static DEVICE_ATTR_ADMIN_RO(seid);
+
+static ssize_t numa_id_show(struct device *dev, struct device_attribute *attr,
+			    char *buf)
+{
+	return sysfs_emit(buf, "%d\n", to_obmm_region(dev)->numa_id);
+}
+
+static DEVICE_ATTR_ADMIN_RO(numa_id);
+
+static ssize_t preimport_show(struct device *dev,
+			      struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%d\n", to_obmm_region(dev)->preimport);
+}
+
+static DEVICE_ATTR_ADMIN_RO(preimport);
+
+static struct attribute *obmm_import_info_attrs[] = {
+	&dev_attr_pa.attr,
+	&dev_attr_dcna.attr,
+	&dev_attr_scna.attr,
+	&dev_attr_seid.attr,
+	&dev_attr_deid.attr,
+	&dev_attr_numa_id.attr,
+	&dev_attr_preimport.attr,
+	NULL,
+};
+
+static umode_t obmm_import_info_visible(struct kobject *kobj,
+					struct attribute *attr, int n)
+{
+	struct obmm_region *r = to_obmm_region(kobj_to_dev(kobj));
+
+	if ((attr == &dev_attr_numa_id.attr ||
+	     attr == &dev_attr_preimport.attr) && !r->numa_remote)
+		return 0;
+	return attr->mode;
+}
+
+static const struct attribute_group obmm_import_info_group = {
+	.name = "import_info",
+	.attrs = obmm_import_info_attrs,
+	.is_visible = obmm_import_info_visible,
+};
+
+const struct attribute_group *obmm_export_groups[] = {
+	&obmm_region_group,
+	&obmm_export_info_group,
+	NULL,
+};
+
+const struct attribute_group *obmm_import_groups[] = {
+	&obmm_region_group,
+	&obmm_import_info_group,
+	NULL,
+};
+
+/* ---- /sys/kernel/obmm_mempool/obmm-<nid>/ ---- */
+
+enum obmm_pool_stat {
+	OBMM_POOL_TOTAL,
+	OBMM_POOL_USED,
+	OBMM_POOL_CLEARED,
+	OBMM_POOL_UNCLEARED,
+};
+
+static ssize_t obmm_pool_stat_show(char *buf, enum obmm_pool_stat which)
+{
+	u64 v[] = { 0, 0, 0, 0 };
+
+	obmm_pool_stats(&v[OBMM_POOL_TOTAL], &v[OBMM_POOL_USED],
+			&v[OBMM_POOL_CLEARED], &v[OBMM_POOL_UNCLEARED]);
+	return sysfs_emit(buf, "0x%llx\n", v[which]);
+}
+
+static ssize_t total_show(struct kobject *kobj, struct kobj_attribute *attr,
+			  char *buf)
+{
+	return obmm_pool_stat_show(buf, OBMM_POOL_TOTAL);
+}
+
+static struct kobj_attribute obmm_pool_total_attr = __ATTR_RO_MODE(total, 0400);
+
+static ssize_t used_show(struct kobject *kobj, struct kobj_attribute *attr,
+			 char *buf)
+{
+	return obmm_pool_stat_show(buf, OBMM_POOL_USED);
+}
+
+static struct kobj_attribute obmm_pool_used_attr = __ATTR_RO_MODE(used, 0400);
+
+static ssize_t available_cleared_show(struct kobject *kobj,
+				      struct kobj_attribute *attr, char *buf)
+{
+	return obmm_pool_stat_show(buf, OBMM_POOL_CLEARED);
+}
+
+static struct kobj_attribute obmm_pool_cleared_attr =
+	__ATTR_RO_MODE(available_cleared, 0400);
+
+static ssize_t available_uncleared_show(struct kobject *kobj,
+					struct kobj_attribute *attr, char *buf)
+{
+	return obmm_pool_stat_show(buf, OBMM_POOL_UNCLEARED);
+}
+
+static struct kobj_attribute obmm_pool_uncleared_attr =
+	__ATTR_RO_MODE(available_uncleared, 0400);
+
+static struct attribute *obmm_pool_attrs[] = {
+	&obmm_pool_total_attr.attr,
+	&obmm_pool_used_attr.attr,
+	&obmm_pool_cleared_attr.attr,
+	&obmm_pool_uncleared_attr.attr,
+	NULL,
+};
+
+static const struct attribute_group obmm_pool_group = {
+	.attrs = obmm_pool_attrs,
+};
+
+/* ---- /sys/devices/ub_bus_controller0/0/ (libobmm's vendor adaptor) ---- */
+
+static ssize_t eid_show(struct device *dev, struct device_attribute *attr,
+			char *buf)
+{
+	return sysfs_emit(buf, "0x%x\n", obmm_fabric_eid());
+}
+
+static DEVICE_ATTR_RO(eid);
+
+static ssize_t primary_cna_show(struct device *dev,
+				struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "0x%x\n", obmm_fabric_cna());
+}
+
+static DEVICE_ATTR_RO(primary_cna);
+
+static ssize_t ummu_map_show(struct device *dev,
+			     struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%d\n", OBMM_EMU_UMMU_MAP);
+}
+
+static DEVICE_ATTR_RO(ummu_map);
+
+static ssize_t numa_show(struct device *dev, struct device_attribute *attr,
+			 char *buf)
+{
+	return sysfs_emit(buf, "%d\n", obmm_pool_nid());
+}
+
+static DEVICE_ATTR_RO(numa);
+
+static struct attribute *obmm_ubc_attrs[] = {
+	&dev_attr_eid.attr,
+	&dev_attr_primary_cna.attr,
+	&dev_attr_ummu_map.attr,
+	&dev_attr_numa.attr,
+	NULL,
+};
+
+/*
+ * libobmm globs ub_bus_controller<i>/<x>/ubc and reads the attributes
+ * of <x>; they are also provided inside ubc/.
+ */
+static const struct attribute_group obmm_ubc_flat_group = {
+	.attrs = obmm_ubc_attrs,
+};
+
+static const struct attribute_group obmm_ubc_group = {
+	.name = "ubc",
+	.attrs = obmm_ubc_attrs,
+};
+
+static const struct attribute_group *obmm_ubc_groups[] = {
+	&obmm_ubc_flat_group,
+	&obmm_ubc_group,
+	NULL,
+};
+
+/* ---- /sys/kernel/obmm_emu/ ---- */
+
+static ssize_t node_id_show(struct kobject *kobj, struct kobj_attribute *attr,
+			    char *buf)
+{
+	return sysfs_emit(buf, "%d\n", obmm_emu_node_id);
+}
+
+static struct kobj_attribute obmm_emu_node_id_attr = __ATTR_RO(node_id);
+
+static ssize_t cna_show(struct kobject *kobj, struct kobj_attribute *attr,
+			char *buf)
+{
+	return sysfs_emit(buf, "0x%x\n", obmm_fabric_cna());
+}
+
+static struct kobj_attribute obmm_emu_cna_attr = __ATTR_RO(cna);
+
+static ssize_t emu_eid_show(struct kobject *kobj, struct kobj_attribute *attr,
+			    char *buf)
+{
+	return sysfs_emit(buf, "0x%x\n", obmm_fabric_eid());
+}
+
+static struct kobj_attribute obmm_emu_eid_attr =
+	__ATTR(eid, 0444, emu_eid_show, NULL);
+
+static ssize_t enabled_show(struct kobject *kobj, struct kobj_attribute *attr,
+			    char *buf)
+{
+	return sysfs_emit(buf, "%d\n", obmm_fabric_enabled());
+}
+
+static struct kobj_attribute obmm_emu_enabled_attr = __ATTR_RO(enabled);
+
+static ssize_t pool_base_show(struct kobject *kobj,
+			      struct kobj_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "0x%llx\n", (u64)obmm_pool_base());
+}
+
+static struct kobj_attribute obmm_emu_pool_base_attr = __ATTR_RO(pool_base);
+
+static ssize_t pool_size_show(struct kobject *kobj,
+			      struct kobj_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "0x%llx\n", obmm_pool_size());
+}
+
+static struct kobj_attribute obmm_emu_pool_size_attr = __ATTR_RO(pool_size);
+
+static ssize_t control_base_show(struct kobject *kobj,
+				 struct kobj_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "0x%llx\n", (u64)obmm_fabric_ctl_base());
+}
+
+static struct kobj_attribute obmm_emu_ctl_base_attr =
+	__ATTR_RO(control_base);
+
+static ssize_t control_size_show(struct kobject *kobj,
+				 struct kobj_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "0x%llx\n", obmm_fabric_ctl_size());
+}
+
+static struct kobj_attribute obmm_emu_ctl_size_attr =
+	__ATTR_RO(control_size);
+
+static struct attribute *obmm_emu_attrs[] = {
+	&obmm_emu_node_id_attr.attr,
+	&obmm_emu_cna_attr.attr,
+	&obmm_emu_eid_attr.attr,
+	&obmm_emu_enabled_attr.attr,
+	&obmm_emu_pool_base_attr.attr,
+	&obmm_emu_pool_size_attr.attr,
+	&obmm_emu_ctl_base_attr.attr,
+	&obmm_emu_ctl_size_attr.attr,
+	NULL,
+};
+
+static const struct attribute_group obmm_emu_group = {
+	.attrs = obmm_emu_attrs,
+};
+
+static const struct obmm_emu_window *obmm_kobj_window(struct kobject *kobj)
+{
+	int node;
+
+	if (kstrtoint(kobject_name(kobj), 0, &node))
+		return NULL;
+	return obmm_fabric_window(node);
+}
+
+static ssize_t base_show(struct kobject *kobj, struct kobj_attribute *attr,
+			 char *buf)
+{
+	const struct obmm_emu_window *w = obmm_kobj_window(kobj);
+
+	return w ? sysfs_emit(buf, "0x%llx\n", (u64)w->base) : -ENODEV;
+}
+
+static struct kobj_attribute obmm_win_base_attr = __ATTR_RO(base);
+
+static ssize_t win_size_show(struct kobject *kobj,
+			     struct kobj_attribute *attr, char *buf)
+{
+	const struct obmm_emu_window *w = obmm_kobj_window(kobj);
+
+	return w ? sysfs_emit(buf, "0x%llx\n", w->size) : -ENODEV;
+}
+
+static struct kobj_attribute obmm_win_size_attr =
+	__ATTR(size, 0444, win_size_show, NULL);
+
+static ssize_t node_show(struct kobject *kobj, struct kobj_attribute *attr,
+			 char *buf)
+{
+	int node;
+
+	if (kstrtoint(kobject_name(kobj), 0, &node))
+		return -ENODEV;
+	return sysfs_emit(buf, "%d\n", node);
+}
+
+static struct kobj_attribute obmm_win_node_attr = __ATTR_RO(node);
+
+static struct attribute *obmm_win_attrs[] = {
+	&obmm_win_base_attr.attr,
+	&obmm_win_size_attr.attr,
+	&obmm_win_node_attr.attr,
+	NULL,
+};
+
+static const struct attribute_group obmm_win_group = {
+	.attrs = obmm_win_attrs,
+};
+
+static struct kobject *obmm_mempool_kobj;
+static struct kobject *obmm_pool_node_kobj;
+static struct device *obmm_ubc_root;
+static struct device *obmm_ubc_dev;
+static struct kobject *obmm_emu_kobj;
+static struct kobject *obmm_windows_kobj;
+static struct kobject *obmm_win_kobj[OBMM_EMU_MAX_NODES];
+
+static void obmm_ubc_release(struct device *dev)
+{
+	kfree(dev);
+}
+
+static int obmm_sysfs_ubc_init(void)
+{
+	int ret;
+
+	obmm_ubc_root = root_device_register(OBMM_EMU_UBC_NAME);
+	if (IS_ERR(obmm_ubc_root)) {
+		ret = PTR_ERR(obmm_ubc_root);
+		obmm_ubc_root = NULL;
+		return ret;
+	}
+	obmm_ubc_dev = kzalloc(sizeof(*obmm_ubc_dev), GFP_KERNEL);
+	if (!obmm_ubc_dev) {
+		ret = -ENOMEM;
+		goto err_root;
+	}
+	device_initialize(obmm_ubc_dev);
+	obmm_ubc_dev->parent = obmm_ubc_root;
+	obmm_ubc_dev->groups = obmm_ubc_groups;
+	obmm_ubc_dev->release = obmm_ubc_release;
+	ret = dev_set_name(obmm_ubc_dev, OBMM_EMU_UBC_CHILD);
+	if (!ret)
+		ret = device_add(obmm_ubc_dev);
+	if (ret) {
+		put_device(obmm_ubc_dev);
+		obmm_ubc_dev = NULL;
+		goto err_root;
+	}
+	return 0;
+err_root:
+	root_device_unregister(obmm_ubc_root);
+	obmm_ubc_root = NULL;
+	return ret;
+}
+
+static void obmm_sysfs_ubc_exit(void)
+{
+	if (obmm_ubc_dev)
+		device_unregister(obmm_ubc_dev);
+	obmm_ubc_dev = NULL;
+	if (obmm_ubc_root)
+		root_device_unregister(obmm_ubc_root);
+	obmm_ubc_root = NULL;
+}
+
+static int obmm_sysfs_pool_init(void)
+{
+	char name[sizeof("obmm-") + OBMM_EMU_WIN_NAME_LEN];
+	int ret;
+
+	if (!obmm_pool_present())
+		return 0;
+	obmm_mempool_kobj = kobject_create_and_add("obmm_mempool", kernel_kobj);
+	if (!obmm_mempool_kobj)
+		return -ENOMEM;
+	snprintf(name, sizeof(name), "obmm-%d", obmm_pool_nid());
+	obmm_pool_node_kobj = kobject_create_and_add(name, obmm_mempool_kobj);
+	if (!obmm_pool_node_kobj) {
+		ret = -ENOMEM;
+		goto err_put;
+	}
+	ret = sysfs_create_group(obmm_pool_node_kobj, &obmm_pool_group);
+	if (ret)
+		goto err_node;
+	return 0;
+err_node:
+	kobject_put(obmm_pool_node_kobj);
+	obmm_pool_node_kobj = NULL;
+err_put:
+	kobject_put(obmm_mempool_kobj);
+	obmm_mempool_kobj = NULL;
+	return ret;
+}
+
+static void obmm_sysfs_pool_exit(void)
+{
+	if (obmm_pool_node_kobj) {
+		sysfs_remove_group(obmm_pool_node_kobj, &obmm_pool_group);
+		kobject_put(obmm_pool_node_kobj);
+	}
+	obmm_pool_node_kobj = NULL;
+	kobject_put(obmm_mempool_kobj);
+	obmm_mempool_kobj = NULL;
+}
+
+static void obmm_sysfs_emu_exit(void)
+{
+	int j;
+
+	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
+		if (!obmm_win_kobj[j])
+			continue;
+		sysfs_remove_group(obmm_win_kobj[j], &obmm_win_group);
+		kobject_put(obmm_win_kobj[j]);
+		obmm_win_kobj[j] = NULL;
+	}
+	kobject_put(obmm_windows_kobj);
+	obmm_windows_kobj = NULL;
+	if (obmm_emu_kobj)
+		sysfs_remove_group(obmm_emu_kobj, &obmm_emu_group);
+	kobject_put(obmm_emu_kobj);
+	obmm_emu_kobj = NULL;
+}
+
+static int obmm_sysfs_emu_init(void)
+{
+	char name[OBMM_EMU_WIN_NAME_LEN];
+	int j, ret;
+
+	obmm_emu_kobj = kobject_create_and_add(OBMM_EMU_NAME, kernel_kobj);
+	if (!obmm_emu_kobj)
+		return -ENOMEM;
+	ret = sysfs_create_group(obmm_emu_kobj, &obmm_emu_group);
+	if (ret) {
+		kobject_put(obmm_emu_kobj);
+		obmm_emu_kobj = NULL;
+		return ret;
+	}
+	obmm_windows_kobj = kobject_create_and_add("windows", obmm_emu_kobj);
+	if (!obmm_windows_kobj) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
+		if (!obmm_fabric_window(j)->present)
+			continue;
+		snprintf(name, sizeof(name), "%d", j);
+		obmm_win_kobj[j] = kobject_create_and_add(name,
+							  obmm_windows_kobj);
+		if (!obmm_win_kobj[j]) {
+			ret = -ENOMEM;
+			goto err;
+		}
+		ret = sysfs_create_group(obmm_win_kobj[j], &obmm_win_group);
+		if (ret) {
+			kobject_put(obmm_win_kobj[j]);
+			obmm_win_kobj[j] = NULL;
+			goto err;
+		}
+	}
+	return 0;
+err:
+	obmm_sysfs_emu_exit();
+	return ret;
+}
+
+int obmm_sysfs_init(void)
+{
+	int ret;
+
+	ret = obmm_sysfs_emu_init();
+	if (ret)
+		return ret;
+	ret = obmm_sysfs_pool_init();
+	if (ret)
+		goto err_emu;
+	ret = obmm_sysfs_ubc_init();
+	if (ret)
+		goto err_pool;
+	return 0;
+err_pool:
+	obmm_sysfs_pool_exit();
+err_emu:
+	obmm_sysfs_emu_exit();
+	return ret;
+}
+
+void obmm_sysfs_exit(void)
+{
+	obmm_sysfs_ubc_exit();
+	obmm_sysfs_pool_exit();
+	obmm_sysfs_emu_exit();
+}

@@ -1,0 +1,274 @@
+"""Fixtures of the OBMM guest suite: device handles, the fabric, leak checks.
+
+Load from a conftest with ``pytest_plugins = ["obmm_fixtures"]``.
+
+* ``dev``: an open ``obmm.Obmm``.
+* ``fabric``: what obmm_emu.ko publishes in /sys/kernel/obmm_emu (node id,
+  CNA, EID, decoder windows); tests that use it are emulator-only because
+  on real UB hardware the decoder address of a loopback import comes from
+  management software.  Skips when the module is not obmm_emu.
+* ``obmm_leak_check`` (autouse): after every test no region, shmdev node,
+  region sysfs directory or pool usage may be left over.  Leftovers are
+  removed (so one leak does not cascade) and the test fails.
+* ``export`` / ``imported``: context managers that always clean up.
+* ``run_in_child``: run a snippet in a fresh interpreter, return how it died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import gc
+import mmap
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import obmm
+
+DEV_OBMM = Path("/dev/obmm")
+EMU_SYSFS = Path("/sys/kernel/obmm_emu")
+MEMPOOL_SYSFS = Path("/sys/kernel/obmm_mempool")
+SHMDEV_SYSFS = Path("/sys/devices/obmm")
+SZ_4K = 4 << 10
+SZ_2M = 2 << 20
+SZ_128M = 128 << 20
+MAP_HUGETLB = 0x40000
+NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+
+
+def read_int(path: Path) -> int:
+    return int(path.read_text().strip(), 0)
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """This node's view of the emulated UB fabric."""
+
+    node_id: int
+    cna: int
+    eid: int
+    windows: dict[int, tuple[int, int]]  # node -> (base, size)
+    pool_base: int
+    pool_size: int
+
+    @property
+    def seid(self) -> bytes:
+        """The 16-byte EID of the local controller as libobmm builds it."""
+        return self.eid.to_bytes(4, sys.byteorder).ljust(16, b"\0")
+
+    def window_base(self, node: int | None = None) -> int:
+        return self.windows[self.node_id if node is None else node][0]
+
+    def window_size(self, node: int | None = None) -> int:
+        return self.windows[self.node_id if node is None else node][1]
+
+    def loopback_addr(self, dev: obmm.Obmm, mem_id: int, offset: int = 0) -> int:
+        """Decoder address, in this node's own window, of byte `offset` of export `mem_id`."""
+        return self.window_base() + dev.query_pa_by_memid(mem_id, offset)
+
+    def import_loopback(self, dev: obmm.Obmm, exp: obmm.Export, **kw: object) -> obmm.Import:
+        return dev.import_(
+            self.loopback_addr(dev, exp.mem_id),
+            exp.size,
+            scna=self.cna,
+            tokenid=exp.tokenid,
+            **kw,  # type: ignore[arg-type]
+        )
+
+
+def load_fabric() -> Fabric | None:
+    if not EMU_SYSFS.is_dir():
+        return None
+    windows = {}
+    for w in sorted((EMU_SYSFS / "windows").iterdir()):
+        windows[read_int(w / "node")] = (read_int(w / "base"), read_int(w / "size"))
+    return Fabric(
+        node_id=read_int(EMU_SYSFS / "node_id"),
+        cna=read_int(EMU_SYSFS / "cna"),
+        eid=read_int(EMU_SYSFS / "eid"),
+        windows=windows,
+        pool_base=read_int(EMU_SYSFS / "pool_base"),
+        pool_size=read_int(EMU_SYSFS / "pool_size"),
+    )
+
+
+def pool_dirs() -> list[Path]:
+    return sorted(MEMPOOL_SYSFS.glob("obmm-*")) if MEMPOOL_SYSFS.is_dir() else []
+
+
+def pool_used() -> int:
+    return sum(read_int(d / "used") for d in pool_dirs())
+
+
+def pool_total() -> int:
+    return sum(read_int(d / "total") for d in pool_dirs())
+
+
+@dataclass(frozen=True)
+class ObmmState:
+    """Everything a leaked region leaves behind."""
+
+    shmdevs: frozenset[str]
+    sysfs: frozenset[str]
+    pool_used: int
+
+    def region_ids(self) -> set[int]:
+        return {int(n.removeprefix("obmm_shmdev")) for n in self.shmdevs | self.sysfs}
+
+
+def snapshot() -> ObmmState:
+    return ObmmState(
+        shmdevs=frozenset(p.name for p in Path("/dev").glob("obmm_shmdev*")),
+        sysfs=frozenset(p.name for p in SHMDEV_SYSFS.glob("obmm_shmdev*"))
+        if SHMDEV_SYSFS.is_dir()
+        else frozenset(),
+        pool_used=pool_used(),
+    )
+
+
+def _remove_region(dev: obmm.Obmm, mem_id: int) -> str:
+    kind = (SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "type").read_text().strip()
+    try:
+        if kind == "export":
+            dev.unexport(mem_id)
+        else:
+            dev.unimport(mem_id)
+    except obmm.ObmmError as exc:
+        return f"{kind} {mem_id} (cleanup failed: {exc.errname})"
+    return f"{kind} {mem_id}"
+
+
+@pytest.fixture(autouse=True)
+def obmm_leak_check() -> Iterator[None]:
+    """Fail a test that leaves a region, a shmdev node, sysfs or pool memory behind."""
+    if not DEV_OBMM.exists():
+        yield
+        return
+    before = snapshot()
+    yield
+    gc.collect()  # drop mappings / fds the test forgot, so cleanup can work
+    after = snapshot()
+    if after == before:
+        return
+    leaked = []
+    with obmm.Obmm() as dev:
+        for mem_id in sorted(after.region_ids() - before.region_ids()):
+            leaked.append(_remove_region(dev, mem_id))
+    pytest.fail(
+        f"test leaked OBMM state: regions {leaked or 'none'}; "
+        f"pool used {before.pool_used:#x} -> {after.pool_used:#x}"
+    )
+
+
+@pytest.fixture(scope="session")
+def fabric() -> Fabric:
+    fab = load_fabric()
+    if fab is None:
+        pytest.skip("no /sys/kernel/obmm_emu: not the emulated fabric")
+    return fab
+
+
+@pytest.fixture
+def dev() -> Iterator[obmm.Obmm]:
+    if not DEV_OBMM.exists():
+        pytest.skip("no /dev/obmm")
+    with obmm.Obmm() as handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def exported(dev: obmm.Obmm, size: int = SZ_2M, **kw: object) -> Iterator[obmm.Export]:
+    """An export that is withdrawn at the end, whatever the test did."""
+    exp = dev.export(size, **kw)  # type: ignore[arg-type]
+    try:
+        yield exp
+    finally:
+        gc.collect()
+        dev.unexport(exp.mem_id)
+
+
+@contextlib.contextmanager
+def imported(
+    dev: obmm.Obmm, fabric: Fabric, exp: obmm.Export, **kw: object
+) -> Iterator[obmm.Import]:
+    """A loopback import of `exp`, unimported at the end."""
+    imp = fabric.import_loopback(dev, exp, **kw)
+    try:
+        yield imp
+    finally:
+        gc.collect()
+        dev.unimport(imp.mem_id)
+
+
+@pytest.fixture
+def export() -> Callable[..., contextlib.AbstractContextManager[obmm.Export]]:
+    return exported
+
+
+def expect_errno(err: int, func: Callable[..., object], *args: object, **kw: object) -> None:
+    """Call `func` and assert it fails with exactly `err` (an OSError / ObmmError)."""
+    with pytest.raises(OSError) as info:
+        func(*args, **kw)
+    got = info.value.errno
+    assert got == err, (
+        f"expected {errno.errorcode.get(err)}, got {errno.errorcode.get(got or 0, got)}: "
+        f"{info.value}"
+    )
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def signal(self) -> int:
+        return -self.returncode if self.returncode < 0 else 0
+
+
+def run_in_child(code: str, timeout: float = 60.0) -> ChildResult:
+    """Run Python `code` in a fresh interpreter (for accesses that may kill it)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout
+    )
+    return ChildResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def child() -> Callable[..., ChildResult]:
+    return run_in_child
+
+
+@pytest.fixture
+def hugepages() -> Iterator[int]:
+    """At least two free 2 MiB hugetlbfs pages for the duration of the test."""
+    old = read_int(NR_HUGEPAGES)
+    NR_HUGEPAGES.write_text(str(old + 2))
+    free = read_int(Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages"))
+    if free < 1:
+        NR_HUGEPAGES.write_text(str(old))
+        pytest.skip("no free 2 MiB hugetlbfs page")
+    yield free
+    NR_HUGEPAGES.write_text(str(old))
+
+
+def buffer_address(buf: mmap.mmap) -> int:
+    """Virtual address of a Python mmap object."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+def aligned_anonymous(size: int, align: int = SZ_2M) -> tuple[mmap.mmap, int]:
+    """Anonymous private memory with an `align`-aligned, touched range of `size` bytes."""
+    buf = mmap.mmap(-1, size + align, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = buffer_address(buf)
+    start = (base + align - 1) & ~(align - 1)
+    off = start - base
+    buf[off : off + size] = b"\x01" * size
+    return buf, start

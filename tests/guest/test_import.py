@@ -1,0 +1,200 @@
+"""OBMM_CMD_IMPORT: flags, priv, alignment, scna, overlap, UB-memory validation.
+
+Reference: obmm-uapi-and-driver.md section 2.4 (obmm_import.c).  On one node
+every import is a loopback import through the node's own window, so these
+tests are emulator-only (on hardware the decoder address comes from
+management software).
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from obmm_fixtures import SZ_2M, SZ_4K, Fabric, expect_errno, exported
+
+import obmm
+from obmm import abi
+from obmm.abi import ffi
+
+pytest_plugins = ["obmm_fixtures"]
+
+pytestmark = pytest.mark.emulator_only
+
+MMAP = abi.OBMM_IMPORT_FLAG_ALLOW_MMAP
+PRE = abi.OBMM_IMPORT_FLAG_PREIMPORT
+NUMA = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE
+
+
+@pytest.fixture
+def target(dev: obmm.Obmm, fabric: Fabric) -> int:
+    """Decoder address of a live 8 MiB export of this node."""
+    with exported(dev, 4 * SZ_2M) as exp:
+        yield fabric.loopback_addr(dev, exp.mem_id)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [0, 0x8, MMAP | NUMA, MMAP | PRE, PRE, MMAP | PRE | NUMA],
+    ids=["none", "unknown", "mmap+numa", "mmap+preimport", "preimport", "all"],
+)
+def test_bad_flag_combinations_are_einval(
+    dev: obmm.Obmm, fabric: Fabric, target: int, flags: int
+) -> None:
+    expect_errno(errno.EINVAL, dev.import_, target, SZ_2M, scna=fabric.cna, flags=flags)
+
+
+def test_priv_len_513_is_einval(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    expect_errno(
+        errno.EINVAL,
+        dev.import_,
+        target,
+        SZ_2M,
+        scna=fabric.cna,
+        priv=b"p" * (abi.OBMM_MAX_PRIV_LEN + 1),
+    )
+
+
+def test_priv_bad_pointer_is_efault(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    cmd = abi.new("struct obmm_cmd_import")
+    cmd.flags = MMAP
+    cmd.addr = target
+    cmd.length = SZ_2M
+    cmd.scna = fabric.cna
+    cmd.priv_len = 8
+    cmd.priv = ffi.cast("void *", 16)
+    expect_errno(errno.EFAULT, dev.ioctl, "OBMM_CMD_IMPORT", cmd)
+
+
+def test_flags_checked_before_priv(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    expect_errno(
+        errno.EINVAL,
+        dev.import_,
+        target,
+        SZ_2M,
+        scna=fabric.cna + 1,
+        flags=0,
+        priv=b"p" * (abi.OBMM_MAX_PRIV_LEN + 1),
+    )
+
+
+def test_length_zero_is_einval(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    expect_errno(errno.EINVAL, dev.import_, target, 0, scna=fabric.cna)
+
+
+@pytest.mark.parametrize("delta", [SZ_4K, SZ_2M // 2])
+def test_addr_not_2m_aligned_is_einval(
+    dev: obmm.Obmm, fabric: Fabric, target: int, delta: int
+) -> None:
+    expect_errno(errno.EINVAL, dev.import_, target + delta, SZ_2M, scna=fabric.cna)
+
+
+def test_length_not_2m_multiple_is_einval(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    expect_errno(errno.EINVAL, dev.import_, target, SZ_2M + SZ_4K, scna=fabric.cna)
+
+
+def test_addr_zero_is_einval(dev: obmm.Obmm, fabric: Fabric) -> None:
+    expect_errno(errno.EINVAL, dev.import_, 0, SZ_2M, scna=fabric.cna)
+
+
+def test_addr_length_overflow_is_einval(dev: obmm.Obmm, fabric: Fabric) -> None:
+    expect_errno(errno.EINVAL, dev.import_, (1 << 64) - SZ_2M, 2 * SZ_2M, scna=fabric.cna)
+
+
+@pytest.mark.parametrize("dist", [1, 5, 10])
+def test_numa_remote_local_base_dist_is_einval(
+    dev: obmm.Obmm, fabric: Fabric, target: int, dist: int
+) -> None:
+    expect_errno(
+        errno.EINVAL, dev.import_, target, SZ_2M, scna=fabric.cna, flags=NUMA, base_dist=dist
+    )
+
+
+def test_unknown_scna_is_enodev(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    expect_errno(errno.ENODEV, dev.import_, target, SZ_2M, scna=fabric.cna + 1)
+
+
+def test_alignment_checked_before_scna(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    expect_errno(errno.EINVAL, dev.import_, target + SZ_4K, SZ_2M, scna=fabric.cna + 1)
+
+
+def test_guest_ram_is_not_ub_memory(dev: obmm.Obmm, fabric: Fabric) -> None:
+    """ "Non-UBMEM memory cannot be mmaped": a PA outside every decoder window."""
+    expect_errno(errno.EINVAL, dev.import_, SZ_2M, SZ_2M, scna=fabric.cna)
+
+
+def test_range_past_window_end_is_einval(dev: obmm.Obmm, fabric: Fabric) -> None:
+    end = fabric.window_base() + fabric.window_size()
+    expect_errno(errno.EINVAL, dev.import_, end - SZ_2M, 2 * SZ_2M, scna=fabric.cna)
+
+
+def test_overlap_is_eexist(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    imp = dev.import_(target, 2 * SZ_2M, scna=fabric.cna)
+    try:
+        expect_errno(errno.EEXIST, dev.import_, target + SZ_2M, 2 * SZ_2M, scna=fabric.cna)
+        expect_errno(errno.EEXIST, dev.import_, target, SZ_2M, scna=fabric.cna)
+        adj = dev.import_(target + 2 * SZ_2M, SZ_2M, scna=fabric.cna)
+        dev.unimport(adj.mem_id)
+    finally:
+        dev.unimport(imp.mem_id)
+
+
+def test_overlap_checked_before_ub_validation(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    """EEXIST (maple tree) comes before the window check: an overlapping range that also
+    runs past the window is EEXIST."""
+    end = fabric.window_base() + fabric.window_size()
+    imp = dev.import_(end - SZ_2M, SZ_2M, scna=fabric.cna)
+    try:
+        expect_errno(errno.EEXIST, dev.import_, end - SZ_2M, 2 * SZ_2M, scna=fabric.cna)
+    finally:
+        dev.unimport(imp.mem_id)
+
+
+def test_range_free_again_after_unimport(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    imp = dev.import_(target, SZ_2M, scna=fabric.cna)
+    dev.unimport(imp.mem_id)
+    imp = dev.import_(target, SZ_2M, scna=fabric.cna)
+    dev.unimport(imp.mem_id)
+
+
+def test_failed_import_leaves_no_range(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    expect_errno(errno.EOPNOTSUPP, dev.import_, target, SZ_2M, scna=fabric.cna, flags=NUMA)
+    imp = dev.import_(target, SZ_2M, scna=fabric.cna)
+    dev.unimport(imp.mem_id)
+
+
+def test_numa_remote_is_eopnotsupp(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    """Emulator: no OLK numa_remote hot-add; all argument checks pass first."""
+    expect_errno(errno.EOPNOTSUPP, dev.import_, target, SZ_2M, scna=fabric.cna, flags=NUMA)
+
+
+def test_preimport_without_declaration_is_efault(
+    dev: obmm.Obmm, fabric: Fabric, target: int
+) -> None:
+    expect_errno(errno.EFAULT, dev.import_, target, SZ_2M, scna=fabric.cna, flags=NUMA | PRE)
+
+
+def test_import_outputs(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    imp = dev.import_(target, 2 * SZ_2M, scna=fabric.cna, numa_id=3)
+    try:
+        assert imp.mem_id >= 1
+        assert imp.numa_id == -1  # NUMA_NO_NODE for ALLOW_MMAP imports
+    finally:
+        dev.unimport(imp.mem_id)
+
+
+def iomem_lines() -> list[str]:
+    return Path("/proc/iomem").read_text().splitlines()
+
+
+def test_import_claims_iomem(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+    imp = dev.import_(target, SZ_2M, scna=fabric.cna)
+    try:
+        rng = f"{target:x}-{target + SZ_2M - 1:x}"
+        lines = [ln.strip() for ln in iomem_lines()]
+        assert f"{rng} : DIRECT_IMPORT_UBMEM" in lines
+        assert f"{rng} : MEMID_{imp.mem_id}" in lines
+    finally:
+        dev.unimport(imp.mem_id)
+    assert not any("MEMID_" in ln for ln in iomem_lines())

@@ -1,0 +1,349 @@
+"""/dev/obmm_shmdev<id>: open modes, mmap rules, VMA behaviour, OBMM_SHMDEV_UPDATE_RANGE.
+
+Reference: obmm-uapi-and-driver.md sections 2.7 and 2.8.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import mmap
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from obmm_fixtures import SZ_2M, SZ_4K, ChildResult, expect_errno, exported
+
+import obmm
+from obmm import abi
+
+pytest_plugins = ["obmm_fixtures"]
+
+RW = obmm.PROT_READ | obmm.PROT_WRITE
+NORMAL = abi.OBMM_SHM_MEM_NORMAL
+NC = abi.OBMM_SHM_MEM_NORMAL_NC
+DEVICE = abi.OBMM_SHM_MEM_DEVICE
+RO = abi.OBMM_SHM_MEM_READONLY
+RX = abi.OBMM_SHM_MEM_READEXEC
+RWS = abi.OBMM_SHM_MEM_READWRITE
+NOACC = abi.OBMM_SHM_MEM_NO_ACCESS
+INFER = abi.OBMM_SHM_CACHE_INFER
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.mremap.restype = ctypes.c_void_p
+_libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
+                         ctypes.c_void_p]  # fmt: skip
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long]  # fmt: skip
+MAP_PRIVATE = mmap.MAP_PRIVATE
+MAP_ANONYMOUS = mmap.MAP_ANONYMOUS
+MREMAP_MAYMOVE = 1
+MREMAP_FIXED = 2
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def libc_call(func: str, *args: object) -> None:
+    ret = getattr(_libc, func)(*args)
+    if ret == -1 or (func == "mremap" and ret == MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, f"{func}: {errno.errorcode.get(err)}")
+
+
+@pytest.fixture
+def region(dev: obmm.Obmm) -> Iterator[obmm.Export]:
+    with exported(dev, 4 * SZ_2M) as exp:
+        yield exp
+
+
+# ---- open ----
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["cacheable", "o_sync"])
+def test_open_both_modes_on_pool_export(region: obmm.Export, sync: bool) -> None:
+    with obmm.ShmDev(region.mem_id, sync=sync):
+        pass
+
+
+# ---- mmap ----
+
+
+def test_map_private_is_einval(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm:
+        expect_errno(errno.EINVAL, shm.mmap, SZ_2M, shared=False)
+
+
+def test_map_without_allow_mmap_is_eperm(dev: obmm.Obmm) -> None:
+    with exported(dev, flags=0) as exp, obmm.ShmDev(exp.mem_id) as shm:
+        expect_errno(errno.EPERM, shm.mmap, SZ_2M)
+
+
+def test_shared_checked_before_allow_mmap(dev: obmm.Obmm) -> None:
+    with exported(dev, flags=0) as exp, obmm.ShmDev(exp.mem_id) as shm:
+        expect_errno(errno.EINVAL, shm.mmap, SZ_2M, shared=False)
+
+
+def test_read_only_fd_read_only_map(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id, writable=False) as shm:  # noqa: SIM117
+        with shm.mmap(SZ_2M, prot=obmm.PROT_READ) as m:
+            assert m.read(0, 8) == bytes(8)
+
+
+def test_offset_equal_size_is_einval(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm:
+        expect_errno(errno.EINVAL, shm.mmap, SZ_2M, 4 * SZ_2M)
+
+
+def test_length_past_end_is_einval(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm:
+        expect_errno(errno.EINVAL, shm.mmap, 2 * SZ_2M, 3 * SZ_2M)
+
+
+def test_offset_inside_region_maps(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M, 3 * SZ_2M) as m:
+        m.write(SZ_2M - 8, b"12345678")
+
+
+def test_pmd_unaligned_offset_is_einval(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm:
+        expect_errno(errno.EINVAL, shm.mmap, SZ_2M, SZ_4K, pmd=True)
+
+
+def test_pmd_unaligned_length_is_einval(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm:
+        expect_errno(errno.EINVAL, shm.mmap, SZ_2M + SZ_4K, 0, pmd=True)
+
+
+def test_pmd_mapping_is_pmd_aligned(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(2 * SZ_2M, pmd=True) as m:
+        assert m.addr % SZ_2M == 0
+        m.write(SZ_2M, b"pmd")
+
+
+def test_page_after_pmd_is_eperm(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm:
+        with shm.mmap(SZ_2M, pmd=True):
+            pass
+        # the granule stays fixed after the mapping is gone
+        expect_errno(errno.EPERM, shm.mmap, SZ_2M)
+
+
+def test_pmd_after_page_is_eperm(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm:
+        with shm.mmap(SZ_2M):
+            pass
+        expect_errno(errno.EPERM, shm.mmap, SZ_2M, pmd=True)
+
+
+def test_granule_is_per_region_not_per_fd(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as a, a.mmap(SZ_2M, pmd=True), obmm.ShmDev(region.mem_id) as b:
+        expect_errno(errno.EPERM, b.mmap, SZ_2M)
+
+
+def test_nc_while_cacheable_mapped_is_eperm(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as cc, cc.mmap(SZ_2M):  # noqa: SIM117
+        with obmm.ShmDev(region.mem_id, sync=True) as nc:
+            expect_errno(errno.EPERM, nc.mmap, SZ_2M)
+
+
+def test_cacheable_while_nc_mapped_is_eperm(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id, sync=True) as nc, nc.mmap(SZ_2M):  # noqa: SIM117
+        with obmm.ShmDev(region.mem_id) as cc:
+            expect_errno(errno.EPERM, cc.mmap, SZ_2M)
+
+
+def test_mode_switch_after_unmap(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as cc, cc.mmap(SZ_2M):
+        pass
+    with obmm.ShmDev(region.mem_id, sync=True) as nc, nc.mmap(SZ_2M) as m:
+        m.write(0, b"wc")
+
+
+def test_two_cacheable_mappings_share_bytes(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as a, shm.mmap(SZ_2M) as b:
+        a.write(100, b"same bytes")
+        assert b.read(100, 10) == b"same bytes"
+
+
+# ---- VMA behaviour ----
+
+
+def test_mprotect_is_eopnotsupp(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
+        expect_errno(errno.EOPNOTSUPP, libc_call, "mprotect", m.addr, SZ_2M, obmm.PROT_READ)
+
+
+def test_mremap_move_is_eopnotsupp(region: obmm.Export) -> None:
+    spare = _libc.mmap(None, SZ_2M, 0, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+    assert spare != MAP_FAILED
+    try:
+        with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
+            expect_errno(
+                errno.EOPNOTSUPP,
+                libc_call,
+                "mremap",
+                m.addr,
+                SZ_2M,
+                SZ_2M,
+                MREMAP_MAYMOVE | MREMAP_FIXED,
+                spare,
+            )
+    finally:
+        _libc.munmap(ctypes.c_void_p(spare), ctypes.c_size_t(SZ_2M))
+
+
+def test_mremap_grow_is_refused(region: obmm.Export) -> None:
+    """VM_DONTEXPAND: growing in place is refused by the core (EFAULT)."""
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
+        expect_errno(errno.EFAULT, libc_call, "mremap", m.addr, SZ_2M, 2 * SZ_2M, 0, None)
+
+
+def test_mapping_not_inherited_by_fork(region: obmm.Export, child: object) -> None:
+    """VM_DONTCOPY: a forked child does not have the mapping."""
+    code = f"""
+import os, obmm, signal
+shm = obmm.ShmDev({region.mem_id})
+m = shm.mmap({SZ_2M})
+pid = os.fork()
+if pid == 0:
+    import ctypes
+    ctypes.c_char.from_address(m.addr).value
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0)
+m.close()
+"""
+    res: ChildResult = child(code)  # type: ignore[operator]
+    assert res.returncode == 0, res.stderr
+    assert int(res.stdout.strip()) == signal.SIGSEGV
+
+
+def test_vma_name_in_maps(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
+        maps = Path("/proc/self/maps").read_text()
+        line = next(ln for ln in maps.splitlines() if ln.startswith(f"{m.addr:x}-"))
+        assert "OBMM_SHM" in line or f"obmm_shmdev{region.mem_id}" in line
+
+
+def test_partial_munmap_keeps_rest(region: obmm.Export) -> None:
+    """Splitting at a granule boundary is allowed (may_split).  The tail is unmapped first:
+    x86 PAT before 6.17 cannot free the head of a pfnmap reservation (see FIDELITY.md)."""
+    with obmm.ShmDev(region.mem_id) as shm:
+        m = shm.mmap(2 * SZ_2M)
+        m.write(0, b"head")
+        _libc.munmap(ctypes.c_void_p(m.addr + SZ_2M), ctypes.c_size_t(SZ_2M))
+        assert ctypes.string_at(m.addr, 4) == b"head"
+        _libc.munmap(ctypes.c_void_p(m.addr), ctypes.c_size_t(SZ_2M))
+
+
+def test_ptrace_access_reads_mapping(region: obmm.Export) -> None:
+    """vm_ops->access: /proc/<pid>/mem (and so gdb) can read and write the mapping."""
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
+        m.write(64, b"peek")
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(m.addr + 64)
+            assert mem.read(4) == b"peek"
+            mem.seek(m.addr + 128)
+            mem.write(b"poke")
+        assert m.read(128, 4) == b"poke"
+
+
+# ---- OBMM_SHMDEV_UPDATE_RANGE ----
+
+
+def update(shm: obmm.ShmDev, start: int, end: int, state: int, ops: int = INFER) -> None:
+    shm.update_range(start, end, state, ops)
+
+
+def test_update_range_on_o_sync_fd_is_einval(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id, sync=True) as shm, shm.mmap(SZ_2M) as m:
+        expect_errno(errno.EINVAL, update, shm, m.addr, m.addr + SZ_2M, NORMAL | RWS)
+
+
+def test_update_range_before_mmap_is_einval(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm:
+        expect_errno(errno.EINVAL, update, shm, 0, SZ_2M, NORMAL | RWS)
+
+
+@pytest.mark.parametrize(
+    "state,ops",
+    [
+        (NORMAL | RWS, INFER),
+        (NORMAL | RO, abi.OBMM_SHM_CACHE_WB_INVAL),
+        (NORMAL | RX, abi.OBMM_SHM_CACHE_NONE),
+        (NC | NOACC, abi.OBMM_SHM_CACHE_INVAL),
+        (DEVICE | RWS, abi.OBMM_SHM_CACHE_WB_ONLY),
+    ],
+    ids=["rw-infer", "ro-wbinval", "rx-none", "nc-noaccess-inval", "device-rw-wbonly"],
+)
+def test_update_range_valid(region: obmm.Export, state: int, ops: int) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
+        update(shm, m.addr, m.addr + SZ_2M, state, ops)
+
+
+def test_update_range_start_ge_end_is_einval(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
+        expect_errno(errno.EINVAL, update, shm, m.addr + SZ_4K, m.addr + SZ_4K, NORMAL | RWS)
+
+
+def test_update_range_unaligned_page_is_einval(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
+        expect_errno(errno.EINVAL, update, shm, m.addr + 1, m.addr + SZ_4K, NORMAL | RWS)
+
+
+def test_update_range_unaligned_pmd_is_einval(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M, pmd=True) as m:
+        expect_errno(errno.EINVAL, update, shm, m.addr, m.addr + SZ_4K, NORMAL | RWS)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [0x10 | NORMAL, abi.OBMM_SHM_MEM_CACHE_RESV | RWS, NC | RX, DEVICE | RX, NC | RWS, NC | RO],
+    ids=["bit4", "resv", "nc-rx", "device-rx", "nc-rw", "nc-ro"],
+)
+def test_update_range_bad_mem_state_is_einval(region: obmm.Export, state: int) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
+        expect_errno(errno.EINVAL, update, shm, m.addr, m.addr + SZ_2M, state)
+
+
+@pytest.mark.parametrize("ops", [5, 0xFF])
+def test_update_range_bad_cache_ops_is_einval(region: obmm.Export, ops: int) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
+        expect_errno(errno.EINVAL, update, shm, m.addr, m.addr + SZ_2M, NORMAL | RO, ops)
+
+
+def test_update_range_write_on_read_only_fd_is_eperm(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as rw, rw.mmap(SZ_2M) as m:  # noqa: SIM117
+        with obmm.ShmDev(region.mem_id, writable=False) as ro:
+            expect_errno(errno.EPERM, update, ro, m.addr, m.addr + SZ_2M, NORMAL | RWS)
+
+
+def test_update_range_access_checked_before_state(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as rw, rw.mmap(SZ_2M) as m:  # noqa: SIM117
+        with obmm.ShmDev(region.mem_id, writable=False) as ro:
+            expect_errno(errno.EPERM, update, ro, m.addr, m.addr + SZ_2M, NC | RWS)
+
+
+def test_update_range_past_mapping_is_efault(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
+        expect_errno(errno.EFAULT, update, shm, m.addr, m.addr + 2 * SZ_2M, NORMAL | RO)
+
+
+def test_update_range_other_region_is_efault(dev: obmm.Obmm, region: obmm.Export) -> None:
+    with exported(dev) as other, obmm.ShmDev(other.mem_id) as oshm, oshm.mmap(SZ_2M) as om:  # noqa: SIM117
+        with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M):
+            expect_errno(errno.EFAULT, update, shm, om.addr, om.addr + SZ_2M, NORMAL | RO)
+
+
+def test_update_range_bad_pointer_is_efault(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm:
+        expect_errno(errno.EFAULT, fcntl.ioctl, shm.fd, abi.OBMM_SHMDEV_UPDATE_RANGE, 16)
+
+
+def test_unknown_shmdev_ioctl_is_enotty(region: obmm.Export) -> None:
+    with obmm.ShmDev(region.mem_id) as shm:
+        expect_errno(errno.ENOTTY, fcntl.ioctl, shm.fd, abi.ioc(0, "X", 1, 0), 0)
+        expect_errno(errno.ENOTTY, fcntl.ioctl, shm.fd, abi.OBMM_CMD_EXPORT, 0)

@@ -1,0 +1,163 @@
+"""sysfs: per-region attributes, the mempool counters, the ub_bus_controller files libobmm reads.
+
+Reference: obmm-uapi-and-driver.md sections 2.9 and 3 (vendor adaptor).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from obmm_fixtures import MEMPOOL_SYSFS, SHMDEV_SYSFS, SZ_2M, Fabric, exported, imported
+
+import obmm
+from obmm import abi
+
+pytest_plugins = ["obmm_fixtures"]
+
+HEX = re.compile(r"^0x[0-9a-f]+\n$")
+EID = re.compile(r"^(0|0x[0-9a-f]+):(0|0x[0-9a-f]+)\n$")
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def region_dir(mem_id: int) -> Path:
+    return SHMDEV_SYSFS / f"obmm_shmdev{mem_id}"
+
+
+def test_region_root_attributes(dev: obmm.Obmm) -> None:
+    with exported(dev, 2 * SZ_2M, priv=b"abc") as exp:
+        d = region_dir(exp.mem_id)
+        assert (d / "size").read_text() == f"{2 * SZ_2M:#x}\n"
+        assert (d / "type").read_text() == "export\n"
+        assert (d / "priv_len").read_text() == "3\n"
+        assert (d / "allow_mmap").read_text() == "1\n"
+        priv = (d / "priv").read_bytes()
+        assert len(priv) == abi.OBMM_MAX_PRIV_LEN
+        assert priv[:3] == b"abc" and priv[3:] == bytes(abi.OBMM_MAX_PRIV_LEN - 3)
+
+
+def test_region_attributes_are_admin_read_only(dev: obmm.Obmm) -> None:
+    with exported(dev) as exp:
+        d = region_dir(exp.mem_id)
+        names = ["size", "type", "priv_len", "allow_mmap", "priv"] + [
+            f"export_info/{n}"
+            for n in ("node_mem_size", "uba", "tokenid", "memory_from_user", "deid")
+        ]
+        for name in names:
+            assert mode(d / name) == 0o400, name
+
+
+def test_export_info(dev: obmm.Obmm) -> None:
+    deid = bytes(range(1, 17))
+    with exported(dev, 2 * SZ_2M, flags=0, deid=deid) as exp:
+        d = region_dir(exp.mem_id) / "export_info"
+        assert (d / "node_mem_size").read_text() == f"{2 * SZ_2M:#x}\n"
+        assert (d / "uba").read_text() == f"{exp.uba:#x}\n"
+        assert (d / "tokenid").read_text() == f"{exp.tokenid:#x}\n"
+        assert (d / "memory_from_user").read_text() == "0\n"
+        lo = int.from_bytes(deid[:8], "little")
+        hi = int.from_bytes(deid[8:], "little")
+        assert (d / "deid").read_text() == f"{hi:#x}:{lo:#x}\n"
+        assert (region_dir(exp.mem_id) / "allow_mmap").read_text() == "0\n"
+        assert not (region_dir(exp.mem_id) / "import_info").exists()
+
+
+def test_node_mem_size_trims_trailing_zero_nodes(dev: obmm.Obmm) -> None:
+    with exported(dev, [SZ_2M] + [0] * 15) as exp:
+        text = (region_dir(exp.mem_id) / "export_info" / "node_mem_size").read_text()
+        assert text == f"{SZ_2M:#x}\n"
+
+
+@pytest.mark.emulator_only
+def test_import_info(dev: obmm.Obmm, fabric: Fabric) -> None:
+    seid = fabric.seid
+    with exported(dev) as exp, imported(dev, fabric, exp, dcna=0x42, seid=seid) as imp:
+        d = region_dir(imp.mem_id)
+        assert (d / "type").read_text() == "import\n"
+        info = d / "import_info"
+        assert (info / "pa").read_text() == f"{imp.addr:#x}\n"
+        assert (info / "scna").read_text() == f"{fabric.cna:#x}\n"
+        assert (info / "dcna").read_text() == "0x42\n"
+        assert EID.match((info / "seid").read_text())
+        assert EID.match((info / "deid").read_text())
+        # numa_id / preimport only exist for NUMA_REMOTE imports
+        assert not (info / "numa_id").exists()
+        assert not (info / "preimport").exists()
+        assert not (d / "export_info").exists()
+        for name in ("pa", "scna", "dcna", "seid", "deid"):
+            assert mode(info / name) == 0o400
+
+
+def test_region_device_has_dev_node_numbers(dev: obmm.Obmm) -> None:
+    with exported(dev) as exp:
+        devnum = (region_dir(exp.mem_id) / "dev").read_text().strip()
+        major, minor = (int(x) for x in devnum.split(":"))
+        st = os.stat(f"/dev/obmm_shmdev{exp.mem_id}")
+        assert stat.S_ISCHR(st.st_mode)
+        assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major, minor)
+        assert minor == exp.mem_id
+
+
+def test_mempool_counters(dev: obmm.Obmm) -> None:
+    pools = sorted(MEMPOOL_SYSFS.glob("obmm-*"))
+    assert pools, "no /sys/kernel/obmm_mempool/obmm-<nid>"
+    d = pools[0]
+    for name in ("total", "used", "available_cleared", "available_uncleared"):
+        assert HEX.match((d / name).read_text()), name
+        assert mode(d / name) == 0o400, name
+    total = int((d / "total").read_text(), 16)
+    with exported(dev, SZ_2M):
+        used = int((d / "used").read_text(), 16)
+        cleared = int((d / "available_cleared").read_text(), 16)
+        uncleared = int((d / "available_uncleared").read_text(), 16)
+        assert used >= SZ_2M
+        assert used + cleared + uncleared == total
+
+
+def test_dev_obmm_is_root_only() -> None:
+    st = os.stat("/dev/obmm")
+    assert stat.S_ISCHR(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) & 0o077 == 0
+
+
+def test_ub_bus_controller_files_for_libobmm() -> None:
+    """libobmm globs /sys/devices/ub_bus_controller<i>/*/ubc and reads eid, primary_cna,
+    ummu_map and numa as integers (strtol base 0) from the directory holding ubc."""
+    hits = sorted(glob.glob("/sys/devices/ub_bus_controller*/*/ubc"))
+    assert hits
+    ctl = Path(os.path.dirname(hits[0]))
+    values = {
+        n: int((ctl / n).read_text().strip(), 0) for n in ("eid", "primary_cna", "ummu_map", "numa")
+    }
+    assert values["eid"] > 0 and values["primary_cna"] > 0
+    assert values["ummu_map"] >= 0 and values["numa"] >= 0
+    for n in ("eid", "primary_cna", "ummu_map", "numa"):
+        assert int((ctl / "ubc" / n).read_text().strip(), 0) == values[n]
+
+
+@pytest.mark.emulator_only
+def test_ub_bus_controller_matches_fabric(fabric: Fabric) -> None:
+    ctl = Path(os.path.dirname(sorted(glob.glob("/sys/devices/ub_bus_controller*/*/ubc"))[0]))
+    assert int((ctl / "primary_cna").read_text(), 0) == fabric.cna
+    assert int((ctl / "eid").read_text(), 0) == fabric.eid
+    # libobmm compares the sysfs eid with the first 4 bytes of a 16-byte EID
+    assert fabric.seid[:4] == fabric.eid.to_bytes(4, sys.byteorder)
+
+
+@pytest.mark.emulator_only
+def test_emulator_fabric_sysfs(fabric: Fabric) -> None:
+    assert 0 <= fabric.node_id < 8
+    assert fabric.node_id in fabric.windows
+    base, size = fabric.windows[fabric.node_id]
+    assert base % SZ_2M == 0 and size >= fabric.pool_base + fabric.pool_size
+    assert fabric.pool_base % SZ_2M == 0 and fabric.pool_size % SZ_2M == 0
+    assert Path("/sys/kernel/obmm_emu/enabled").read_text() == "1\n"
+    assert int(Path("/sys/kernel/obmm_emu/control_size").read_text(), 0) >= 2 << 20
