@@ -31,7 +31,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-test: lint host-test
+test: lint host-test qemu-test
 
 lint: setup-python
 	$(VENV)/bin/ruff check pylib tests
@@ -40,6 +40,15 @@ lint: setup-python
 
 host-test: setup-python
 	$(PYTEST) tests/host --junitxml=results/host-junit.xml
+
+# The guest image (Debian 12, mmdebstrap), cached under ~/.cache/obmm-testbed keyed by recipe hash.
+image: setup-python
+	$(VENV)/bin/obmm-testbed image
+
+# Boot the cluster, load the modules, run tests/guest inside it; one host result per guest test.
+# image and kmod first so their progress is visible (pytest captures output while collecting).
+qemu-test: image kmod
+	$(PYTEST) tests/qemu --junitxml=results/qemu-junit.xml -o junit_logging=all
 
 # Build every module under kmod/ against the guest kernel's headers (fetched
 # into ~/.cache), W=1, then the ELF pre-flight of each .ko.
@@ -52,4 +61,5 @@ patch-check: setup-python
 	$(PY) -m obmm.patchcheck $(if $(KSRC),--ksrc $(KSRC))
 
 clean:
+	-$(VENV)/bin/obmm-testbed down --all
 	rm -rf results build dist pylib/*.egg-info

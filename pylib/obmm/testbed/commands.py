@@ -1,0 +1,344 @@
+"""`obmm-testbed` subcommands for the QEMU testbed: up, down, status, ssh, cp, console, image."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from obmm.testbed import qemu
+from obmm.testbed.cluster import (
+    DEFAULT_NAME,
+    Cluster,
+    ClusterError,
+    load_topology,
+    stop_all_stale,
+)
+from obmm.testbed.image import DEFAULT_RECIPE, ImageError, ensure_image, find_recipe, list_recipes
+from obmm.testbed.progress import StepFailed
+from obmm.testbed.ssh import CommandTimeout, SshError
+
+log = logging.getLogger(__name__)
+
+EXIT_GUEST_GONE = 255  # like ssh(1) when the connection dies
+
+
+def register(sub: Any) -> None:
+    """Add the testbed subcommands to the `obmm-testbed` parser's subparsers."""
+    p = sub.add_parser("up", help="boot a cluster of QEMU nodes and wait for SSH")
+    _name(p)
+    p.add_argument("--nodes", type=int, help="number of nodes, 1..8 (default: the topology's)")
+    p.add_argument(
+        "--topology",
+        default="single",
+        help="name under qemu/topologies/ or a JSON file (default: single)",
+    )
+    p.add_argument("--memory", type=int, metavar="MIB", help="RAM per node (power of two)")
+    p.add_argument("--pool", type=int, metavar="MIB", help="export pool at the top of RAM")
+    p.add_argument(
+        "--accel",
+        choices=("auto", "kvm", "tcg"),
+        help="accelerator (default: $OBMM_TESTBED_ACCEL or auto: KVM if a probe boots)",
+    )
+    p.add_argument("--recipe", default=DEFAULT_RECIPE, help="image recipe (default %(default)s)")
+    p.add_argument(
+        "--kmod",
+        action="store_true",
+        help="also build kmod/*, copy the package and tests in, and load the modules",
+    )
+    p.add_argument("--timeout", type=float, help="seconds to wait for SSH on every node")
+    p.add_argument("--log-dir", type=Path, help="console logs (default <cache>/logs/NAME)")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("down", help="stop a cluster: every QEMU killed, run dir removed")
+    _name(p)
+    p.add_argument("--all", action="store_true", help="every cluster, and stale run dirs")
+    p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser("status", help="show clusters, nodes, ports, pids and logs")
+    p.add_argument("--name", help="only this cluster")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser(
+        "ssh",
+        help="run a command on a node (or a shell without one)",
+        usage="obmm-testbed ssh [--name NAME] [--timeout S] NODE [-- CMD [ARGS...]]",
+    )
+    _name(p)
+    p.add_argument("--timeout", type=float, default=24 * 3600.0, help="command deadline (s)")
+    # REMAINDER, split by hand at `--`: argparse cannot mix options after NODE with a command.
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="NODE [-- CMD [ARGS...]]")
+    p.set_defaults(func=cmd_ssh)
+
+    p = sub.add_parser("cp", help="copy files: SRC NODE:DST or NODE:SRC DST")
+    _name(p)
+    p.add_argument("src")
+    p.add_argument("dst")
+    p.set_defaults(func=cmd_cp)
+
+    p = sub.add_parser("console", help="print the tail of a node's serial console log")
+    _name(p)
+    p.add_argument("node")
+    p.add_argument("-n", "--lines", type=int, default=40)
+    p.set_defaults(func=cmd_console)
+
+    p = sub.add_parser("image", help="build (if needed) the guest image and print its path")
+    p.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"one of {', '.join(list_recipes())}")
+    p.add_argument("--rebuild", action="store_true", help="build even if cached")
+    p.set_defaults(func=cmd_image)
+
+
+def _name(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--name",
+        default=os.environ.get("OBMM_TESTBED_NAME", DEFAULT_NAME),
+        help="cluster name (default: $OBMM_TESTBED_NAME or %(default)s)",
+    )
+
+
+def _node_index(text: str) -> int:
+    digits = text.removeprefix("node")
+    if not digits.isdigit():
+        raise ClusterError(f"not a node: {text!r} (use 0, 1, ... or node0, node1, ...)")
+    return int(digits)
+
+
+def _topology(args: argparse.Namespace) -> qemu.Topology:
+    topo = load_topology(args.topology)
+    return qemu.Topology(
+        nodes=args.nodes if args.nodes is not None else topo.nodes,
+        memory_mib=args.memory if args.memory is not None else topo.memory_mib,
+        pool_mib=args.pool if args.pool is not None else topo.pool_mib,
+        cpus=topo.cpus,
+        description=topo.description,
+    )
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from obmm.testbed import accel as accel_mod
+    from obmm.testbed.image import cache_dir
+
+    start = time.monotonic()
+    try:
+        topology = _topology(args)
+        image = ensure_image(find_recipe(args.recipe))
+        accel = accel_mod.choose(args.accel, image.kernel, cache_dir())
+        cluster = Cluster.start(
+            image,
+            topology,
+            name=args.name,
+            accel=accel,
+            logdir=args.log_dir,
+            detach=True,
+            timeout=args.timeout,
+        )
+        if args.kmod:
+            _prepare(cluster)
+    except (ClusterError, ImageError, StepFailed, SshError, ValueError) as exc:
+        log.error("%s", exc)
+        return 1
+    print(
+        f"cluster {cluster.name}: {topology.nodes} node(s) up in "
+        f"{time.monotonic() - start:.0f} s ({cluster.accel})"
+    )
+    _print_cluster(cluster)
+    return 0
+
+
+def _prepare(cluster: Cluster) -> None:
+    from obmm.testbed.image import repo_root
+    from obmm.testbed.runner import build_modules, module_load_order, prepare_node, repo_results_dir
+
+    kos = module_load_order(build_modules(cluster.image, repo_results_dir() / "kmod"))
+    for i in range(cluster.topology.nodes):
+        with cluster.connect(i) as conn:
+            prepare_node(conn, i, cluster.topology, repo_root(), kos)
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    names = Cluster.names() if args.all else [args.name]
+    status = 0
+    for name in names:
+        try:
+            cluster = Cluster.attach(name)
+        except ClusterError as exc:
+            if not args.all:
+                log.error("%s", exc)
+                status = 1
+            continue
+        cluster.stop()
+        print(f"cluster {name}: down")
+    if args.all:
+        for name in stop_all_stale():
+            print(f"cluster {name}: stale state removed")
+    return status
+
+
+def _print_cluster(cluster: Cluster) -> None:
+    t = cluster.topology
+    print(
+        f"cluster {cluster.name}: {t.nodes} node(s), {t.memory_mib} MiB each "
+        f"(pool {t.pool_mib} MiB), accel {cluster.accel}, run dir {cluster.rundir}"
+    )
+    for n in cluster.nodes:
+        state = "running" if n.alive() else "DEAD"
+        print(
+            f"  node{n.index}: {state:7} pid {n.pid:<7} ssh 127.0.0.1:{n.ssh_port}  "
+            f"console {n.console_log}"
+        )
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    names = [args.name] if args.name else Cluster.names()
+    if not names:
+        print("no clusters")
+        return 0
+    status = 0
+    for name in names:
+        try:
+            cluster = Cluster.attach(name)
+        except ClusterError as exc:
+            print(f"cluster {name}: {exc}")
+            status = 1
+            continue
+        _print_cluster(cluster)
+        if not cluster.all_alive():
+            status = 1
+    return status
+
+
+def split_ssh_args(args: argparse.Namespace) -> tuple[str, str, float, list[str]]:
+    """(name, node, timeout, command) from `ssh`'s arguments; options may follow NODE."""
+    rest = list(args.rest)
+    if "--" in rest:
+        cut = rest.index("--")
+        head, command = rest[:cut], rest[cut + 1 :]
+    else:
+        head, command = rest[:1], rest[1:]  # `ssh 0 uname -a`
+    mini = argparse.ArgumentParser(prog="obmm-testbed ssh", add_help=False)
+    mini.add_argument("node")
+    mini.add_argument("--name", default=args.name)
+    mini.add_argument("--timeout", type=float, default=args.timeout)
+    parsed = mini.parse_args(head)
+    return parsed.name, parsed.node, parsed.timeout, command
+
+
+def cmd_ssh(args: argparse.Namespace) -> int:
+    try:
+        name, node_arg, timeout, command = split_ssh_args(args)
+    except SystemExit:
+        return 2
+    try:
+        cluster = Cluster.attach(name)
+        index = _node_index(node_arg)
+        if index >= len(cluster.nodes):
+            raise ClusterError(f"cluster {name} has no node{index}")
+        if not command:
+            return _interactive(cluster, index)
+        with cluster.connect(index) as conn:
+            result = conn.run(
+                " ".join(command),
+                timeout=timeout,
+                on_stdout=_writer(sys.stdout.buffer),
+                on_stderr=_writer(sys.stderr.buffer),
+            )
+    except CommandTimeout as exc:
+        log.error("%s", exc)
+        return 124  # like timeout(1)
+    except SshError as exc:
+        dead = [n for n in cluster.nodes if not n.alive()]
+        log.error("%s", exc)
+        for dead_node in dead:
+            log.error(
+                "%s console (%s), last lines:\n%s",
+                dead_node.name,
+                dead_node.console_log,
+                dead_node.console_tail(),
+            )
+        return EXIT_GUEST_GONE
+    except ClusterError as exc:
+        log.error("%s", exc)
+        return 1
+    return result.exit_status if result.exit_status >= 0 else EXIT_GUEST_GONE
+
+
+def _writer(stream: BinaryIO) -> Callable[[bytes], None]:
+    def write(data: bytes) -> None:
+        stream.write(data)
+        stream.flush()
+
+    return write
+
+
+def _interactive(cluster: Cluster, index: int) -> int:
+    if shutil.which("ssh") is None:
+        log.error("no ssh client for an interactive shell; pass a command after --")
+        return 1
+    target = cluster.target(index)
+    known = cluster.rundir / "known_hosts"
+    if target.host_key:
+        known.write_text(f"[127.0.0.1]:{target.port} {target.host_key}\n")
+    argv = [
+        "ssh",
+        "-i",
+        str(target.key_file),
+        "-p",
+        str(target.port),
+        "-o",
+        f"UserKnownHostsFile={known}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        f"{target.user}@127.0.0.1",
+    ]
+    os.execvp(argv[0], argv)
+
+
+def cmd_cp(args: argparse.Namespace) -> int:
+    try:
+        cluster = Cluster.attach(args.name)
+        if ":" in args.dst and not Path(args.dst).exists():
+            node_s, _, remote = args.dst.partition(":")
+            with cluster.connect(_node_index(node_s)) as conn:
+                conn.put(Path(args.src), remote or ".")
+        elif ":" in args.src:
+            node_s, _, remote = args.src.partition(":")
+            with cluster.connect(_node_index(node_s)) as conn:
+                conn.get(remote, Path(args.dst))
+        else:
+            raise ClusterError("one of SRC and DST must be NODE:PATH")
+    except (ClusterError, SshError, OSError) as exc:
+        log.error("%s", exc)
+        return 1
+    return 0
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    try:
+        cluster = Cluster.attach(args.name)
+        node = cluster.nodes[_node_index(args.node)]
+    except (ClusterError, IndexError) as exc:
+        log.error("%s", exc)
+        return 1
+    print(node.console_tail(args.lines))
+    return 0
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    try:
+        image = ensure_image(find_recipe(args.recipe), rebuild=args.rebuild)
+    except (ImageError, StepFailed) as exc:
+        log.error("%s", exc)
+        return 1
+    print(
+        f"{image.directory}  (kernel {image.kernel_release}, built "
+        f"{image.manifest.get('built_at')} in {image.manifest.get('build_seconds')} s)"
+    )
+    return 0

@@ -1,0 +1,79 @@
+"""pytest plugin loaded inside a guest (``-p obmm.testbed.guest_plugin``): a result stream.
+
+It writes one JSON object per line to the file descriptor named by ``$OBMM_EVENT_FD`` as each
+test starts and each phase reports, so the host sees every result the moment it exists and
+still knows which test was running if the kernel dies mid-test.  Only the standard library and
+pytest are used: the guest has no paramiko.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import IO, Any
+
+import pytest
+
+EVENT_FD_ENV = "OBMM_EVENT_FD"
+
+
+def _longrepr(report: pytest.CollectReport | pytest.TestReport) -> str:
+    if report.longrepr is None:
+        return ""
+    if isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
+        return str(report.longrepr[2])
+    return str(report.longreprtext)
+
+
+class EventStream:
+    """Hook implementations writing JSON lines to one stream."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.collect_errors: list[dict[str, Any]] = []
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self.stream.write(json.dumps(event) + "\n")
+        self.stream.flush()
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.collect_errors.append(
+                {"event": "collect_error", "nodeid": report.nodeid, "longrepr": _longrepr(report)}
+            )
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        for event in self.collect_errors:
+            self.emit(event)
+        self.emit({"event": "collected", "nodeids": [i.nodeid for i in session.items]})
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.emit({"event": "start", "nodeid": nodeid})
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.emit(
+            {
+                "event": "report",
+                "nodeid": report.nodeid,
+                "when": report.when,
+                "outcome": report.outcome,
+                "wasxfail": getattr(report, "wasxfail", None),
+                "longrepr": _longrepr(report),
+                "sections": [[title, text] for title, text in report.sections],
+                "duration": report.duration,
+            }
+        )
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        self.emit({"event": "finish", "nodeid": nodeid})
+
+    def pytest_sessionfinish(self, exitstatus: int) -> None:
+        self.emit({"event": "session_finish", "exitstatus": int(exitstatus)})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    fd = os.environ.get(EVENT_FD_ENV)
+    if fd:
+        stream = os.fdopen(int(fd), "w", buffering=1, closefd=False)
+        config.pluginmanager.register(EventStream(stream), "obmm-event-stream")

@@ -1,0 +1,542 @@
+"""Guest images: built from a recipe under qemu/, cached by the recipe's hash, never mutated.
+
+Layout of the cache (``$OBMM_TESTBED_CACHE``, else ``$XDG_CACHE_HOME/obmm-testbed``, else
+``~/.cache/obmm-testbed``)::
+
+    ssh/id_ed25519[.pub]                 root login key, made once per cache
+    images/<name>-<hash16>/disk.qcow2    base image (read-only; nodes boot from overlays)
+                          vmlinuz, initrd.img, manifest.json, build.log
+    images/.lock                         serialises builds between processes
+
+A build happens in ``images/.tmp-*`` and is renamed into place only when complete, so a killed
+build never leaves a half image that looks valid.  Debugging: ``python -m obmm.testbed.image``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from obmm.testbed.progress import Progress, StepFailed
+
+log = logging.getLogger(__name__)
+
+# Bump when the build procedure (not the recipe) changes in a way that changes the image.
+BUILDER_VERSION = 1
+DEFAULT_RECIPE = "debian-bookworm"
+OPENEULER_REPO_ENV = "OBMM_OPENEULER_REPO"
+REPO_PROBE_TIMEOUT_S = 10.0
+
+
+class ImageError(RuntimeError):
+    """The image cannot be built or is unusable; the message says what to do."""
+
+
+def repo_root() -> Path:
+    """The source tree (recipes live in its qemu/ directory)."""
+    override = os.environ.get("OBMM_TESTBED_ROOT")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[3]
+
+
+def qemu_dir() -> Path:
+    return repo_root() / "qemu"
+
+
+def cache_dir() -> Path:
+    override = os.environ.get("OBMM_TESTBED_CACHE")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "obmm-testbed"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A guest image recipe (qemu/<distro>/<release>.json plus its hook scripts)."""
+
+    name: str
+    distro: str
+    suite: str
+    path: Path
+    packages: tuple[str, ...] = ()
+    mirrors: tuple[str, ...] = ()
+    variant: str = "minbase"
+    kernel_release: str = "auto"
+    free_space_mib: int = 1024
+    essential_hook: str | None = None
+    customize_hook: str | None = None
+    repo_url: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> Recipe:
+        data = json.loads(path.read_text())
+        known = {
+            "name",
+            "distro",
+            "suite",
+            "packages",
+            "mirrors",
+            "variant",
+            "kernel_release",
+            "free_space_mib",
+            "essential_hook",
+            "customize_hook",
+            "repo_url",
+        }
+        return cls(
+            name=data["name"],
+            distro=data["distro"],
+            suite=data["suite"],
+            path=path,
+            packages=tuple(data.get("packages", ())),
+            mirrors=tuple(data.get("mirrors", ())),
+            variant=data.get("variant", "minbase"),
+            kernel_release=data.get("kernel_release", "auto"),
+            free_space_mib=int(data.get("free_space_mib", 1024)),
+            essential_hook=data.get("essential_hook"),
+            customize_hook=data.get("customize_hook"),
+            repo_url=data.get("repo_url"),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+    def hook_path(self, name: str | None) -> Path | None:
+        return None if name is None else self.path.parent / name
+
+    def hook_paths(self) -> list[Path]:
+        return [
+            p
+            for p in (self.hook_path(self.essential_hook), self.hook_path(self.customize_hook))
+            if p is not None
+        ]
+
+    def fingerprint(self, *, kernel_release: str, authorized_key: str) -> str:
+        """Hash of everything that goes into the image: recipe, hooks, kernel, login key."""
+        h = hashlib.sha256()
+        h.update(f"builder={BUILDER_VERSION}\n".encode())
+        h.update(self.path.read_bytes())
+        for hook in self.hook_paths():
+            h.update(f"\nhook {hook.name}\n".encode())
+            h.update(hook.read_bytes())
+        h.update(f"\nkernel={kernel_release}\nkey={authorized_key.strip()}\n".encode())
+        if self.distro == "openeuler":
+            h.update(f"repo={openeuler_repo(self)}\n".encode())
+        return h.hexdigest()
+
+
+def find_recipe(name: str = DEFAULT_RECIPE) -> Recipe:
+    for path in sorted(qemu_dir().glob("*/*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict) and data.get("name") == name:
+            return Recipe.load(path)
+    raise ImageError(f"no recipe named {name!r} under {qemu_dir()}")
+
+
+def list_recipes() -> list[str]:
+    names = []
+    for path in sorted(qemu_dir().glob("*/*.json")):
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            data = json.loads(path.read_text())
+            if isinstance(data, dict) and "name" in data:
+                names.append(str(data["name"]))
+    return names
+
+
+@dataclass(frozen=True)
+class Image:
+    """A built, cached image."""
+
+    directory: Path
+    manifest: dict[str, Any]
+
+    @property
+    def disk(self) -> Path:
+        return self.directory / "disk.qcow2"
+
+    @property
+    def kernel(self) -> Path:
+        return self.directory / "vmlinuz"
+
+    @property
+    def initrd(self) -> Path:
+        return self.directory / "initrd.img"
+
+    @property
+    def kernel_release(self) -> str:
+        return str(self.manifest["kernel_release"])
+
+    @property
+    def host_key(self) -> str | None:
+        """The guest's ssh host key line (``ssh-ed25519 AAAA...``) recorded at build."""
+        value = self.manifest.get("host_key")
+        return str(value) if value else None
+
+    @property
+    def ssh_key(self) -> Path:
+        return Path(self.manifest["ssh_key"])
+
+    @classmethod
+    def open(cls, directory: Path) -> Image:
+        manifest = json.loads((directory / "manifest.json").read_text())
+        image = cls(directory, manifest)
+        for f in (image.disk, image.kernel, image.initrd):
+            if not f.is_file():
+                raise ImageError(f"image {directory} lacks {f.name}; delete it to rebuild")
+        return image
+
+
+def ensure_ssh_key(cache: Path) -> Path:
+    """The private key for root logins, made once per cache (so every image of it shares it)."""
+    key = cache / "ssh" / "id_ed25519"
+    if key.is_file() and key.with_suffix(".pub").is_file():
+        return key
+    key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = key.parent / f".tmp-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "obmm-testbed", "-f", str(tmp)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
+    os.replace(tmp.with_name(tmp.name + ".pub"), key.with_suffix(".pub"))
+    os.replace(tmp, key)
+    return key
+
+
+def resolve_kernel_release(recipe: Recipe) -> str:
+    """The exact kernel ABI release the guest gets, pinned so host-built modules match it."""
+    if recipe.kernel_release != "auto":
+        return recipe.kernel_release
+    if recipe.distro != "debian":
+        raise ImageError(f"recipe {recipe.name}: kernel_release must be set explicitly")
+    try:
+        from obmm.testbed.kbuild import debian_kernel_release
+    except ImportError:
+        return _apt_kernel_release()
+    return str(debian_kernel_release())
+
+
+def _apt_kernel_release() -> str:
+    # Fallback when kbuild is absent: ask the host's apt which ABI linux-image-amd64 points at.
+    out = subprocess.run(
+        ["apt-cache", "depends", "linux-image-amd64"], capture_output=True, text=True, check=True
+    ).stdout
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("Depends: linux-image-"):
+            return line.removeprefix("Depends: linux-image-")
+    raise ImageError("cannot resolve the Debian kernel release from apt-cache")
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def image_dir_for(recipe: Recipe, cache: Path, kernel_release: str, authorized_key: str) -> Path:
+    digest = recipe.fingerprint(kernel_release=kernel_release, authorized_key=authorized_key)
+    return cache / "images" / f"{recipe.name}-{digest[:16]}"
+
+
+def ensure_image(
+    recipe: Recipe | None = None,
+    *,
+    cache: Path | None = None,
+    rebuild: bool = False,
+    progress: Progress | None = None,
+) -> Image:
+    """Return the cached image for `recipe`, building it first if nothing matches its hash."""
+    recipe = recipe or find_recipe()
+    cache = cache or cache_dir()
+    key = ensure_ssh_key(cache)
+    authorized_key = key.with_suffix(".pub").read_text().strip()
+    release = resolve_kernel_release(recipe)
+    final = image_dir_for(recipe, cache, release, authorized_key)
+    images = final.parent
+    with _locked(images / ".lock"):
+        if final.is_dir() and not rebuild:
+            log.info("image %s: cached at %s", recipe.name, final)
+            return Image.open(final)
+        # Holding the lock, no other build is running: leftovers are from killed builds.
+        for stale in images.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        progress = progress or Progress(f"image {recipe.name}")
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=images))
+        try:
+            _build(
+                recipe,
+                tmp,
+                release=release,
+                key=key,
+                authorized_key=authorized_key,
+                progress=progress,
+            )
+            if final.exists():
+                old = images / f".tmp-old-{final.name}-{os.getpid()}"
+                final.rename(old)
+                shutil.rmtree(old, ignore_errors=True)
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        progress.line(f"image ready at {final} ({progress.elapsed():.0f} s)")
+        return Image.open(final)
+
+
+def _build(
+    recipe: Recipe, out: Path, *, release: str, key: Path, authorized_key: str, progress: Progress
+) -> None:
+    start = time.monotonic()
+    logfile = out / "build.log"
+    rootfs = out / "rootfs"
+    env = dict(os.environ, OBMM_AUTHORIZED_KEY=authorized_key, OBMM_KERNEL_RELEASE=release)
+    if recipe.distro == "debian":
+        _bootstrap_debian(recipe, rootfs, release, logfile, env, progress)
+    elif recipe.distro == "openeuler":
+        _bootstrap_openeuler(recipe, rootfs, release, logfile, env, progress)
+    else:
+        raise ImageError(f"recipe {recipe.name}: unknown distro {recipe.distro!r}")
+
+    boot = rootfs / "boot"
+    kernel = boot / f"vmlinuz-{release}"
+    initrd = boot / f"initrd.img-{release}"
+    if recipe.distro == "openeuler":
+        initrd = boot / f"initramfs-{release}.img"
+    for f in (kernel, initrd):
+        if not f.is_file():
+            raise ImageError(f"the recipe did not produce {f.relative_to(rootfs)}")
+    shutil.copy2(kernel, out / "vmlinuz")
+    shutil.copy2(initrd, out / "initrd.img")
+    host_key_file = rootfs / "etc/ssh/ssh_host_ed25519_key.pub"
+    host_key = " ".join(host_key_file.read_text().split()[:2]) if host_key_file.is_file() else ""
+
+    used_mib = _tree_size(rootfs) >> 20
+    # ext4 metadata and a few percent slack on top of the files, plus room for the guest.
+    size_mib = int(used_mib * 1.15) + 64 + recipe.free_space_mib
+    raw = out / "disk.raw"
+    progress.run(
+        "mke2fs",
+        [
+            "mke2fs",
+            "-q",
+            "-F",
+            "-t",
+            "ext4",
+            "-L",
+            "obmm-root",
+            "-d",
+            str(rootfs),
+            str(raw),
+            f"{size_mib}M",
+        ],
+        logfile,
+    )
+    shutil.rmtree(rootfs)
+    progress.run(
+        "qemu-img convert",
+        ["qemu-img", "convert", "-O", "qcow2", str(raw), str(out / "disk.qcow2")],
+        logfile,
+    )
+    raw.unlink()
+    manifest = {
+        "recipe": recipe.name,
+        "recipe_path": str(recipe.path),
+        "fingerprint": recipe.fingerprint(kernel_release=release, authorized_key=authorized_key),
+        "kernel_release": release,
+        "host_key": host_key,
+        "ssh_key": str(key),
+        "disk_size_mib": size_mib,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "build_seconds": round(time.monotonic() - start, 1),
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def mmdebstrap_argv(recipe: Recipe, rootfs: Path, release: str) -> list[str]:
+    """The mmdebstrap command for a Debian recipe (pure; unit-tested)."""
+    packages = [f"linux-image-{release}", f"linux-headers-{release}", *recipe.packages]
+    argv = [
+        "mmdebstrap",
+        f"--variant={recipe.variant}",
+        "--mode=auto",
+        "--include=" + ",".join(packages),
+        '--aptopt=Acquire::Retries "3"',
+    ]
+    ess = recipe.hook_path(recipe.essential_hook)
+    if ess is not None:
+        argv.append(f'--essential-hook=sh {ess} "$1"')
+    cust = recipe.hook_path(recipe.customize_hook)
+    if cust is not None:
+        argv.append(f'--customize-hook=sh {cust} "$1"')
+    mirrors = list(recipe.mirrors)
+    override = os.environ.get("OBMM_DEBIAN_MIRROR")
+    if override:
+        # Same suites and components, another mirror (e.g. a local apt cache).
+        mirrors = [_swap_mirror(line, override) for line in mirrors]
+    argv += [recipe.suite, str(rootfs), *mirrors]
+    return argv
+
+
+def _swap_mirror(line: str, mirror: str) -> str:
+    parts = line.split()
+    if len(parts) >= 2 and parts[0] == "deb" and "security" not in parts[1]:
+        parts[1] = mirror
+    return " ".join(parts)
+
+
+def _bootstrap_debian(
+    recipe: Recipe,
+    rootfs: Path,
+    release: str,
+    logfile: Path,
+    env: dict[str, str],
+    progress: Progress,
+) -> None:
+    if shutil.which("mmdebstrap") is None:
+        raise ImageError("mmdebstrap is not installed (run `make setup` as root)")
+    progress.run("mmdebstrap", mmdebstrap_argv(recipe, rootfs, release), logfile, env=env)
+
+
+def openeuler_repo(recipe: Recipe) -> str:
+    url = os.environ.get(OPENEULER_REPO_ENV) or recipe.repo_url
+    if not url:
+        # No default on purpose: this machine (and CI) may only talk to its own
+        # guests and loopback, so contacting a repository is always the user's choice.
+        raise ImageError(
+            f"recipe {recipe.name}: no repository URL; set {OPENEULER_REPO_ENV} to a mirror "
+            "of openEuler 24.03 LTS (e.g. https://repo.openeuler.org/openEuler-24.03-LTS)"
+        )
+    return url.rstrip("/")
+
+
+def probe_repository(url: str, timeout: float = REPO_PROBE_TIMEOUT_S) -> None:
+    """Fail fast (seconds, not a dnf retry loop) when an rpm repository is unreachable."""
+    probe = f"{url}/repodata/repomd.xml"
+    try:
+        with urllib.request.urlopen(probe, timeout=timeout) as resp:
+            resp.read(1)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ImageError(
+            f"openEuler repository unreachable: {probe}: {exc}.\n"
+            f"Set {OPENEULER_REPO_ENV} to a reachable mirror of openEuler 24.03 LTS "
+            "(the directory holding OS/ and everything/), or use the Debian image "
+            "(the default). See qemu/README.md, 'openEuler'."
+        ) from exc
+
+
+def _bootstrap_openeuler(
+    recipe: Recipe,
+    rootfs: Path,
+    release: str,
+    logfile: Path,
+    env: dict[str, str],
+    progress: Progress,
+) -> None:
+    base = openeuler_repo(recipe)
+    arch = os.uname().machine
+    repos = {
+        "oe-os": f"{base}/OS/{arch}",
+        "oe-everything": f"{base}/everything/{arch}",
+        "oe-update": f"{base}/update/{arch}",
+    }
+    probe_repository(repos["oe-os"])
+    if shutil.which("dnf") is None:
+        raise ImageError(
+            "dnf is not installed on this host; the openEuler recipe needs it "
+            "(`apt-get install dnf` on Debian; see qemu/README.md)"
+        )
+    version = str(recipe.extra.get("kernel_version", release))
+    packages = [f"kernel-{version}", f"kernel-devel-{version}", *recipe.packages]
+    argv = [
+        "dnf",
+        "-y",
+        f"--installroot={rootfs}",
+        f"--releasever={recipe.suite}",
+        "--setopt=install_weak_deps=False",
+        "--disablerepo=*",
+        "--nogpgcheck",
+    ]
+    for rid, url in repos.items():
+        argv += [f"--repofrompath={rid},{url}", f"--enablerepo={rid}"]
+    argv += ["install", *packages]
+    rootfs.mkdir(parents=True)
+    progress.run("dnf --installroot", argv, logfile, env=env)
+    cust = recipe.hook_path(recipe.customize_hook)
+    if cust is not None:
+        progress.run("customize", ["sh", str(cust), str(rootfs)], logfile, env=env)
+
+
+def create_overlay(image: Image, path: Path) -> None:
+    """A copy-on-write qcow2 on top of the base image: nodes write there, never to the base."""
+    subprocess.run(
+        [
+            "qemu-img",
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            "-b",
+            str(image.disk),
+            str(path),
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Debug entry point: ``python -m obmm.testbed.image [--recipe NAME] [--rebuild]``."""
+    parser = argparse.ArgumentParser(prog="python -m obmm.testbed.image")
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE, choices=list_recipes())
+    parser.add_argument("--rebuild", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        image = ensure_image(find_recipe(args.recipe), rebuild=args.rebuild)
+    except (ImageError, StepFailed) as exc:
+        log.error("%s", exc)
+        return 1
+    print(image.directory)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

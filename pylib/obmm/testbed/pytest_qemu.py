@@ -1,0 +1,271 @@
+"""Host pytest plugin: every guest test becomes a host test item with its own result.
+
+A ``*.guestsuite`` file (JSON: ``{"paths": [...], "ignore": [...], "node": 0}``) under a host test
+directory is collected by booting the cluster (once per host session), asking the guest's pytest
+which tests exist, and yielding one :class:`GuestItem` per guest test, nested like the guest's
+node ids.  The first item that runs starts one guest pytest for all selected items; each item then
+waits for its own result (see :mod:`obmm.testbed.runner`).
+
+Configuration is by environment, so it works however the host pytest is invoked:
+
+* ``OBMM_TESTBED_TOPOLOGY``: a name under qemu/topologies/ or a path (default ``single``)
+* ``OBMM_TESTBED_ACCEL``: ``auto`` (default), ``kvm`` or ``tcg``
+* ``OBMM_TESTBED_NAME``: cluster name (default ``qemu-test-<pid>``, so runs never collide)
+* ``OBMM_GUEST_PATHS``: override a suite's guest paths (space separated), e.g. a self-test
+* ``OBMM_GUEST_TEST_TIMEOUT``: seconds one guest test may take (default 900)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from obmm.testbed.cluster import NodeDied, load_topology
+from obmm.testbed.image import repo_root
+from obmm.testbed.runner import (
+    DEFAULT_TEST_TIMEOUT_S,
+    GuestRun,
+    GuestSession,
+    GuestTestResult,
+    repo_results_dir,
+)
+from obmm.testbed.ssh import GuestGone
+
+SESSION_KEY = pytest.StashKey[GuestSession]()
+RUN_KEY = pytest.StashKey[GuestRun]()
+
+
+def session_for(config: pytest.Config) -> GuestSession:
+    """The one guest session of this host pytest run (created on first use, booted lazily)."""
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        name = os.environ.get("OBMM_TESTBED_NAME") or f"qemu-test-{os.getpid()}"
+        results = repo_results_dir()
+        session = GuestSession(
+            topology=load_topology(),
+            name=name,
+            logdir=results / "qemu" / name,
+            results=results,
+            accel=os.environ.get("OBMM_TESTBED_ACCEL"),
+        )
+        config.stash[SESSION_KEY] = session
+        _point_latest(results / "qemu" / "latest", session.logdir)
+    return session
+
+
+def _point_latest(link: Path, target: Path) -> None:
+    """results/qemu/latest -> this run's log directory (console logs, guest pytest output)."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".latest-{os.getpid()}")
+    with contextlib.suppress(OSError):
+        tmp.unlink(missing_ok=True)
+        os.symlink(target.name, tmp)
+        os.replace(tmp, link)
+
+
+@contextlib.contextmanager
+def uncaptured(config: pytest.Config) -> Iterator[None]:
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is None:
+        yield
+        return
+    with capman.global_and_fixture_disabled():
+        yield
+
+
+class GuestTestFailed(Exception):
+    def __init__(self, result: GuestTestResult) -> None:
+        super().__init__(result.nodeid)
+        self.result = result
+
+
+def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM (CI cancelling a job) unwinds like Ctrl-C, so the cluster is torn down.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "destroys_cluster: runs last; leaves the cluster dead")
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Tests that kill the guest go last, whatever file they are in.
+    items.sort(key=lambda item: item.get_closest_marker("destroys_cluster") is not None)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.suffix == ".guestsuite":
+        suite: GuestSuiteFile = GuestSuiteFile.from_parent(parent, path=file_path)
+        return suite
+    return None
+
+
+class GuestSuiteFile(pytest.File):
+    """A host-side stand-in for a guest test directory."""
+
+    def spec(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.path.read_text())
+        override = os.environ.get("OBMM_GUEST_PATHS")
+        if override:
+            data["paths"] = override.split()
+            data["ignore"] = []
+        return data
+
+    def collect(self) -> Iterator[pytest.Item | pytest.Collector]:
+        spec = self.spec()
+        session = session_for(self.config)
+        with uncaptured(self.config):
+            session.boot()  # minutes on a cold cache: let its progress reach the terminal
+        parser = session.collect(spec["paths"], spec.get("ignore", []), node=spec.get("node", 0))
+        for nodeid, longrepr in parser.collect_errors.items():
+            yield GuestCollectError.from_parent(
+                self, name=nodeid or "collection", longrepr=longrepr
+            )
+        tree: dict[str, Any] = {}
+        for nodeid in parser.collected:
+            node = tree
+            for part in nodeid.split("::")[:-1]:
+                node = node.setdefault(part, {})
+            node[nodeid.split("::")[-1]] = nodeid
+        yield from _build(self, tree, self)
+
+
+def _build(
+    parent: pytest.Collector, tree: dict[str, Any], suite: GuestSuiteFile
+) -> Iterator[pytest.Item | pytest.Collector]:
+    for name, sub in tree.items():
+        if isinstance(sub, str):
+            yield GuestItem.from_parent(parent, name=name, guest_nodeid=sub, suite=suite)
+        else:
+            yield GuestCollector.from_parent(parent, name=name, tree=sub, suite=suite)
+
+
+class GuestCollector(pytest.Collector):
+    """A guest test file or class."""
+
+    def __init__(self, *, tree: dict[str, Any], suite: GuestSuiteFile, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.tree = tree
+        self.suite = suite
+
+    def collect(self) -> Iterator[pytest.Item | pytest.Collector]:
+        yield from _build(self, self.tree, self.suite)
+
+
+class GuestCollectError(pytest.Item):
+    """A guest test file that failed to import: a failing host item, not a silent gap."""
+
+    def __init__(self, *, longrepr: str, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.longrepr = longrepr
+
+    def runtest(self) -> None:
+        raise GuestTestFailed(GuestTestResult(self.name, "error", self.longrepr))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        return f"guest collection error in {self.name}:\n{self.longrepr}"
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"guest collect: {self.name}"
+
+
+class GuestItem(pytest.Item):
+    """One guest test, reported on the host with the guest's outcome and output."""
+
+    def __init__(self, *, guest_nodeid: str, suite: GuestSuiteFile, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.guest_nodeid = guest_nodeid
+        self.suite = suite
+
+    def _run(self) -> GuestRun:
+        run = self.suite.stash.get(RUN_KEY, None)
+        if run is None:
+            selected = [
+                i.guest_nodeid
+                for i in self.session.items
+                if isinstance(i, GuestItem) and i.suite is self.suite
+            ]
+            session = session_for(self.config)
+            spec = self.suite.spec()
+            junit = "/opt/obmm-testbed/results/guest-junit.xml"
+            run = session.start(selected, node=spec.get("node", 0), junit=junit)
+            self.suite.stash[RUN_KEY] = run
+        return run
+
+    def runtest(self) -> None:
+        run = self._run()
+        timeout = float(os.environ.get("OBMM_GUEST_TEST_TIMEOUT", DEFAULT_TEST_TIMEOUT_S))
+        with run.lock:
+            running_before = run.parser.current
+        try:
+            result = run.wait(self.guest_nodeid, timeout=timeout)
+        except NodeDied as exc:
+            with run.lock:
+                was_running = run.parser.current
+            if was_running not in (None, self.guest_nodeid) or (
+                running_before is not None and running_before != self.guest_nodeid
+            ):
+                node = exc.node
+                raise GuestGone(
+                    f"not run: node{node} died during {was_running or running_before}; see that "
+                    f"test's failure for the console tail"
+                ) from exc
+            raise
+        for title, text in result.sections:
+            # Map to the host's stdout/stderr/log sections so -rA and junit show them.
+            key = "stdout"
+            if title.startswith("Captured stderr"):
+                key = "stderr"
+            elif title.startswith("Captured log"):
+                key = "log"
+            self.add_report_section("call", key, f"--- guest: {title} ---\n{text}")
+        if result.outcome in ("failed", "error"):
+            raise GuestTestFailed(result)
+        if result.outcome == "skipped":
+            # Reported at the guest test's name, not at this line.
+            raise pytest.skip.Exception(
+                result.reason or "skipped in the guest", _use_item_location=True
+            )
+        if result.outcome == "xfailed":
+            pytest.xfail(result.reason)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        exc = excinfo.value
+        if isinstance(exc, GuestTestFailed):
+            return f"guest test {exc.result.nodeid}: {exc.result.outcome}\n{exc.result.longrepr}"
+        if isinstance(exc, GuestGone):
+            return f"guest test {self.guest_nodeid}: {exc}"
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"guest: {self.guest_nodeid}"
+
+
+@pytest.fixture(scope="session")
+def guest_session(request: pytest.FixtureRequest) -> GuestSession:
+    """The booted, prepared cluster of this run (shared with the generated guest items)."""
+    session = session_for(request.config)
+    with uncaptured(request.config):
+        session.boot()
+    return session
+
+
+def source_root() -> Path:
+    return repo_root()

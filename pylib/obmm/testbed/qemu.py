@@ -1,0 +1,250 @@
+"""Topology of an emulated UB fabric and the QEMU command line of one node.
+
+Everything here is pure: the argv builder takes paths and ports and returns a list, so it has
+golden tests and the exact command can be logged and pasted by hand.
+
+The fabric convention (the emulated driver `obmm_emu.ko` depends on it; see qemu/README.md):
+node i's RAM is the shared file `<rundir>/node<i>.ram`; every node maps every node's RAM file
+(its own included) as an ivshmem-plain BAR at PCI slot 0x10+j, and the 2 MiB control region
+`<rundir>/control` at slot 0x0f.  The top `pool_mib` of each node's RAM is hidden from the guest
+kernel with `mem=` and is the pool exports are carved from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_NODES = 8
+CONTROL_SIZE_MIB = 2
+CONTROL_SLOT = 0x0F
+WINDOW_SLOT_BASE = 0x10
+NET_SLOT = 0x02
+DISK_SLOT = 0x03
+# Reserved for the inter-node guest network (issue 5): a second NIC at this slot.
+EXTRA_NIC_SLOT = 0x04
+RNG_SLOT = 0x05
+# q35 keeps guest RAM below 4 GiB contiguous only up to 2 GiB (above that QEMU splits it
+# around the PCI hole), and the pool must sit at a fixed physical offset.
+MAX_MEMORY_MIB = 2048
+MIN_MEMORY_MIB = 256
+GRANULE_MIB = 2
+
+
+class TopologyError(ValueError):
+    """A topology that the fabric convention cannot express."""
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Shape of a cluster: how many nodes, and how each node's memory is split."""
+
+    nodes: int = 1
+    memory_mib: int = 1024
+    pool_mib: int = 256
+    cpus: int = 1
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.nodes <= MAX_NODES:
+            raise TopologyError(f"nodes must be 1..{MAX_NODES}, got {self.nodes}")
+        if not _is_power_of_two(self.memory_mib):
+            # The RAM file doubles as an ivshmem BAR, and BAR sizes are powers of two.
+            raise TopologyError(f"memory_mib must be a power of two, got {self.memory_mib}")
+        if not MIN_MEMORY_MIB <= self.memory_mib <= MAX_MEMORY_MIB:
+            raise TopologyError(
+                f"memory_mib must be {MIN_MEMORY_MIB}..{MAX_MEMORY_MIB}, got {self.memory_mib}"
+            )
+        if self.pool_mib <= 0 or self.pool_mib % GRANULE_MIB:
+            raise TopologyError(
+                f"pool_mib must be a positive multiple of {GRANULE_MIB}, got {self.pool_mib}"
+            )
+        if self.memory_mib - self.pool_mib < MIN_MEMORY_MIB // 2:
+            raise TopologyError(
+                f"pool_mib {self.pool_mib} leaves the guest kernel under "
+                f"{MIN_MEMORY_MIB // 2} MiB of {self.memory_mib} MiB"
+            )
+        if self.cpus < 1:
+            raise TopologyError(f"cpus must be >= 1, got {self.cpus}")
+
+    @property
+    def kernel_mem_mib(self) -> int:
+        """RAM the guest kernel may use (`mem=`); the pool starts right above it."""
+        return self.memory_mib - self.pool_mib
+
+    @property
+    def pool_base(self) -> int:
+        """Guest-physical byte address of the export pool."""
+        return self.kernel_mem_mib << 20
+
+    @property
+    def pool_size(self) -> int:
+        return self.pool_mib << 20
+
+    def with_nodes(self, nodes: int) -> Topology:
+        return Topology(
+            nodes=nodes,
+            memory_mib=self.memory_mib,
+            pool_mib=self.pool_mib,
+            cpus=self.cpus,
+            description=self.description,
+        )
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Topology:
+        known = {"nodes", "memory_mib", "pool_mib", "cpus", "description"}
+        unknown = set(data) - known
+        if unknown:
+            raise TopologyError(f"unknown topology keys: {sorted(unknown)}")
+        return cls(**dict(data))
+
+    @classmethod
+    def load(cls, path: Path) -> Topology:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise TopologyError(f"cannot read topology {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise TopologyError(f"topology {path} is not a JSON object")
+        return cls.from_mapping(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "memory_mib": self.memory_mib,
+            "pool_mib": self.pool_mib,
+            "cpus": self.cpus,
+            "description": self.description,
+        }
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """Everything that differs between the nodes of one cluster."""
+
+    index: int
+    ssh_port: int
+    rundir: Path
+    overlay: Path
+    console_log: Path
+    qmp_socket: Path
+    pidfile: Path
+    kernel: Path
+    initrd: Path
+    accel: str = "tcg"
+    qemu_binary: str = "qemu-system-x86_64"
+    # Hook for the inter-node guest network (issue 5) and for debugging: appended verbatim.
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+    extra_cmdline: tuple[str, ...] = field(default_factory=tuple)
+
+
+def ram_file(rundir: Path, index: int) -> Path:
+    return rundir / f"node{index}.ram"
+
+
+def control_file(rundir: Path) -> Path:
+    return rundir / "control"
+
+
+def kernel_cmdline(topology: Topology, index: int, extra: Sequence[str] = ()) -> str:
+    """The guest kernel command line.
+
+    `panic=-1` reboots at once on panic, and with QEMU's `-no-reboot` that makes QEMU exit, so a
+    dead kernel is seen by the host within a second.  Oops and WARN do not panic: they are
+    reported per test by the guest log scanner.
+    """
+    parts = [
+        "console=ttyS0,115200",
+        "root=/dev/vda",
+        "rw",
+        "panic=-1",
+        f"mem={topology.kernel_mem_mib}M",
+        f"systemd.hostname=node{index}",
+        "loglevel=7",
+        "printk.devkmsg=on",
+        # The guest has no use for these and they cost seconds of TCG boot time.
+        "nokaslr",
+        "mitigations=off",
+        "audit=0",
+        "net.ifnames=0",
+        "systemd.show_status=0",
+        # A stalled CPU or hung task is a kernel death too: end the VM instead of hanging.
+        "softlockup_panic=1",
+        "hung_task_panic=1",
+    ]
+    parts.extend(extra)
+    return " ".join(parts)
+
+
+def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
+    """QEMU argv for node `node.index` of a cluster shaped like `topology`."""
+    if not 0 <= node.index < topology.nodes:
+        raise TopologyError(f"node index {node.index} outside 0..{topology.nodes - 1}")
+    mem = f"{topology.memory_mib}M"
+    argv = [
+        node.qemu_binary,
+        "-name",
+        f"obmm-node{node.index},debug-threads=on",
+        "-machine",
+        f"q35,accel={node.accel},memory-backend=ram",
+        "-cpu",
+        "max" if node.accel == "tcg" else "host",
+        "-smp",
+        str(topology.cpus),
+        "-m",
+        mem,
+        "-object",
+        f"memory-backend-file,id=ram,size={mem},mem-path={ram_file(node.rundir, node.index)},"
+        "share=on",
+        "-nodefaults",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-kernel",
+        str(node.kernel),
+        "-initrd",
+        str(node.initrd),
+        "-append",
+        kernel_cmdline(topology, node.index, node.extra_cmdline),
+        "-chardev",
+        f"file,id=console,path={node.console_log}",
+        "-serial",
+        "chardev:console",
+        "-qmp",
+        f"unix:{node.qmp_socket},server=on,wait=off",
+        "-pidfile",
+        str(node.pidfile),
+        "-drive",
+        f"file={node.overlay},if=none,id=disk,format=qcow2,cache=unsafe,discard=unmap",
+        "-device",
+        f"virtio-blk-pci,drive=disk,bus=pcie.0,addr={DISK_SLOT:#04x}",
+        # restrict=on: the guest reaches nothing but the host forward on loopback.
+        "-netdev",
+        f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{node.ssh_port}-:22",
+        "-device",
+        f"virtio-net-pci,netdev=net0,bus=pcie.0,addr={NET_SLOT:#04x}",
+        "-device",
+        f"virtio-rng-pci,bus=pcie.0,addr={RNG_SLOT:#04x}",
+        "-object",
+        f"memory-backend-file,id=ctl,size={CONTROL_SIZE_MIB}M,"
+        f"mem-path={control_file(node.rundir)},share=on",
+        "-device",
+        f"ivshmem-plain,memdev=ctl,bus=pcie.0,addr={CONTROL_SLOT:#04x}",
+    ]
+    for j in range(topology.nodes):
+        argv += [
+            "-object",
+            f"memory-backend-file,id=win{j},size={mem},mem-path={ram_file(node.rundir, j)},"
+            "share=on",
+            "-device",
+            f"ivshmem-plain,memdev=win{j},bus=pcie.0,addr={WINDOW_SLOT_BASE + j:#04x}",
+        ]
+    argv += list(node.extra_args)
+    return argv

@@ -1,0 +1,552 @@
+"""Guest test runner: boot a cluster, prepare it, run pytest in a guest, stream the results back.
+
+Design (why it is shaped like this):
+
+* The guest runs pytest **once** for the whole selection (a pytest start costs seconds under
+  TCG), with :mod:`obmm.testbed.guest_plugin` writing one JSON event per line to a dedicated fd
+  that the SSH command maps to its stdout; pytest's own terminal output goes to stderr.  The host
+  therefore learns each result the moment it exists and always knows which test is running.
+* The host waits for each result with the QEMU pids watched: if a node's QEMU exits (panic with
+  ``panic=-1 -no-reboot``, crash, kill), the test that was running fails at once with the tail of
+  the console, and the tests after it fail as not run.  A guest that stops producing events is
+  pinged over a fresh SSH connection; no answer is a failure too.  Nothing waits for a global
+  timeout.
+* The host pytest side (:class:`GuestSuiteFile`, :class:`GuestItem`) turns every guest test into
+  a host test item with the guest's nodeid, outcome, traceback and captured output, so
+  ``--junitxml`` on the host lists each guest test.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import tarfile
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from obmm.testbed import qemu
+from obmm.testbed.cluster import Cluster, NodeDied
+from obmm.testbed.image import Image, ensure_image, repo_root
+from obmm.testbed.progress import Progress
+from obmm.testbed.ssh import CommandTimeout, Connection, GuestGone, SshError
+
+log = logging.getLogger(__name__)
+
+GUEST_ROOT = PurePosixPath("/opt/obmm-testbed")
+GUEST_SELFTEST = "tests/guest/_selftest"
+EVENT_FD = 3
+# A guest silent this long is pinged; the ping must answer within PING_TIMEOUT_S.
+PING_AFTER_S = 30.0
+PING_TIMEOUT_S = 20.0
+DEFAULT_TEST_TIMEOUT_S = 900.0
+GRACE_AFTER_EOF_S = 5.0
+OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "error", "not run")
+
+
+class RunnerError(RuntimeError):
+    """The guest suite could not be prepared or run."""
+
+
+class GuestUnresponsive(GuestGone):
+    """The guest's QEMU runs but the guest no longer answers."""
+
+
+@dataclass
+class GuestTestResult:
+    """The merged outcome of one guest test (setup, call and teardown)."""
+
+    nodeid: str
+    outcome: str = "passed"
+    longrepr: str = ""
+    sections: list[tuple[str, str]] = field(default_factory=list)
+    duration: float = 0.0
+    reason: str = ""
+
+    def add_phase(self, event: dict[str, Any]) -> None:
+        when = str(event.get("when"))
+        outcome = str(event.get("outcome"))
+        self.duration += float(event.get("duration") or 0.0)
+        for title, text in event.get("sections") or []:
+            if (title, text) not in self.sections:
+                self.sections.append((str(title), str(text)))
+        longrepr = str(event.get("longrepr") or "")
+        wasxfail = event.get("wasxfail")
+        if outcome == "failed":
+            # A failure in any phase fails the test; setup failures are errors, like pytest.
+            self.outcome = "error" if when == "setup" else "failed"
+            header = "" if when == "call" else f"[{when}] "
+            self.longrepr = (self.longrepr + "\n" if self.longrepr else "") + header + longrepr
+        elif outcome == "skipped" and self.outcome == "passed":
+            if wasxfail is not None:
+                self.outcome, self.reason = "xfailed", str(wasxfail)
+            else:
+                self.outcome, self.reason = "skipped", longrepr
+        elif outcome == "passed" and when == "call" and wasxfail is not None:
+            self.outcome, self.reason = "xpassed", str(wasxfail)
+
+
+class EventParser:
+    """Turns the guest plugin's JSON lines into results (feed it raw bytes as they come)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.collected: list[str] = []
+        self.collect_errors: dict[str, str] = {}
+        self.results: dict[str, GuestTestResult] = {}
+        self.finished: set[str] = set()
+        self.current: str | None = None
+        self.session_exit: int | None = None
+        self.last_event = time.monotonic()
+        self.garbage: list[str] = []
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        for raw in lines:
+            self.feed_line(raw.decode(errors="replace"))
+
+    def feed_line(self, line: str) -> None:
+        line = line.strip()
+        if not line:
+            return
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            self.garbage.append(line)
+            return
+        if not isinstance(event, dict):
+            self.garbage.append(line)
+            return
+        self.last_event = time.monotonic()
+        kind = event.get("event")
+        nodeid = str(event.get("nodeid", ""))
+        if kind == "collected":
+            self.collected = [str(n) for n in event.get("nodeids", [])]
+        elif kind == "collect_error":
+            self.collect_errors[nodeid] = str(event.get("longrepr", ""))
+        elif kind == "start":
+            self.current = nodeid
+            self.results.setdefault(nodeid, GuestTestResult(nodeid))
+        elif kind == "report":
+            self.results.setdefault(nodeid, GuestTestResult(nodeid)).add_phase(event)
+        elif kind == "finish":
+            self.finished.add(nodeid)
+            if self.current == nodeid:
+                self.current = None
+        elif kind == "session_finish":
+            self.session_exit = int(event.get("exitstatus", -1))
+
+
+def guest_pytest_command(
+    args: Sequence[str],
+    *,
+    node: int,
+    nodes: int,
+    topology: qemu.Topology,
+    junit: str | None = None,
+) -> str:
+    """The shell command that runs pytest in a guest with the event stream on stdout."""
+    env = {
+        "PYTHONPATH": str(GUEST_ROOT / "pylib"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OBMM_EVENT_FD": str(EVENT_FD),
+        "OBMM_NODE_ID": str(node),
+        "OBMM_NODES": str(nodes),
+        "OBMM_POOL_BASE": str(topology.pool_base),
+        "OBMM_POOL_SIZE": str(topology.pool_size),
+        "OBMM_TARGET": "qemu",
+    }
+    argv = [
+        "python3",
+        "-m",
+        "pytest",
+        "-p",
+        "obmm.testbed.guest_plugin",
+        "-p",
+        "no:cacheprovider",
+        "-v",
+        "-rA",
+    ]
+    if junit:
+        argv.append(f"--junitxml={junit}")
+    argv += list(args)
+    env_s = " ".join(f"{k}={_q(v)}" for k, v in env.items())
+    # fd 3 -> the SSH stdout (events only); pytest's stdout -> SSH stderr (human log).
+    return f"cd {GUEST_ROOT} && env {env_s} {' '.join(_q(a) for a in argv)} {EVENT_FD}>&1 1>&2"
+
+
+def _q(s: str) -> str:
+    if s and all(c.isalnum() or c in "-_./=:,+@%" for c in s):
+        return s
+    return "'" + s.replace("'", "'\\''") + "'"
+
+
+def payload_tar(root: Path, modules: Sequence[Path] = ()) -> bytes:
+    """The files a guest needs, as a gzip tarball (one SSH round trip to unpack)."""
+    buf = io.BytesIO()
+
+    def skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        name = info.name.rsplit("/", 1)[-1]
+        if name in ("__pycache__", ".pytest_cache", ".mypy_cache") or name.endswith(".pyc"):
+            return None
+        return info
+
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel in ("pyproject.toml", "pylib/obmm", "uapi", "tests/guest", "tests/c"):
+            path = root / rel
+            if path.exists():
+                tar.add(path, arcname=rel, filter=skip)
+        for conftest in ("tests/conftest.py", "tests/__init__.py"):
+            if (root / conftest).exists():
+                tar.add(root / conftest, arcname=conftest, filter=skip)
+        selftest = root / "tests" / "guest_selftest"
+        if selftest.is_dir():
+            # Inside tests/guest so the guest conftest (kernel-log scan) applies to it too;
+            # the normal suite run ignores this directory.
+            tar.add(selftest, arcname=GUEST_SELFTEST, filter=skip)
+        for ko in modules:
+            tar.add(ko, arcname=f"kmod/{ko.name}")
+    return buf.getvalue()
+
+
+def build_modules(image: Image, out: Path) -> list[Path]:
+    """Build kmod/* against the guest kernel's headers and pre-flight each .ko on the host."""
+    from obmm import elfcheck
+    from obmm.testbed import kbuild
+
+    release = image.kernel_release
+    headers = kbuild.fetch_headers(release)
+    kos = kbuild.build_modules(headers, repo_root() / "kmod", out / release)
+    symvers = elfcheck.Symvers.load(headers / "Module.symvers")
+    exports = {sym for ko in kos for sym in elfcheck.module_exports(ko)}
+    for ko in kos:
+        elfcheck.require_loadable(
+            ko, kernel_release=release, arch="x86_64", symvers_path=symvers, extra_exports=exports
+        )
+    return kos
+
+
+def module_load_order(kos: Iterable[Path]) -> list[Path]:
+    # The placeholder first: if the emulated driver's load splats, the testhook is already
+    # there for the log-scanner tests.
+    return sorted(kos, key=lambda p: (p.stem != "obmm_testhook", p.stem))
+
+
+def insmod_command(
+    ko: PurePosixPath, node: int, topology: qemu.Topology, params: Iterable[str]
+) -> str:
+    """insmod with the fabric parameters the module declares (see qemu/README.md)."""
+    wanted = {
+        "node_id": str(node),
+        "nr_nodes": str(topology.nodes),
+        "nodes": str(topology.nodes),
+        "pool_base": hex(topology.pool_base),
+        "pool_size": hex(topology.pool_size),
+    }
+    declared = set(params)
+    args = [f"{k}={v}" for k, v in wanted.items() if k in declared]
+    return " ".join(["insmod", str(ko), *args])
+
+
+def prepare_node(
+    conn: Connection, node: int, topology: qemu.Topology, root: Path, modules: Sequence[Path]
+) -> None:
+    """Copy the package, tests and modules into a guest and load the modules."""
+    payload = payload_tar(root, modules)
+    conn.run(
+        f"rm -rf {GUEST_ROOT} && mkdir -p {GUEST_ROOT} && tar -xzf - -C {GUEST_ROOT}",
+        timeout=120,
+        check=True,
+        stdin=payload,
+    )
+    for ko in modules:
+        remote = GUEST_ROOT / "kmod" / ko.name
+        params = conn.run(f"modinfo -F parm {remote} | cut -d: -f1", timeout=60, check=True)
+        cmd = insmod_command(remote, node, topology, params.out.split())
+        result = conn.run(cmd, timeout=120)
+        if not result.ok:
+            dmesg = conn.run("dmesg | tail -n 30", timeout=30).out
+            raise RunnerError(f"node{node}: `{cmd}` failed: {result.err.strip()}\n{dmesg}")
+        log.info("node%d: %s", node, cmd)
+
+
+class GuestSession:
+    """A booted, prepared cluster plus the means to run guest pytest on it."""
+
+    def __init__(
+        self,
+        *,
+        topology: qemu.Topology,
+        name: str,
+        logdir: Path,
+        results: Path,
+        accel: str | None = None,
+    ) -> None:
+        self.topology = topology
+        self.name = name
+        self.logdir = logdir
+        self.results = results
+        self.accel_request = accel
+        self.cluster: Cluster | None = None
+        self.modules: list[Path] = []
+        self.boot_error: BaseException | None = None
+        self.timings: dict[str, float] = {}
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    def boot(self) -> Cluster:
+        """Image, modules, cluster, payload, insmod: everything before the first test."""
+        if self.cluster is not None:
+            return self.cluster
+        if self.boot_error is not None:
+            raise RunnerError(f"the cluster failed to start earlier: {self.boot_error}")
+        try:
+            return self._boot()
+        except BaseException as exc:
+            self.boot_error = exc
+            self.close()
+            raise
+
+    def _boot(self) -> Cluster:
+        from obmm.testbed import accel as accel_mod
+        from obmm.testbed.image import cache_dir
+
+        progress = Progress(f"qemu {self.name}")
+        t0 = time.monotonic()
+        image = ensure_image(progress=progress)
+        t1 = time.monotonic()
+        self.timings["image"] = t1 - t0
+        progress.line(f"image {image.directory} (kernel {image.kernel_release})")
+        self.modules = module_load_order(build_modules(image, self.results / "kmod"))
+        progress.line("modules: " + (", ".join(k.name for k in self.modules) or "none"))
+        t2 = time.monotonic()
+        self.timings["kmod"] = t2 - t1
+        accel = accel_mod.choose(self.accel_request, image.kernel, cache_dir())
+        self.cluster = Cluster.start(
+            image, self.topology, name=self.name, accel=accel, logdir=self.logdir, progress=progress
+        )
+        t3 = time.monotonic()
+        self.timings["boot"] = t3 - t2
+        for i in range(self.topology.nodes):
+            with self.cluster.connect(i) as conn:
+                prepare_node(conn, i, self.topology, repo_root(), self.modules)
+        self.timings["prepare"] = time.monotonic() - t3
+        progress.line(
+            f"ready: {self.topology.nodes} node(s), modules loaded; "
+            + ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
+        )
+        return self.cluster
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+
+    # -- running ----------------------------------------------------------------------------
+
+    def connect(self, node: int = 0) -> Connection:
+        return self.boot().connect(node)
+
+    def collect(
+        self, paths: Sequence[str], ignore: Sequence[str] = (), node: int = 0
+    ) -> EventParser:
+        """The guest's view of which tests exist (and which files failed to import)."""
+        cluster = self.boot()
+        parser = EventParser()
+        args = ["--collect-only", "-q", *[f"--ignore={p}" for p in ignore], *paths]
+        cmd = guest_pytest_command(
+            args, node=node, nodes=self.topology.nodes, topology=self.topology
+        )
+        with cluster.connect(node) as conn:
+            result = conn.run(cmd, timeout=300, on_stdout=parser.feed)
+        if parser.session_exit is None:
+            raise RunnerError(
+                f"guest pytest collection did not run (exit {result.exit_status}):"
+                f"\n{result.err[-3000:]}"
+            )
+        return parser
+
+    def start(
+        self,
+        nodeids: Sequence[str],
+        *,
+        node: int = 0,
+        junit: str | None = None,
+        suite_timeout: float = 4 * 3600.0,
+    ) -> GuestRun:
+        return GuestRun(self, list(nodeids), node=node, junit=junit, suite_timeout=suite_timeout)
+
+
+class GuestRun:
+    """One guest pytest invocation running in a background thread; results as they come."""
+
+    def __init__(
+        self,
+        session: GuestSession,
+        nodeids: list[str],
+        *,
+        node: int,
+        junit: str | None,
+        suite_timeout: float,
+    ) -> None:
+        self.session = session
+        self.cluster = session.boot()
+        self.nodeids = nodeids
+        self.node = node
+        self.parser = EventParser()
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.stderr_log = session.logdir / f"node{node}.guest-pytest.log"
+        self.conn = self.cluster.connect(node)
+        cmd = guest_pytest_command(
+            nodeids, node=node, nodes=session.topology.nodes, topology=session.topology, junit=junit
+        )
+        self.exit_status: int | None = None
+        self.fatal: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._run, args=(cmd, suite_timeout), name="guest-pytest", daemon=True
+        )
+        self.thread.start()
+
+    def _feed(self, data: bytes) -> None:
+        with self.lock:
+            self.parser.feed(data)
+
+    def _run(self, cmd: str, timeout: float) -> None:
+        try:
+            with self.stderr_log.open("ab") as human:
+
+                def on_stderr(data: bytes) -> None:
+                    human.write(data)
+                    human.flush()
+
+                result = self.conn.run(
+                    cmd, timeout=timeout, on_stdout=self._feed, on_stderr=on_stderr
+                )
+                self.exit_status = result.exit_status
+        except BaseException as exc:  # handed to the waiting test items
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def abort(self) -> None:
+        self.conn.close()
+        self.thread.join(timeout=10)
+
+    def _dead(self) -> NodeDied | None:
+        for n in self.cluster.nodes:
+            if not n.alive():
+                return NodeDied(n.index, n.returncode(), n.console_tail())
+        return None
+
+    def _wait_dead(self, seconds: float) -> NodeDied | None:
+        deadline = time.monotonic() + seconds
+        while True:
+            with self.lock:
+                if self.parser.session_exit is not None:
+                    return None  # pytest finished normally: the guest is not dying
+            dead = self._dead()
+            if dead is not None or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.1)
+
+    def _ping(self) -> None:
+        conn = Connection(
+            self.cluster.target(self.node), alive=self.cluster.all_alive, name=f"node{self.node}"
+        )
+        try:
+            conn.connect(time.monotonic() + PING_TIMEOUT_S)
+            conn.run("true", timeout=PING_TIMEOUT_S)
+        except SshError as exc:
+            dead = self._dead()
+            if dead is not None:
+                raise dead from exc
+            node = self.cluster.nodes[self.node]
+            raise GuestUnresponsive(
+                f"node{self.node} stopped answering ({exc}); last console lines:\n"
+                + node.console_tail()
+            ) from exc
+        finally:
+            conn.close()
+
+    def wait(self, nodeid: str, timeout: float = DEFAULT_TEST_TIMEOUT_S) -> GuestTestResult:
+        """The result of `nodeid`; raises GuestGone (with the console tail) if the guest died."""
+        with self.lock:
+            if nodeid in self.parser.finished:
+                return self.parser.results[nodeid]
+        if self.fatal is not None:
+            # An earlier test ended this run (hung guest, overrun): fail at once, no new waits.
+            dead = self._dead()
+            raise dead if dead is not None else RunnerError(f"not run: {self.fatal}")
+        try:
+            return self._wait(nodeid, timeout)
+        except (GuestGone, CommandTimeout) as exc:
+            self.fatal = exc
+            raise
+
+    def _wait(self, nodeid: str, timeout: float) -> GuestTestResult:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                if nodeid in self.parser.finished:
+                    return self.parser.results[nodeid]
+                current = self.parser.current
+                silent = time.monotonic() - self.parser.last_event
+            dead = self._dead()
+            if dead is not None:
+                self.abort()
+                raise dead
+            if self.done.is_set():
+                # The SSH session can end a moment before QEMU has finished exiting.
+                dead = self._wait_dead(GRACE_AFTER_EOF_S)
+                if dead is not None:
+                    raise dead
+                with self.lock:
+                    if nodeid in self.parser.finished:
+                        return self.parser.results[nodeid]
+                    partial = self.parser.results.get(nodeid)
+                err = self.error
+                if err is not None and not isinstance(err, CommandTimeout):
+                    dead = self._dead()
+                    raise dead if dead is not None else err
+                tail = (
+                    self.stderr_log.read_text(errors="replace")[-3000:]
+                    if self.stderr_log.exists()
+                    else ""
+                )
+                raise RunnerError(
+                    f"guest pytest ended (exit {self.exit_status}, {err or 'no error'}) without a "
+                    f"result for {nodeid}"
+                    + (f"; partial: {partial.outcome}" if partial else "")
+                    + f"\nguest pytest output:\n{tail}"
+                )
+            if time.monotonic() > deadline:
+                self.abort()
+                raise CommandTimeout(
+                    f"{nodeid}: no result after {timeout:.0f} s (running: "
+                    f"{current}); guest pytest aborted"
+                )
+            if silent > PING_AFTER_S:
+                try:
+                    self._ping()
+                except GuestUnresponsive:
+                    self.abort()
+                    raise
+                with self.lock:
+                    self.parser.last_event = time.monotonic()
+            self.done.wait(0.25)
+
+    def results_in_order(self) -> Iterator[GuestTestResult]:
+        for nodeid in self.nodeids:
+            yield self.wait(nodeid)
+
+
+def repo_results_dir() -> Path:
+    return Path(os.environ.get("OBMM_TESTBED_RESULTS", str(repo_root() / "results")))

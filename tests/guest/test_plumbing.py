@@ -1,0 +1,81 @@
+"""Guest tests proving the testbed plumbing: modules loaded, devices present, tools importable."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _loaded_modules() -> set[str]:
+    return {line.split()[0] for line in Path("/proc/modules").read_text().splitlines()}
+
+
+def test_runs_as_root_in_a_guest() -> None:
+    assert os.geteuid() == 0
+    assert Path("/opt/obmm-testbed/pylib/obmm/__init__.py").is_file()
+
+
+def test_testhook_module_loaded() -> None:
+    assert "obmm_testhook" in _loaded_modules()
+
+
+def test_testhook_device_answers() -> None:
+    dev = Path("/dev/obmm_testhook")
+    assert dev.is_char_device()
+    assert dev.read_text() == "obmm_testhook ready\n"
+
+
+def test_testhook_rejects_unknown_command() -> None:
+    with pytest.raises(OSError) as exc:
+        Path("/dev/obmm_testhook").write_text("bogus\n")
+    assert exc.value.errno == 22  # EINVAL
+
+
+def test_python_and_cffi_present() -> None:
+    import cffi
+
+    assert sys.version_info >= (3, 9)
+    ffi = cffi.FFI()
+    ffi.cdef("int abs(int);")
+    lib = ffi.dlopen(None)
+    assert lib.abs(-7) == 7
+
+
+def test_obmm_package_importable_from_copied_tree() -> None:
+    import obmm
+
+    assert obmm.__file__ is not None
+    assert obmm.__file__.startswith("/opt/obmm-testbed/pylib/")
+
+
+def test_node_environment_matches_the_topology() -> None:
+    node = int(os.environ["OBMM_NODE_ID"])
+    nodes = int(os.environ["OBMM_NODES"])
+    assert 0 <= node < nodes
+    assert Path("/proc/sys/kernel/hostname").read_text().strip() == f"node{node}"
+    # mem= hides the export pool from the kernel: it sees less than the QEMU RAM size.
+    pool_base = int(os.environ["OBMM_POOL_BASE"])
+    memtotal_kib = int(Path("/proc/meminfo").read_text().split()[1])
+    assert memtotal_kib * 1024 <= pool_base
+
+
+def test_fabric_windows_and_control_region_present() -> None:
+    # ivshmem-plain is PCI 1af4:1110; one control region plus one window per node.
+    nodes = int(os.environ["OBMM_NODES"])
+    devices = [
+        d
+        for d in Path("/sys/bus/pci/devices").iterdir()
+        if (d / "vendor").read_text().strip() == "0x1af4"
+        and (d / "device").read_text().strip() == "0x1110"
+    ]
+    assert len(devices) == nodes + 1
+    slots = sorted(int(d.name.split(":")[2].split(".")[0], 16) for d in devices)
+    assert slots == [0x0F, *range(0x10, 0x10 + nodes)]
+
+
+def test_kernel_headers_match_running_kernel() -> None:
+    release = os.uname().release
+    assert Path(f"/usr/src/linux-headers-{release}/Makefile").is_file()

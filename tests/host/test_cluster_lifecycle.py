@@ -1,0 +1,219 @@
+"""Cluster state, ports and cleanup, with stand-in processes instead of QEMU (no VM boots)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from obmm.testbed import cluster as cl
+from obmm.testbed import qemu
+from obmm.testbed.image import Image
+
+
+@pytest.fixture
+def run_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "shm"
+    monkeypatch.setenv("OBMM_TESTBED_RUN_ROOT", str(root))
+    monkeypatch.setenv("OBMM_TESTBED_CACHE", str(tmp_path / "cache"))
+    return root
+
+
+@pytest.fixture
+def fake_image(tmp_path: Path) -> Image:
+    d = tmp_path / "image"
+    d.mkdir()
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", str(d / "disk.qcow2"), "16M"], check=True
+    )
+    (d / "vmlinuz").write_bytes(b"k")
+    (d / "initrd.img").write_bytes(b"i")
+    manifest = {"kernel_release": "6.1.0-0-amd64", "ssh_key": str(d / "key"), "host_key": ""}
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    return Image.open(d)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    # Stands in for a QEMU: a long-lived child that must be gone after stop().
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_ports_are_distinct_free_and_avoid_other_clusters() -> None:
+    first = cl.allocate_ports(8)
+    assert len(set(first)) == 8
+    again = cl.allocate_ports(8, avoid=first)
+    assert not set(first) & set(again)
+    for port in again:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free: binding succeeds
+
+
+def test_run_dirs_are_per_name_on_the_run_root(run_root: Path) -> None:
+    assert cl.rundir_for("a") == run_root / "obmm-testbed-a"
+    assert cl.rundir_for("a") != cl.rundir_for("b")
+    for bad in ("", "../x", ".hidden", "a/b"):
+        with pytest.raises(cl.ClusterError):
+            cl.rundir_for(bad)
+
+
+def test_default_run_root_is_tmpfs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OBMM_TESTBED_RUN_ROOT", raising=False)
+    assert cl.run_root() == Path("/dev/shm")
+
+
+def test_attach_to_a_missing_cluster_is_a_clear_error(run_root: Path) -> None:
+    with pytest.raises(cl.ClusterError, match="no cluster named 'ghost'"):
+        cl.Cluster.attach("ghost")
+
+
+def _cluster_with(run_root: Path, image: Image, proc: subprocess.Popen[bytes], name: str
+                  ) -> cl.Cluster:  # fmt: skip
+    rundir = cl.rundir_for(name)
+    rundir.mkdir(parents=True)
+    (rundir / "node0.ram").write_bytes(b"\0" * 4096)
+    node = cl.Node(
+        index=0, ssh_port=cl.allocate_ports(1)[0], pid=proc.pid,
+        pid_start=cl._pid_start_time(proc.pid), console_log=rundir / "c.log",
+        qemu_log=rundir / "q.log", qmp_socket=rundir / "node0.qmp", overlay=rundir / "o.qcow2",
+    )  # fmt: skip
+    c = cl.Cluster(name=name, rundir=rundir, logdir=rundir, topology=qemu.Topology(),
+                   accel="tcg", image=image, nodes=[node])  # fmt: skip
+    c.save()
+    return c
+
+
+def test_state_is_discoverable_by_a_later_invocation(
+    run_root: Path, fake_image: Image, sleeper: subprocess.Popen[bytes]
+) -> None:
+    c = _cluster_with(run_root, fake_image, sleeper, "x")
+    again = cl.Cluster.attach("x")
+    assert again.nodes[0].pid == sleeper.pid
+    assert again.nodes[0].ssh_port == c.nodes[0].ssh_port
+    assert again.nodes[0].alive()
+    assert cl.Cluster.names() == ["x"]
+
+
+def test_stop_kills_the_processes_and_removes_the_run_dir(
+    run_root: Path, fake_image: Image, sleeper: subprocess.Popen[bytes]
+) -> None:
+    _cluster_with(run_root, fake_image, sleeper, "x")
+    c = cl.Cluster.attach("x")  # as `down` does: no Popen handle, only the pid
+    start = time.monotonic()
+    c.stop()
+    assert time.monotonic() - start < 15
+    sleeper.wait(timeout=5)
+    assert sleeper.returncode == -signal.SIGTERM
+    assert not cl.rundir_for("x").exists()
+
+
+def test_a_recycled_pid_is_not_mistaken_for_the_node(
+    run_root: Path, fake_image: Image, sleeper: subprocess.Popen[bytes]
+) -> None:
+    c = _cluster_with(run_root, fake_image, sleeper, "x")
+    node = c.nodes[0]
+    node.pid_start = (node.pid_start or 0) + 1
+    c.save()
+    assert not cl.Cluster.attach("x").nodes[0].alive()
+
+
+def test_starting_over_a_live_cluster_is_refused(
+    run_root: Path, fake_image: Image, sleeper: subprocess.Popen[bytes]
+) -> None:
+    _cluster_with(run_root, fake_image, sleeper, "x")
+    with pytest.raises(cl.ClusterError, match="already running"):
+        cl.Cluster.start(fake_image, qemu.Topology(), name="x", wait=False)
+    assert sleeper.poll() is None  # the running cluster was left alone
+
+
+def test_stale_state_of_a_dead_cluster_is_reaped(
+    run_root: Path, fake_image: Image, sleeper: subprocess.Popen[bytes]
+) -> None:
+    _cluster_with(run_root, fake_image, sleeper, "x")
+    sleeper.kill()
+    sleeper.wait()
+    assert cl.stop_all_stale() == ["x"]
+    assert not cl.rundir_for("x").exists()
+
+
+def test_qemu_that_fails_to_start_leaves_nothing_behind(
+    run_root: Path, fake_image: Image, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("OBMM_TESTBED_QEMU", "false")
+    with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
+        cl.Cluster.start(fake_image, qemu.Topology(nodes=2), name="y", logdir=tmp_path / "logs")
+    assert not cl.rundir_for("y").exists()
+    assert list(run_root.iterdir()) == []  # no lock or other file left on tmpfs
+    assert (tmp_path / "logs" / "node0.qemu.log").read_text().startswith("$ false ")
+
+
+def test_interrupt_during_boot_kills_every_node_and_removes_files(
+    run_root: Path, fake_image: Image, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A stand-in QEMU that stays up and creates its QMP socket path, like the real one.
+    fake = tmp_path / "fake-qemu"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in unix:*) p="${a#unix:}"; : > "${p%%,*}";; esac; done\n'
+        "exec sleep 600\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("OBMM_TESTBED_QEMU", str(fake))
+    pids: list[int] = []
+
+    def interrupted(self: cl.Cluster, timeout: float, progress: object = None) -> None:
+        pids.extend(n.pid for n in self.nodes)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cl.Cluster, "wait_ssh", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cl.Cluster.start(fake_image, qemu.Topology(nodes=2), name="z", logdir=tmp_path / "logs")
+    assert len(pids) == 2
+    for pid in pids:
+        assert cl._pid_start_time(pid) is None  # gone (or a reaped zombie)
+    assert not cl.rundir_for("z").exists()
+    assert list(run_root.iterdir()) == []
+
+
+def test_boot_timeout_scales_with_nodes_under_tcg() -> None:
+    one = cl.boot_timeout(qemu.Topology(nodes=1), "tcg")
+    eight = cl.boot_timeout(qemu.Topology(nodes=8), "tcg")
+    assert 60 <= one < eight
+    assert cl.boot_timeout(qemu.Topology(nodes=1), "kvm") < one
+
+
+def test_load_topology_by_name_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cl.load_topology("pair").nodes == 2
+    monkeypatch.setenv("OBMM_TESTBED_TOPOLOGY", "pair")
+    assert cl.load_topology().nodes == 2
+    assert os.environ["OBMM_TESTBED_TOPOLOGY"] == "pair"
+
+
+def test_stop_does_not_hang_on_a_wedged_monitor(
+    run_root: Path, fake_image: Image, sleeper: subprocess.Popen[bytes]
+) -> None:
+    c = _cluster_with(run_root, fake_image, sleeper, "w")
+    # A monitor socket that accepts but never greets, like a SIGSTOPped QEMU's.
+    mon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mon.bind(str(c.nodes[0].qmp_socket))
+    mon.listen(1)
+    try:
+        start = time.monotonic()
+        cl.Cluster.attach("w").stop()
+        assert time.monotonic() - start < cl.QMP_QUIT_TIMEOUT_S + cl.TERM_TIMEOUT_S + 5
+    finally:
+        mon.close()
+    sleeper.wait(timeout=5)
+    assert not cl.rundir_for("w").exists()
