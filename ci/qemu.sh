@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Stage "qemu": boot the cluster under QEMU and run the guest and cluster suites.
+source "$(dirname "$0")/lib.sh"
+stage qemu
+make setup
+make qemu-test
