@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,18 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def test_readme_carries_the_cause_table() -> None:
     assert render_markdown() in README.read_text(), (
-        "README's 'what can go wrong' table is stale: paste obmm.causes.render_markdown()"
+        "README's 'what can go wrong' table is stale: run `python3 ci/sync_readme.py`"
     )
+
+
+def test_readme_generated_tables_are_fresh() -> None:
+    """The cause table and the emulator's fidelity table (kmod/obmm_emu/FIDELITY.md)."""
+    out = subprocess.run(
+        [sys.executable, str(README.parent / "ci" / "sync_readme.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
 
 
 def test_every_errno_name_is_real() -> None:
