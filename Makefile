@@ -50,6 +50,11 @@ image: setup-python
 qemu-test: image kmod
 	$(PYTEST) tests/qemu --junitxml=results/qemu-junit.xml -o junit_logging=all
 
+# Benchmarks on a QEMU cluster: results in bench-results/<timestamp>/ (JSON, summary.md, PNGs).
+BENCH_ARGS ?=
+bench: image kmod
+	$(VENV)/bin/obmm-testbed bench --print-summary $(BENCH_ARGS)
+
 # Build every module under kmod/ against the guest kernel's headers (fetched
 # into ~/.cache), W=1, then the ELF pre-flight of each .ko.
 KBUILD_ARGS ?=

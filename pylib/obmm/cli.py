@@ -22,9 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     # Each concern registers its own subcommands; a registrar adds parsers
     # whose defaults carry `func(args) -> int`.
     from obmm import abi_cli, handle_cli
+    from obmm.bench import cli as bench_cli
+    from obmm.bench import cluster_hook
 
     abi_cli.register(sub)
     handle_cli.register(sub)
+    bench_cli.register(sub, cluster_bench=cluster_hook.cluster_bench)
     try:
         from obmm.testbed import commands as testbed_commands
     except ImportError:  # the testbed needs paramiko; hosts that only use bindings may lack it

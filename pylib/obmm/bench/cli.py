@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from obmm.bench import compare
+from obmm.bench import cluster_hook, compare
 from obmm.bench.probe import ProbeSettings
 from obmm.bench.results import Environment, Run, write_run
 from obmm.bench.runner import BenchConfig, run_local_bench
@@ -86,6 +86,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="folder name instead of the timestamp")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--print-summary", action="store_true", help="print summary.md at the end")
+    cluster_hook.add_arguments(p)
 
 
 def register(

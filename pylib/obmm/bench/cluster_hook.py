@@ -1,0 +1,157 @@
+"""`obmm-testbed bench` on a QEMU cluster: the testbed-speed figures and the guest figures.
+
+Steps, each timed: a cold image build into a throw-away cache (unless skipped), the cached
+image lookup, boot-to-SSH of 1, 2 and 4 nodes, then on the 2-node cluster the data-path,
+Engram and control-path figures of `obmm.bench.runner.run_cluster_bench`.  Every cluster it
+boots is stopped again, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from obmm.bench.results import Environment, Figure, Run
+from obmm.bench.runner import (
+    GUEST_PYTHON,
+    BenchConfig,
+    callables_for,
+    make_testbed_figure,
+    run_cluster_bench,
+)
+
+BOOT_SIZES = {1: "single", 2: "pair", 4: "quad"}
+QEMU_TEST_TIMINGS = Path("results") / "qemu-test-timings.json"
+
+
+def _qemu_test_figures(timings: Path) -> list[Figure]:
+    """`make qemu-test` wall times recorded by earlier runs (`record_qemu_test`), if any."""
+    try:
+        doc = json.loads(timings.read_text())
+    except (OSError, ValueError):
+        return []
+    figures = []
+    for kind in ("cold", "warm"):
+        entry = doc.get(kind)
+        if entry:
+            figures.append(
+                make_testbed_figure(
+                    f"testbed.qemu_test.{kind}",
+                    [float(entry["seconds"])],
+                    baseline=None if kind == "cold" else "testbed.qemu_test.cold",
+                    note=f"recorded by make qemu-test at {entry['finished']}, not in this run",
+                )
+            )
+    return figures
+
+
+def record_qemu_test(junit: Path, seconds: float, image_built: bool, out: Path) -> None:
+    """Remember one green `make qemu-test` wall time as cold (image built) or warm."""
+    root = ET.parse(junit).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None or int(suite.get("failures", "0")) or int(suite.get("errors", "0")):
+        return
+    try:
+        doc = json.loads(out.read_text())
+    except (OSError, ValueError):
+        doc = {}
+    doc["cold" if image_built else "warm"] = {
+        "seconds": round(seconds, 1),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
+    from obmm.testbed import accel as accel_mod
+    from obmm.testbed.cluster import Cluster, load_topology
+    from obmm.testbed.image import cache_dir, ensure_image, find_recipe, repo_root
+    from obmm.testbed.progress import Progress
+    from obmm.testbed.runner import (
+        build_modules,
+        module_load_order,
+        prepare_node,
+        repo_results_dir,
+    )
+
+    progress = Progress("bench")
+    say = progress.line
+    testbed: list[Figure] = []
+    recipe = find_recipe()
+
+    if not getattr(args, "skip_cold_image", False):
+        scratch = Path(tempfile.mkdtemp(prefix="obmm-bench-cache-"))
+        try:
+            say("cold image build into a throw-away cache")
+            start = time.monotonic()
+            ensure_image(recipe, cache=scratch, progress=progress)
+            testbed.append(
+                make_testbed_figure("testbed.image_build.cold", [time.monotonic() - start])
+            )
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    start = time.monotonic()
+    image = ensure_image(recipe, progress=progress)
+    cached = time.monotonic() - start
+    testbed.append(
+        make_testbed_figure(
+            "testbed.image_build.cached",
+            [cached],
+            baseline="testbed.image_build.cold" if testbed else None,
+        )
+    )
+    accel = accel_mod.choose(getattr(args, "accel", None), image.kernel, cache_dir())
+    env = Environment.collect_host(accelerator=accel, node_count=2)
+
+    boot_nodes = [int(n) for n in str(getattr(args, "boot_nodes", "1,2,4")).split(",") if n]
+    run: Run | None = None
+    for nodes in sorted(set(boot_nodes) | {2}):
+        topology = load_topology(BOOT_SIZES.get(nodes, str(nodes)))
+        say(f"booting {nodes} node(s)")
+        start = time.monotonic()
+        with Cluster.start(image, topology, name=f"bench-{nodes}", accel=accel) as cluster:
+            booted = time.monotonic() - start
+            if nodes in boot_nodes:
+                testbed.append(
+                    make_testbed_figure(
+                        f"testbed.boot_to_ssh.{nodes}node{'s' if nodes > 1 else ''}",
+                        [booted],
+                        baseline=None if nodes == 1 else "testbed.boot_to_ssh.1node",
+                    )
+                )
+            if nodes != 2:
+                continue
+            kos = module_load_order(build_modules(image, repo_results_dir() / "kmod"))
+            conns = {i: cluster.connect(i) for i in range(nodes)}
+            try:
+                for i, conn in conns.items():
+                    prepare_node(conn, i, topology, repo_root(), kos)
+                run_fn, copy_fn = callables_for(dict(conns))
+                config.python = GUEST_PYTHON
+                run = run_cluster_bench(run_fn, copy_fn, nodes, env, config, say=say)
+            finally:
+                for conn in conns.values():
+                    conn.close()
+    assert run is not None  # the 2-node cluster always runs
+    run.add(testbed + _qemu_test_figures(QEMU_TEST_TIMINGS))
+    return run
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--skip-cold-image",
+        action="store_true",
+        help="do not time a cold image build (saves about 1.5 minutes)",
+    )
+    p.add_argument(
+        "--boot-nodes",
+        default="1,2,4",
+        help="cluster sizes whose boot-to-SSH time is measured (default 1,2,4)",
+    )
+    p.add_argument("--accel", choices=("auto", "tcg", "kvm"), default=None)
