@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from obmm import abi
 from obmm.abi import ffi
@@ -27,6 +27,8 @@ DEFAULT_DEVICE = "/dev/obmm"
 SHMDEV_DIR = "/dev"
 SHMDEV_SYSFS = "/sys/devices/obmm"
 EID_LEN = 16
+
+_Self = TypeVar("_Self", bound="_Closable")
 
 PROT_READ = mmap_mod.PROT_READ
 PROT_WRITE = mmap_mod.PROT_WRITE
@@ -59,6 +61,24 @@ def _eid(value: bytes, name: str) -> bytes:
     return value.ljust(EID_LEN, b"\0")
 
 
+class _Closable:
+    """Context-manager protocol for objects with an idempotent `close()`."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
 class _Blobs:
     """Keeps the priv / vendor_info buffers alive while an ioctl reads them."""
 
@@ -73,7 +93,7 @@ class _Blobs:
         return buf
 
 
-class Obmm:
+class Obmm(_Closable):
     """`/dev/obmm`, opened read-write; use as a context manager."""
 
     def __init__(self, path: str = DEFAULT_DEVICE) -> None:
@@ -87,17 +107,6 @@ class Obmm:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-    def __enter__(self) -> Obmm:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def ioctl(self, name: str, arg: abi.CData) -> int:
         """A raw ioctl of the header on this device (for crafted inputs)."""
@@ -319,7 +328,7 @@ class Obmm:
         self.ioctl("OBMM_CMD_UNDECLARE_PREIMPORT", cmd)
 
 
-class Mapping:
+class Mapping(_Closable):
     """One mmap of a shmdev; `buf` is a writable memoryview of it until `close()`."""
 
     def __init__(self, addr: int, length: int) -> None:
@@ -359,24 +368,13 @@ class Mapping:
         if abi.libc().munmap(ffi.cast("void *", self.addr), self.length) != 0:
             raise ObmmError("MUNMAP", ffi.errno)
 
-    def __enter__(self) -> Mapping:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 def _as_off_t(offset: int) -> int:
     """The mmap offset as the signed 64-bit off_t C passes (bit 63 is the PMD flag)."""
     return offset - (1 << 64) if offset >= 1 << 63 else offset
 
 
-class ShmDev:
+class ShmDev(_Closable):
     """`/dev/obmm_shmdev<mem_id>`: cacheable, or write-combine with `sync=True` (O_SYNC)."""
 
     def __init__(
@@ -430,14 +428,3 @@ class ShmDev:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-    def __enter__(self) -> ShmDev:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
