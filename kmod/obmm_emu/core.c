@@ -121,6 +121,7 @@ static void __exit obmm_emu_exit(void)
 	obmm_shmdev_exit();
 	obmm_fabric_exit();
 	obmm_imports_exit();
+	obmm_exports_exit();
 	obmm_regions_exit();
 }
 

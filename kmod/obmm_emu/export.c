@@ -6,12 +6,15 @@
 
 #include <linux/hugetlb.h>
 #include <linux/io.h>
+#include <linux/jiffies.h>
+#include <linux/list.h>
 #include <linux/mm.h>
 #include <linux/nodemask.h>
 #include <linux/overflow.h>
 #include <linux/pid.h>
 #include <linux/pid_namespace.h>
 #include <linux/random.h>
+#include <linux/sched.h>
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/topology.h>
@@ -251,6 +254,18 @@ static int obmm_pid_check_memsegs(struct obmm_region *r)
 	return 0;
 }
 
+/* Whether [pa, pa + size) is the export (an import can reach it). */
+static bool obmm_pid_pages_contig(struct obmm_region *r)
+{
+	phys_addr_t first = page_to_phys(r->pages[0]);
+	unsigned long i;
+
+	for (i = 1; i < r->npages; i++)
+		if (page_to_phys(r->pages[i]) != first + i * PAGE_SIZE)
+			return false;
+	return true;
+}
+
 static struct mm_struct *obmm_pid_get_mm(pid_t nr)
 {
 	struct task_struct *task;
@@ -272,11 +287,100 @@ static struct mm_struct *obmm_pid_get_mm(pid_t nr)
 	return mm;
 }
 
-static void obmm_pid_unpin(struct obmm_region *r, unsigned long npinned)
+static void obmm_pages_unpin(struct page **pages, unsigned long npinned,
+			     struct mm_struct *mm)
 {
 	if (npinned)
-		unpin_user_pages_dirty_lock(r->pages, npinned, true);
-	atomic64_sub(npinned, &r->mm->pinned_vm);
+		unpin_user_pages_dirty_lock(pages, npinned, true);
+	atomic64_sub(npinned, &mm->pinned_vm);
+}
+
+static void obmm_pid_unpin(struct obmm_region *r, unsigned long npinned)
+{
+	obmm_pages_unpin(r->pages, npinned, r->mm);
+}
+
+/*
+ * Unexported EXPORT_PID pages stay pinned for the pool's quarantine time,
+ * like pool memory: an importer that has not yet noticed the withdrawal
+ * must not reach pages the kernel has handed to someone else.
+ */
+struct obmm_pid_quarantine {
+	struct list_head link;
+	struct page **pages;
+	unsigned long npages;
+	struct mm_struct *mm;
+	unsigned long release_at;
+};
+
+static LIST_HEAD(obmm_pid_quarantine_list);
+static DEFINE_MUTEX(obmm_pid_quarantine_lock);
+static void obmm_pid_quarantine_fn(struct work_struct *work);
+static DECLARE_DELAYED_WORK(obmm_pid_quarantine_work, obmm_pid_quarantine_fn);
+
+static void obmm_pid_release(struct obmm_pid_quarantine *q)
+{
+	obmm_pages_unpin(q->pages, q->npages, q->mm);
+	kvfree(q->pages);
+	mmdrop(q->mm);
+	kfree(q);
+}
+
+/* Release the entries whose time has come (all with @all). */
+static void obmm_pid_quarantine_run(bool all)
+{
+	struct obmm_pid_quarantine *q, *tmp;
+	unsigned long now = jiffies, next = 0;
+	LIST_HEAD(done);
+
+	mutex_lock(&obmm_pid_quarantine_lock);
+	list_for_each_entry_safe(q, tmp, &obmm_pid_quarantine_list, link) {
+		if (all || time_after_eq(now, q->release_at))
+			list_move_tail(&q->link, &done);
+		else if (!next || q->release_at - now < next)
+			next = q->release_at - now;
+	}
+	mutex_unlock(&obmm_pid_quarantine_lock);
+	list_for_each_entry_safe(q, tmp, &done, link) {
+		list_del(&q->link);
+		obmm_pid_release(q);
+	}
+	if (next && !all)
+		schedule_delayed_work(&obmm_pid_quarantine_work, next);
+}
+
+static void obmm_pid_quarantine_fn(struct work_struct *work)
+{
+	obmm_pid_quarantine_run(false);
+}
+
+static void obmm_pid_quarantine_add(struct obmm_region *r)
+{
+	struct obmm_pid_quarantine *q = kmalloc(sizeof(*q), GFP_KERNEL);
+	unsigned long delay = obmm_pool_quarantine_jiffies();
+
+	if (!q) {
+		/* No memory for the entry: wait here instead. */
+		schedule_timeout_uninterruptible(delay);
+		obmm_pid_unpin(r, r->npages);
+		kvfree(r->pages);
+		mmdrop(r->mm);
+		return;
+	}
+	q->pages = r->pages;
+	q->npages = r->npages;
+	q->mm = r->mm;
+	q->release_at = jiffies + delay;
+	mutex_lock(&obmm_pid_quarantine_lock);
+	list_add_tail(&q->link, &obmm_pid_quarantine_list);
+	mutex_unlock(&obmm_pid_quarantine_lock);
+	schedule_delayed_work(&obmm_pid_quarantine_work, delay);
+}
+
+void obmm_exports_exit(void)
+{
+	cancel_delayed_work_sync(&obmm_pid_quarantine_work);
+	obmm_pid_quarantine_run(true);
 }
 
 static int obmm_pid_pin(struct obmm_region *r, unsigned long va)
@@ -350,6 +454,7 @@ long obmm_export_pid_ioctl(void __user *uarg)
 
 	/* No shmdev access to user memory: mem_cap stays 0. */
 	r->pa = page_to_phys(r->pages[0]);
+	r->phys_contig = obmm_pid_pages_contig(r);
 	r->mem_cap = 0;
 	memcpy(r->deid, cmd.deid, sizeof(r->deid));
 	ret = obmm_export_finish(r);
@@ -381,9 +486,9 @@ static void obmm_export_teardown(struct obmm_region *r)
 	obmm_ctl_withdraw_export(r);
 	obmm_shmdev_unpublish(r);
 	if (r->from_user) {
-		obmm_pid_unpin(r, r->npages);
-		kvfree(r->pages);
-		mmdrop(r->mm);
+		obmm_pid_quarantine_add(r);
+		r->pages = NULL;
+		r->mm = NULL;
 	} else {
 		obmm_pool_free(r->pa, r->size);
 	}

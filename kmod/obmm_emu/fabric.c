@@ -26,8 +26,10 @@
 #define OBMM_EMU_IVSHMEM_BAR		2
 #define OBMM_EMU_CTL_SLOT		0x0f
 #define OBMM_EMU_WIN_SLOT0		0x10
-#define OBMM_EMU_DEFAULT_HEARTBEAT_MS	1000
+#define OBMM_EMU_DEFAULT_HEARTBEAT_MS	250
 #define OBMM_EMU_MIN_HEARTBEAT_MS	10
+/* Seqcount read attempts before an entry counts as unreadable. */
+#define OBMM_EMU_CTL_READ_TRIES		1000
 
 static unsigned int cna;
 module_param(cna, uint, 0444);
@@ -39,7 +41,7 @@ MODULE_PARM_DESC(eid, "EID (first 32 bits) of this node's UB controller (default
 
 static unsigned int heartbeat_ms = OBMM_EMU_DEFAULT_HEARTBEAT_MS;
 module_param(heartbeat_ms, uint, 0444);
-MODULE_PARM_DESC(heartbeat_ms, "Control-region heartbeat period in ms (default 1000)");
+MODULE_PARM_DESC(heartbeat_ms, "Control-region heartbeat period in ms (default 250)");
 
 struct obmm_fabric {
 	bool enabled;
@@ -110,6 +112,32 @@ bool obmm_fabric_validate_pa(u32 scna, phys_addr_t start, u64 len)
 	return false;
 }
 
+/*
+ * The node whose window holds all of [start, start + len), and the offset
+ * of start in that node's memory; -1 when no single window holds it.
+ */
+int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset)
+{
+	const struct obmm_emu_window *w;
+	int j;
+
+	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
+		w = &fab.win[j];
+		if (w->present && start >= w->base &&
+		    start - w->base < w->size &&
+		    len <= w->size - (start - w->base)) {
+			*offset = start - w->base;
+			return j;
+		}
+	}
+	return -1;
+}
+
+u64 obmm_fabric_boot_id(void)
+{
+	return fab.boot_id;
+}
+
 u64 obmm_fabric_make_uba(phys_addr_t pa)
 {
 	return OBMM_EMU_UBA_VALID |
@@ -123,11 +151,73 @@ static struct obmm_emu_ctl_node *obmm_ctl_node(int node)
 	       node * OBMM_EMU_CTL_NODE_STRIDE;
 }
 
-static struct obmm_emu_ctl_export *obmm_ctl_record(int slot)
+static struct obmm_emu_ctl_export *obmm_ctl_node_record(int node, int slot)
 {
 	return fab.ctl + OBMM_EMU_CTL_RECORDS_OFF +
-	       ((size_t)obmm_emu_node_id * OBMM_EMU_CTL_RECORDS_PER_NODE +
+	       ((size_t)node * OBMM_EMU_CTL_RECORDS_PER_NODE +
 		slot) * OBMM_EMU_CTL_RECORD_SIZE;
+}
+
+static struct obmm_emu_ctl_export *obmm_ctl_record(int slot)
+{
+	return obmm_ctl_node_record(obmm_emu_node_id, slot);
+}
+
+/*
+ * Seqcount reader side on shared memory: copy an entry whose first field
+ * is its seq, retrying while the owner rewrites it.  False when the entry
+ * stayed odd or kept changing (its owner died mid-write, or is stalled).
+ */
+static bool obmm_ctl_read(const void *entry, void *out, size_t len)
+{
+	const __le32 *seqp = entry;
+	u32 before, after;
+	int tries;
+
+	for (tries = 0; tries < OBMM_EMU_CTL_READ_TRIES; tries++) {
+		before = le32_to_cpu(READ_ONCE(*seqp));
+		if (before & 1) {
+			cpu_relax();
+			continue;
+		}
+		/* The data must be read after the seq that validates it. */
+		rmb();
+		memcpy(out, entry, len);
+		/* ... and before the seq that confirms it did not change. */
+		rmb();
+		after = le32_to_cpu(READ_ONCE(*seqp));
+		if (before == after)
+			return true;
+	}
+	return false;
+}
+
+bool obmm_ctl_read_node(int node, struct obmm_emu_ctl_node *out)
+{
+	if (!fab.ctl || node < 0 || node >= OBMM_EMU_MAX_NODES)
+		return false;
+	return obmm_ctl_read(obmm_ctl_node(node), out, sizeof(*out));
+}
+
+bool obmm_ctl_read_record(int node, int slot, struct obmm_emu_ctl_export *out)
+{
+	if (!fab.ctl || node < 0 || node >= OBMM_EMU_MAX_NODES ||
+	    slot < 0 || slot >= OBMM_EMU_CTL_RECORDS_PER_NODE)
+		return false;
+	return obmm_ctl_read(obmm_ctl_node_record(node, slot), out,
+			     sizeof(*out));
+}
+
+/* Unlocked peek at a record's state, to skip free slots quickly. */
+u32 obmm_ctl_record_state(int node, int slot)
+{
+	struct obmm_emu_ctl_export *rec;
+
+	if (!fab.ctl || node < 0 || node >= OBMM_EMU_MAX_NODES ||
+	    slot < 0 || slot >= OBMM_EMU_CTL_RECORDS_PER_NODE)
+		return OBMM_EMU_REC_FREE;
+	rec = obmm_ctl_node_record(node, slot);
+	return le32_to_cpu(READ_ONCE(rec->state));
 }
 
 /* Seqcount writer side on shared memory: odd while the entry changes. */
@@ -222,6 +312,8 @@ void obmm_ctl_publish_export(struct obmm_region *r)
 	flags = (u32)r->export_flags;
 	if (r->from_user)
 		flags |= OBMM_EMU_REC_FLAG_FROM_USER;
+	if (r->from_user && !r->phys_contig)
+		flags |= OBMM_EMU_REC_FLAG_SCATTERED;
 
 	obmm_ctl_write_begin(&rec->seq);
 	rec->generation = cpu_to_le64(le64_to_cpu(rec->generation) + 1);
@@ -254,6 +346,8 @@ void obmm_ctl_withdraw_export(struct obmm_region *r)
 	clear_bit(r->record_slot, fab.rec_used);
 	r->record_slot = -1;
 	mutex_unlock(&fab.rec_lock);
+	/* Loopback importers of this export need not wait for the scan. */
+	obmm_access_kick();
 }
 
 /* Withdraw whatever a previous incarnation of this node left behind. */
@@ -372,6 +466,7 @@ int obmm_fabric_init(void)
 	schedule_delayed_work(&fab.heartbeat_work,
 			      msecs_to_jiffies(heartbeat_ms));
 	fab.enabled = true;
+	obmm_access_init();
 	return 0;
 
 err_unmap:
@@ -385,6 +480,7 @@ err_put:
 void obmm_fabric_exit(void)
 {
 	if (fab.enabled) {
+		obmm_access_exit();
 		cancel_delayed_work_sync(&fab.heartbeat_work);
 		obmm_ctl_node_update(OBMM_EMU_NODE_OFFLINE);
 		obmm_pool_exit();

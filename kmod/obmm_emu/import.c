@@ -6,6 +6,10 @@
  * which stock kernels lack: every argument check is made as the real
  * driver makes it, then the hot-add step fails with -EOPNOTSUPP.  So no
  * preimport range is ever registered.
+ *
+ * After the real driver's checks, an ALLOW_MMAP import must pass the
+ * emulated UMMU check of access.c (-EACCES); the revocation scan then
+ * walks the import ranges (obmm_imports_revoke_scan()).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -15,6 +19,7 @@
 #include <linux/proc_fs.h>
 #include <linux/seq_file.h>
 #include <linux/slab.h>
+#include <linux/sysfs.h>
 #include <linux/uaccess.h>
 
 #include "obmm_emu.h"
@@ -117,6 +122,65 @@ static void obmm_range_remove(struct obmm_region *r)
 		}
 	}
 	mutex_unlock(&obmm_import_mutex);
+}
+
+/* Put a fully made import under the revocation scan. */
+static void obmm_range_track(struct obmm_region *r)
+{
+	mutex_lock(&obmm_import_mutex);
+	r->tracked = true;
+	mutex_unlock(&obmm_import_mutex);
+}
+
+/*
+ * The revocation scan: revoke every import whose export is gone.  A
+ * revoked import that is still mapped is zapped again on every scan, so a
+ * mapping that raced with the revocation (set up by an mmap that passed
+ * its check before the region was marked) cannot survive it.
+ */
+void obmm_imports_revoke_scan(void)
+{
+	struct obmm_import_range *ir;
+	struct obmm_region *r;
+	const char *why;
+	bool mapped;
+
+	mutex_lock(&obmm_import_mutex);
+	list_for_each_entry(ir, &obmm_import_ranges, link) {
+		r = ir->region;
+		if (!r->tracked)
+			continue;
+		if (r->revoked) {
+			mutex_lock(&r->mmap_lock);
+			mapped = r->mmap_count;
+			mutex_unlock(&r->mmap_lock);
+			if (mapped)
+				obmm_shmdev_revoke(r);
+			continue;
+		}
+		why = obmm_access_dep_lost(&r->dep);
+		if (!why)
+			continue;
+		obmm_shmdev_revoke(r);
+		pr_info("import mem_id %d revoked: %s (node %d record %d)\n",
+			r->id, why, r->dep.node, r->dep.slot);
+	}
+	mutex_unlock(&obmm_import_mutex);
+}
+
+/* /sys/kernel/obmm_emu/revoked: mem_ids of revoked imports. */
+ssize_t obmm_imports_show_revoked(char *buf)
+{
+	struct obmm_import_range *ir;
+	ssize_t len = 0;
+
+	mutex_lock(&obmm_import_mutex);
+	list_for_each_entry(ir, &obmm_import_ranges, link)
+		if (ir->region->tracked && ir->region->revoked)
+			len += sysfs_emit_at(buf, len, "%d ", ir->region->id);
+	mutex_unlock(&obmm_import_mutex);
+	len += sysfs_emit_at(buf, len, "\n");
+	return len;
 }
 
 static bool obmm_base_dist_invalid(u8 base_dist)
@@ -250,6 +314,11 @@ long obmm_import_ioctl(void __user *uarg)
 		ret = obmm_import_numa(r, &cmd);
 		goto err_iomem;
 	}
+	/* Emulated UMMU: a live export with this tokenid must cover it. */
+	ret = obmm_access_check_import(cmd.addr, cmd.length, cmd.tokenid,
+				       &r->dep);
+	if (ret)
+		goto err_iomem;
 
 	r->pa = cmd.addr;
 	r->size = cmd.length;
@@ -263,6 +332,7 @@ long obmm_import_ioctl(void __user *uarg)
 	if (ret)
 		goto err_iomem;
 	obmm_region_activate(r);
+	obmm_range_track(r);
 
 	cmd.mem_id = r->id;
 	cmd.numa_id = r->numa_id;

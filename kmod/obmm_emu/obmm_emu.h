@@ -46,6 +46,18 @@
 /* UB token ids are 20 bits wide. */
 #define OBMM_EMU_TOKENID_MASK		GENMASK(19, 0)
 
+/*
+ * The export record an import depends on (emulated UMMU check): the
+ * exporter's node, its record slot, and the generation and boot id the
+ * record had when the import was made.
+ */
+struct obmm_export_dep {
+	int node;
+	int slot;
+	u64 generation;
+	u64 boot_id;
+};
+
 enum obmm_region_type {
 	OBMM_REGION_EXPORT,
 	OBMM_REGION_IMPORT,
@@ -85,6 +97,10 @@ struct obmm_region {
 	enum obmm_mmap_mode mmap_mode;
 	unsigned int mmap_count;
 	bool ownership_init;
+	/* import only: access revoked, new mmaps fail and PTEs are zapped */
+	bool revoked;
+	/* inode whose i_mapping every open file of the region uses */
+	struct inode *map_inode;
 
 	/* export */
 	phys_addr_t pa;
@@ -99,6 +115,7 @@ struct obmm_region {
 	unsigned long npages;
 	struct mm_struct *mm;
 	int record_slot;
+	bool phys_contig;	/* EXPORT_PID: pages physically contiguous */
 
 	/* import */
 	struct resource ubmem_res;	/* "DIRECT_IMPORT_UBMEM" in iomem */
@@ -109,6 +126,8 @@ struct obmm_region {
 	int numa_id;
 	bool numa_remote;
 	bool preimport;
+	struct obmm_export_dep dep;
+	bool tracked;		/* under the revocation scan */
 };
 
 static inline struct obmm_region *to_obmm_region(struct device *dev)
@@ -148,11 +167,14 @@ void obmm_pool_stats(u64 *total, u64 *used, u64 *cleared, u64 *uncleared);
 phys_addr_t obmm_pool_base(void);
 u64 obmm_pool_size(void);
 int obmm_pool_parse_params(void);
+u64 obmm_pool_quarantined(void);
+unsigned long obmm_pool_quarantine_jiffies(void);
 
 /* export.c */
 long obmm_export_ioctl(void __user *uarg);
 long obmm_export_pid_ioctl(void __user *uarg);
 long obmm_unexport_ioctl(void __user *uarg);
+void obmm_exports_exit(void);
 
 /* import.c */
 long obmm_import_ioctl(void __user *uarg);
@@ -161,6 +183,8 @@ long obmm_declare_preimport_ioctl(void __user *uarg);
 long obmm_undeclare_preimport_ioctl(void __user *uarg);
 int obmm_imports_init(void);
 void obmm_imports_exit(void);
+void obmm_imports_revoke_scan(void);
+ssize_t obmm_imports_show_revoked(char *buf);
 
 /* shmdev.c */
 int obmm_shmdev_init(void);
@@ -168,6 +192,7 @@ void obmm_shmdev_exit(void);
 int obmm_shmdev_publish(struct obmm_region *r);
 void obmm_shmdev_unpublish(struct obmm_region *r);
 struct device *obmm_shmdev_root(void);
+void obmm_shmdev_revoke(struct obmm_region *r);
 
 /* fabric.c */
 struct obmm_emu_window {
@@ -188,6 +213,21 @@ bool obmm_fabric_validate_pa(u32 scna, phys_addr_t start, u64 len);
 u64 obmm_fabric_make_uba(phys_addr_t pa);
 void obmm_ctl_publish_export(struct obmm_region *r);
 void obmm_ctl_withdraw_export(struct obmm_region *r);
+int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset);
+u64 obmm_fabric_boot_id(void);
+bool obmm_ctl_read_node(int node, struct obmm_emu_ctl_node *out);
+bool obmm_ctl_read_record(int node, int slot,
+			  struct obmm_emu_ctl_export *out);
+u32 obmm_ctl_record_state(int node, int slot);
+
+/* access.c: emulated UMMU access control and revocation */
+void obmm_access_init(void);
+void obmm_access_exit(void);
+void obmm_access_kick(void);
+unsigned int obmm_access_scan_ms(void);
+int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
+			     struct obmm_export_dep *dep);
+const char *obmm_access_dep_lost(const struct obmm_export_dep *dep);
 
 /* sysfs.c */
 extern const struct attribute_group *obmm_export_groups[];

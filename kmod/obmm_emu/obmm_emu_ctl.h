@@ -51,6 +51,11 @@
 
 /* export-record flags: OBMM_EXPORT_FLAG_* in the low bits, plus */
 #define OBMM_EMU_REC_FLAG_FROM_USER	BIT(16)
+/*
+ * EXPORT_PID memory that is not physically contiguous: [pa, pa + size)
+ * is not the export, so no import can be made of it.
+ */
+#define OBMM_EMU_REC_FLAG_SCATTERED	BIT(17)
 
 /*
  * UBA of an export: bit 48 set (so a UBA is never 0), exporter node id in

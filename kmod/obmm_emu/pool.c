@@ -6,13 +6,21 @@
  * physically contiguous runs of mem_allocator_granu bytes.  Freed memory
  * is zeroed by a background worker; export zeroes any granule that is
  * still dirty before handing it out.
+ *
+ * Unexported memory first sits in quarantine for quarantine_ms (at least
+ * four revocation-scan periods): importers on other nodes notice the
+ * withdrawn export record at their next scan and zap their mappings, so
+ * none of them can read the memory once it is zeroed and exported again.
+ * No cross-VM lock is involved; the bound is a time bound (README.md).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/bitmap.h>
 #include <linux/io.h>
+#include <linux/jiffies.h>
 #include <linux/ioport.h>
 #include <linux/log2.h>
+#include <linux/minmax.h>
 #include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/moduleparam.h>
@@ -56,6 +64,15 @@ module_param(mem_allocator_granu, charp, 0440);
 MODULE_PARM_DESC(mem_allocator_granu,
 		 "Pool granule (memseg size), power of two >= 2M (default 2M)");
 
+#define OBMM_EMU_DEFAULT_QUARANTINE_MS	1000
+/* quarantine_ms is raised to at least this many revocation-scan periods */
+#define OBMM_EMU_QUARANTINE_MIN_SCANS	4
+
+static unsigned int quarantine_ms = OBMM_EMU_DEFAULT_QUARANTINE_MS;
+module_param(quarantine_ms, uint, 0444);
+MODULE_PARM_DESC(quarantine_ms,
+		 "Time in ms unexported memory waits before reuse (default 1000, min 4 revoke_scan_ms)");
+
 struct obmm_pool_state {
 	bool present;
 	int nid;
@@ -66,9 +83,14 @@ struct obmm_pool_state {
 	unsigned long nr_used;
 	unsigned long *used_map;
 	unsigned long *dirty_map;
+	/* quarantined granules stay set in used_map until release_at */
+	unsigned long *quarantine_map;
+	unsigned long *release_at;	/* jiffies, per granule */
+	unsigned long nr_quarantined;
 	struct resource *res;
 	struct mutex lock;	/* protects the bitmaps and counters */
 	struct work_struct zero_work;
+	struct delayed_work quarantine_work;
 };
 
 static struct obmm_pool_state the_pool = {
@@ -181,6 +203,64 @@ static unsigned long obmm_pool_find(unsigned long n, bool fast)
  * -EINVAL for a size that is not a multiple of the granule, -ENOMEM when
  * the pool cannot satisfy it (FAST: only already-cleared memory counts).
  */
+/*
+ * Return expired quarantined granules to the free pool; pool lock held.
+ * Returns the jiffies until the next expiry, 0 when none is left.
+ */
+static unsigned long obmm_pool_release_quarantine(void)
+{
+	unsigned long i, now = jiffies, next = 0, left;
+	bool released = false;
+
+	for_each_set_bit(i, the_pool.quarantine_map, the_pool.nr) {
+		if (time_after_eq(now, the_pool.release_at[i])) {
+			clear_bit(i, the_pool.quarantine_map);
+			clear_bit(i, the_pool.used_map);
+			the_pool.nr_quarantined--;
+			released = true;
+			continue;
+		}
+		left = the_pool.release_at[i] - now;
+		if (!next || left < next)
+			next = left;
+	}
+	if (released)
+		schedule_work(&the_pool.zero_work);
+	return next;
+}
+
+static void obmm_pool_quarantine_work(struct work_struct *work)
+{
+	unsigned long next;
+
+	mutex_lock(&the_pool.lock);
+	next = obmm_pool_release_quarantine();
+	mutex_unlock(&the_pool.lock);
+	if (next)
+		schedule_delayed_work(&the_pool.quarantine_work, next);
+}
+
+/*
+ * Free space that only quarantine withholds: wait for it (at most
+ * quarantine_ms) instead of failing.  Pool lock held; dropped while
+ * sleeping.  True when something was released.
+ */
+static bool obmm_pool_wait_quarantine(unsigned long n)
+{
+	unsigned long next;
+
+	if (n > the_pool.nr - the_pool.nr_used || !the_pool.nr_quarantined)
+		return false;
+	next = obmm_pool_release_quarantine();
+	if (next) {
+		mutex_unlock(&the_pool.lock);
+		schedule_timeout_uninterruptible(next);
+		mutex_lock(&the_pool.lock);
+		obmm_pool_release_quarantine();
+	}
+	return true;
+}
+
 int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa)
 {
 	unsigned long n, idx, i;
@@ -197,10 +277,15 @@ int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa)
 		ret = -ENOMEM;
 		goto out;
 	}
-	idx = obmm_pool_find(n, fast);
-	if (idx >= the_pool.nr) {
-		ret = -ENOMEM;
-		goto out;
+	for (;;) {
+		idx = obmm_pool_find(n, fast);
+		if (idx < the_pool.nr)
+			break;
+		/* FAST takes cleared memory only: quarantine cannot help. */
+		if (fast || !obmm_pool_wait_quarantine(n)) {
+			ret = -ENOMEM;
+			goto out;
+		}
 	}
 	for (i = idx; i < idx + n; i++) {
 		if (!test_bit(i, the_pool.dirty_map))
@@ -223,12 +308,40 @@ void obmm_pool_free(phys_addr_t pa, u64 size)
 	unsigned long idx = (pa - the_pool.base) / the_pool.granu;
 	unsigned long n = size / the_pool.granu;
 
+	unsigned long release = jiffies + msecs_to_jiffies(quarantine_ms);
+	unsigned long i;
+
 	mutex_lock(&the_pool.lock);
-	bitmap_clear(the_pool.used_map, idx, n);
+	/* Still set in used_map: quarantined until release. */
+	for (i = idx; i < idx + n; i++) {
+		set_bit(i, the_pool.quarantine_map);
+		the_pool.release_at[i] = release;
+	}
 	bitmap_set(the_pool.dirty_map, idx, n);
 	the_pool.nr_used -= n;
+	the_pool.nr_quarantined += n;
 	mutex_unlock(&the_pool.lock);
-	schedule_work(&the_pool.zero_work);
+	schedule_delayed_work(&the_pool.quarantine_work,
+			      msecs_to_jiffies(quarantine_ms));
+}
+
+unsigned long obmm_pool_quarantine_jiffies(void)
+{
+	return msecs_to_jiffies(max(quarantine_ms,
+				    OBMM_EMU_QUARANTINE_MIN_SCANS *
+				    obmm_access_scan_ms()));
+}
+
+u64 obmm_pool_quarantined(void)
+{
+	u64 bytes;
+
+	if (!the_pool.present)
+		return 0;
+	mutex_lock(&the_pool.lock);
+	bytes = (u64)the_pool.nr_quarantined * the_pool.granu;
+	mutex_unlock(&the_pool.lock);
+	return bytes;
 }
 
 void obmm_pool_stats(u64 *total, u64 *used, u64 *cleared, u64 *uncleared)
@@ -241,7 +354,8 @@ void obmm_pool_stats(u64 *total, u64 *used, u64 *cleared, u64 *uncleared)
 			dirty_free++;
 	*total = (u64)the_pool.nr * the_pool.granu;
 	*used = (u64)the_pool.nr_used * the_pool.granu;
-	*uncleared = (u64)dirty_free * the_pool.granu;
+	*uncleared = (u64)(dirty_free + the_pool.nr_quarantined) *
+		     the_pool.granu;
 	*cleared = *total - *used - *uncleared;
 	mutex_unlock(&the_pool.lock);
 }
@@ -269,7 +383,10 @@ int obmm_pool_init(phys_addr_t win_size)
 
 	mutex_init(&the_pool.lock);
 	INIT_WORK(&the_pool.zero_work, obmm_pool_zero_work);
+	INIT_DELAYED_WORK(&the_pool.quarantine_work, obmm_pool_quarantine_work);
 	the_pool.nid = first_online_node;
+	quarantine_ms = max(quarantine_ms, OBMM_EMU_QUARANTINE_MIN_SCANS *
+			    obmm_access_scan_ms());
 
 	ram_end = virt_to_phys(high_memory - 1) + 1;
 	base = pool_base ? pool_base : ram_end;
@@ -294,7 +411,11 @@ int obmm_pool_init(phys_addr_t win_size)
 	the_pool.nr = the_pool.size / the_pool.granu;
 	the_pool.used_map = bitmap_zalloc(the_pool.nr, GFP_KERNEL);
 	the_pool.dirty_map = bitmap_zalloc(the_pool.nr, GFP_KERNEL);
-	if (!the_pool.used_map || !the_pool.dirty_map) {
+	the_pool.quarantine_map = bitmap_zalloc(the_pool.nr, GFP_KERNEL);
+	the_pool.release_at = kcalloc(the_pool.nr, sizeof(*the_pool.release_at),
+				      GFP_KERNEL);
+	if (!the_pool.used_map || !the_pool.dirty_map ||
+	    !the_pool.quarantine_map || !the_pool.release_at) {
 		ret = -ENOMEM;
 		goto err;
 	}
@@ -306,6 +427,8 @@ int obmm_pool_init(phys_addr_t win_size)
 		&the_pool.base, the_pool.size, the_pool.granu, the_pool.nid);
 	return 0;
 err:
+	kfree(the_pool.release_at);
+	bitmap_free(the_pool.quarantine_map);
 	bitmap_free(the_pool.used_map);
 	bitmap_free(the_pool.dirty_map);
 	release_mem_region(the_pool.base, the_pool.size);
@@ -317,8 +440,11 @@ void obmm_pool_exit(void)
 {
 	if (!the_pool.present)
 		return;
+	cancel_delayed_work_sync(&the_pool.quarantine_work);
 	cancel_work_sync(&the_pool.zero_work);
 	the_pool.present = false;
+	kfree(the_pool.release_at);
+	bitmap_free(the_pool.quarantine_map);
 	bitmap_free(the_pool.used_map);
 	bitmap_free(the_pool.dirty_map);
 	release_mem_region(the_pool.base, the_pool.size);

@@ -4,6 +4,7 @@
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/fs.h>
 #include <linux/idr.h>
 #include <linux/io.h>
 #include <linux/mm.h>
@@ -20,6 +21,7 @@ static void obmm_region_release(struct device *dev)
 {
 	struct obmm_region *r = to_obmm_region(dev);
 
+	iput(r->map_inode);
 	mutex_destroy(&r->mmap_lock);
 	kfree(r);
 }

@@ -42,8 +42,43 @@ static int obmm_shm_open(struct inode *inode, struct file *file)
 		obmm_region_put(r);
 		return -EPERM;
 	}
+	/*
+	 * Every file of the region maps through one address_space (that of
+	 * the first inode it was opened by, held until the region is freed),
+	 * so that revocation finds every mapping with unmap_mapping_range().
+	 */
+	mutex_lock(&r->mmap_lock);
+	if (!r->map_inode)
+		r->map_inode = igrab(inode);
+	if (r->map_inode)
+		file->f_mapping = r->map_inode->i_mapping;
+	else
+		err = -ENXIO;
+	mutex_unlock(&r->mmap_lock);
+	if (err) {
+		obmm_region_put(r);
+		return err;
+	}
 	file->private_data = r;
 	return 0;
+}
+
+/*
+ * Revoke an import (access.c decided its export is gone): new mmaps fail
+ * with -ENXIO and every present user PTE is zapped, so the next access
+ * faults into obmm_vm_fault(): SIGBUS.  Called again while the region
+ * stays mapped, to catch a mapping whose mmap raced with the revocation.
+ */
+void obmm_shmdev_revoke(struct obmm_region *r)
+{
+	struct inode *inode;
+
+	mutex_lock(&r->mmap_lock);
+	r->revoked = true;
+	inode = r->map_inode;
+	mutex_unlock(&r->mmap_lock);
+	if (inode)
+		unmap_mapping_range(inode->i_mapping, 0, 0, 1);
 }
 
 static int obmm_shm_release(struct inode *inode, struct file *file)
@@ -78,7 +113,10 @@ static void obmm_vm_close(struct vm_area_struct *vma)
 
 static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
 {
-	/* Every page is installed at mmap time; a fault is an error. */
+	/*
+	 * Every page is installed at mmap time; a fault is an error, or an
+	 * access after revocation zapped the PTEs.
+	 */
 	return VM_FAULT_SIGBUS;
 }
 
@@ -200,6 +238,11 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	}
 	if (r->mmap_count && r->mmap_mode != mode) {
 		ret = -EPERM;
+		goto out;
+	}
+	/* Emulator: the export of a revoked import is gone. */
+	if (r->revoked) {
+		ret = -ENXIO;
 		goto out;
 	}
 

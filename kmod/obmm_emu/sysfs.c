@@ -448,6 +448,23 @@ static ssize_t control_size_show(struct kobject *kobj,
 static struct kobj_attribute obmm_emu_ctl_size_attr =
 	__ATTR_RO(control_size);
 
+static ssize_t revoked_show(struct kobject *kobj, struct kobj_attribute *attr,
+			    char *buf)
+{
+	return obmm_imports_show_revoked(buf);
+}
+
+static struct kobj_attribute obmm_emu_revoked_attr = __ATTR_RO(revoked);
+
+static ssize_t quarantined_show(struct kobject *kobj,
+				struct kobj_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "0x%llx\n", obmm_pool_quarantined());
+}
+
+static struct kobj_attribute obmm_emu_quarantined_attr =
+	__ATTR_RO(quarantined);
+
 static struct attribute *obmm_emu_attrs[] = {
 	&obmm_emu_node_id_attr.attr,
 	&obmm_emu_cna_attr.attr,
@@ -457,6 +474,8 @@ static struct attribute *obmm_emu_attrs[] = {
 	&obmm_emu_pool_size_attr.attr,
 	&obmm_emu_ctl_base_attr.attr,
 	&obmm_emu_ctl_size_attr.attr,
+	&obmm_emu_revoked_attr.attr,
+	&obmm_emu_quarantined_attr.attr,
 	NULL,
 };
 

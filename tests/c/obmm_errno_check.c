@@ -96,8 +96,18 @@ static unsigned long long pa_of(unsigned long long id)
 	return q.pa;
 }
 
+/* tokenid of export id (sysfs), for the emulated UMMU check at IMPORT */
+static unsigned int token_of(unsigned long long id)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path),
+		 "/sys/devices/obmm/obmm_shmdev%llu/export_info/tokenid", id);
+	return (unsigned int)obmm_read_sysfs_ull(path);
+}
+
 static void import_init(struct obmm_cmd_import *c, unsigned long long addr,
-			unsigned long len)
+			unsigned long len, unsigned int tokenid)
 {
 	memset(c, 0, sizeof(*c));
 	c->flags = OBMM_IMPORT_FLAG_ALLOW_MMAP;
@@ -105,6 +115,7 @@ static void import_init(struct obmm_cmd_import *c, unsigned long long addr,
 	c->length = len;
 	c->scna = cna;
 	c->numa_id = -1;
+	c->tokenid = tokenid;
 }
 
 static int do_import(struct obmm_cmd_import *c)
@@ -187,20 +198,39 @@ static void test_export(void)
 	unexport(id2);
 }
 
+/*
+ * obmm_emu keeps unexported memory out of the pool for quarantine_ms
+ * (revocation of importers); wait until it is all back.
+ */
+static void wait_quarantine(void)
+{
+	int i;
+
+	for (i = 0; i < 200; i++) {
+		if (!obmm_read_sysfs_ull(OBMM_EMU_SYSFS "/quarantined"))
+			return;
+		usleep(50000);
+	}
+}
+
 static void test_zeroed(void)
 {
-	unsigned long long id = export_ok(OBMM_SZ_2M,
-					  OBMM_EXPORT_FLAG_ALLOW_MMAP), id2;
-	unsigned long long pa = pa_of(id);
-	int fd = shm_open_id(id, O_RDWR), bad = 0;
+	unsigned long long id, id2, pa;
+	int fd, bad = 0;
 	unsigned char *p;
 	size_t i;
+
+	wait_quarantine();
+	id = export_ok(OBMM_SZ_2M, OBMM_EXPORT_FLAG_ALLOW_MMAP);
+	pa = pa_of(id);
+	fd = shm_open_id(id, O_RDWR);
 
 	p = mmap(NULL, OBMM_SZ_2M, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	memset(p, 0xa5, OBMM_SZ_2M);
 	munmap(p, OBMM_SZ_2M);
 	close(fd);
 	unexport(id);
+	wait_quarantine();
 	id2 = export_ok(OBMM_SZ_2M, OBMM_EXPORT_FLAG_ALLOW_MMAP);
 	fd = shm_open_id(id2, O_RDWR);
 	p = mmap(NULL, OBMM_SZ_2M, PROT_READ, MAP_SHARED, fd, 0);
@@ -307,7 +337,9 @@ static void test_unexport_unimport(void)
 	munmap(p, OBMM_SZ_2M);
 	check("UNIMPORT of an export", unimport(id), EINVAL);
 
-	import_init(&ic, win_base + pa_of(id), OBMM_SZ_2M);
+	import_init(&ic, win_base + pa_of(id), OBMM_SZ_2M, token_of(id) ^ 1);
+	check("IMPORT wrong tokenid (emulated UMMU)", do_import(&ic), EACCES);
+	import_init(&ic, win_base + pa_of(id), OBMM_SZ_2M, token_of(id));
 	check("IMPORT loopback ok", do_import(&ic), 0);
 	check("UNEXPORT of an import", unexport(ic.mem_id), EINVAL);
 	check("UNIMPORT mem_id 0", unimport(0), ENOENT);
@@ -333,8 +365,9 @@ static void test_import(void)
 	unsigned long long id = export_ok(4 * OBMM_SZ_2M,
 					  OBMM_EXPORT_FLAG_ALLOW_MMAP);
 	unsigned long long addr = win_base + pa_of(id);
+	unsigned int tok = token_of(id);
 
-	import_init(&c, addr, OBMM_SZ_2M);
+	import_init(&c, addr, OBMM_SZ_2M, tok);
 	c.flags = 0x8;
 	check("IMPORT flags 0x8", do_import(&c), EINVAL);
 	c.flags = 0;
@@ -343,43 +376,48 @@ static void test_import(void)
 	check("IMPORT ALLOW_MMAP|NUMA_REMOTE", do_import(&c), EINVAL);
 	c.flags = OBMM_IMPORT_FLAG_ALLOW_MMAP | OBMM_IMPORT_FLAG_PREIMPORT;
 	check("IMPORT PREIMPORT without NUMA_REMOTE", do_import(&c), EINVAL);
-	import_init(&c, addr, OBMM_SZ_2M);
+	import_init(&c, addr, OBMM_SZ_2M, tok);
 	c.priv_len = OBMM_MAX_PRIV_LEN + 1;
 	c.priv = priv;
 	check("IMPORT priv_len 513", do_import(&c), EINVAL);
-	import_init(&c, addr, 0);
+	import_init(&c, addr, 0, tok);
 	check("IMPORT length 0", do_import(&c), EINVAL);
-	import_init(&c, addr + SZ_4K, OBMM_SZ_2M);
+	import_init(&c, addr + SZ_4K, OBMM_SZ_2M, tok);
 	check("IMPORT addr unaligned", do_import(&c), EINVAL);
-	import_init(&c, addr, OBMM_SZ_2M + SZ_4K);
+	import_init(&c, addr, OBMM_SZ_2M + SZ_4K, tok);
 	check("IMPORT length unaligned", do_import(&c), EINVAL);
-	import_init(&c, 0, OBMM_SZ_2M);
+	import_init(&c, 0, OBMM_SZ_2M, tok);
 	check("IMPORT addr 0", do_import(&c), EINVAL);
-	import_init(&c, -OBMM_SZ_2M, 2 * OBMM_SZ_2M);
+	import_init(&c, -OBMM_SZ_2M, 2 * OBMM_SZ_2M, tok);
 	check("IMPORT addr+length overflow", do_import(&c), EINVAL);
-	import_init(&c, addr, OBMM_SZ_2M);
+	import_init(&c, addr, OBMM_SZ_2M, tok);
 	c.flags = OBMM_IMPORT_FLAG_NUMA_REMOTE;
 	c.base_dist = 5;
 	check("IMPORT NUMA_REMOTE base_dist 5", do_import(&c), EINVAL);
-	import_init(&c, addr, OBMM_SZ_2M);
+	import_init(&c, addr, OBMM_SZ_2M, tok);
 	c.scna = cna + 1;
 	check("IMPORT unknown scna", do_import(&c), ENODEV);
-	import_init(&c, OBMM_SZ_2M, OBMM_SZ_2M);
+	import_init(&c, OBMM_SZ_2M, OBMM_SZ_2M, tok);
 	check("IMPORT non-UB memory (guest RAM)", do_import(&c), EINVAL);
-	import_init(&c, addr, OBMM_SZ_2M);
+	import_init(&c, addr, OBMM_SZ_2M, tok);
 	c.flags = OBMM_IMPORT_FLAG_NUMA_REMOTE;
 	check("IMPORT NUMA_REMOTE (emulator: unsupported)", do_import(&c),
 	      EOPNOTSUPP);
 	c.flags = OBMM_IMPORT_FLAG_NUMA_REMOTE | OBMM_IMPORT_FLAG_PREIMPORT;
 	check("IMPORT PREIMPORT without declaration", do_import(&c), EFAULT);
+	import_init(&c, addr, OBMM_SZ_2M, tok ^ 1);
+	check("IMPORT wrong tokenid (emulated UMMU)", do_import(&c), EACCES);
+	import_init(&c, win_base + SZ_128M, OBMM_SZ_2M, tok);
+	check("IMPORT range not exported (emulated UMMU)", do_import(&c),
+	      EACCES);
 
-	import_init(&c, addr, 2 * OBMM_SZ_2M);
+	import_init(&c, addr, 2 * OBMM_SZ_2M, tok);
 	check("IMPORT 4M ok", do_import(&c), 0);
 	check("IMPORT numa_id out = -1", c.numa_id == -1 ? 0 :
 	      (errno = EIO, -1), 0);
-	import_init(&c2, addr + OBMM_SZ_2M, 2 * OBMM_SZ_2M);
+	import_init(&c2, addr + OBMM_SZ_2M, 2 * OBMM_SZ_2M, tok);
 	check("IMPORT overlapping", do_import(&c2), EEXIST);
-	import_init(&c2, addr + 2 * OBMM_SZ_2M, 2 * OBMM_SZ_2M);
+	import_init(&c2, addr + 2 * OBMM_SZ_2M, 2 * OBMM_SZ_2M, tok);
 	check("IMPORT adjacent ok", do_import(&c2), 0);
 	unimport(c2.mem_id);
 	unimport(c.mem_id);
@@ -418,7 +456,7 @@ static void test_addr_query(void)
 	check("ADDR_QUERY BY_PA unknown", query(0, 0, 0, OBMM_SZ_2M, &q),
 	      ENOENT);
 	check("ADDR_QUERY key_type 2", query(2, id, 0, 0, &q), EINVAL);
-	import_init(&ic, win_base + pa - 0x1234, 2 * OBMM_SZ_2M);
+	import_init(&ic, win_base + pa - 0x1234, 2 * OBMM_SZ_2M, token_of(id));
 	do_import(&ic);
 	check("ADDR_QUERY BY_PA import",
 	      query(0, 0, 0, ic.addr + 0x10, &q), 0);
@@ -452,6 +490,8 @@ static int preimport(unsigned long cmd, unsigned long long pa,
 static void test_preimport(void)
 {
 	unsigned long long pa = win_base + SZ_128M;
+	unsigned long long id = export_ok(OBMM_SZ_2M, OBMM_EXPORT_FLAG_ALLOW_MMAP);
+	unsigned long long xpa = win_base + pa_of(id);
 	struct obmm_cmd_import ic;
 
 	check("DECLARE pa unaligned",
@@ -475,12 +515,14 @@ static void test_preimport(void)
 	check("DECLARE non-UB memory",
 	      preimport(OBMM_CMD_DECLARE_PREIMPORT, SZ_128M, SZ_128M, 0, cna,
 			0), EINVAL);
-	import_init(&ic, pa, OBMM_SZ_2M);
+	/* the direct import needs a live export (emulated UMMU check) */
+	import_init(&ic, xpa, OBMM_SZ_2M, token_of(id));
 	do_import(&ic);
 	check("DECLARE overlapping a direct import",
-	      preimport(OBMM_CMD_DECLARE_PREIMPORT, pa, SZ_128M, 0, cna, 0),
-	      EEXIST);
+	      preimport(OBMM_CMD_DECLARE_PREIMPORT, xpa & ~(SZ_128M - 1),
+			SZ_128M, 0, cna, 0), EEXIST);
 	unimport(ic.mem_id);
+	unexport(id);
 	check("DECLARE valid (emulator: no numa_remote)",
 	      preimport(OBMM_CMD_DECLARE_PREIMPORT, pa, SZ_128M, 0, cna, 0),
 	      EOPNOTSUPP);

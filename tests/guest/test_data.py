@@ -48,7 +48,7 @@ def test_import_at_offset_sees_the_right_bytes(dev: obmm.Obmm, fabric: Fabric) -
             for i in range(4):
                 em.write(i * SZ_2M, f"chunk {i}".encode())
         addr = fabric.loopback_addr(dev, exp.mem_id, 2 * SZ_2M)
-        imp = dev.import_(addr, SZ_2M, scna=fabric.cna)
+        imp = dev.import_(addr, SZ_2M, scna=fabric.cna, tokenid=exp.tokenid)
         try:
             with obmm.ShmDev(imp.mem_id) as s, s.mmap(SZ_2M) as m:
                 assert m.read(0, 7) == b"chunk 2"

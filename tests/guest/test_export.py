@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -224,12 +225,22 @@ def test_pool_used_accounts_export(dev: obmm.Obmm) -> None:
     assert pool_used() == before
 
 
+def wait_quarantine_drained(timeout: float = 10.0) -> None:
+    """obmm_emu keeps unexported memory out of the pool for quarantine_ms (revocation)."""
+    path = Path("/sys/kernel/obmm_emu/quarantined")
+    deadline = time.monotonic() + timeout
+    while path.exists() and int(path.read_text(), 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_exported_memory_is_zeroed(dev: obmm.Obmm) -> None:
     """Dirty a region, give it back, take the same memory again: it reads as zeros."""
+    wait_quarantine_drained()  # so that both exports take the lowest free granule
     with exported(dev) as exp:
         pa = dev.query_pa_by_memid(exp.mem_id)
         with obmm.ShmDev(exp.mem_id) as shm, shm.mmap(SZ_2M) as m:
             m.write(0, b"\xa5" * SZ_2M)
+    wait_quarantine_drained()
     with exported(dev) as exp2:
         assert dev.query_pa_by_memid(exp2.mem_id) == pa
         with obmm.ShmDev(exp2.mem_id) as shm, shm.mmap(SZ_2M) as m:

@@ -9,10 +9,11 @@ management software).
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from obmm_fixtures import SZ_2M, SZ_4K, Fabric, expect_errno, exported
+from obmm_fixtures import SZ_2M, SZ_4K, Fabric, expect_errno, exported, pool_total, pool_used
 
 import obmm
 from obmm import abi
@@ -28,10 +29,21 @@ NUMA = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE
 
 
 @pytest.fixture
-def target(dev: obmm.Obmm, fabric: Fabric) -> int:
-    """Decoder address of a live 8 MiB export of this node."""
+def live(dev: obmm.Obmm, fabric: Fabric) -> Iterator[tuple[int, int]]:
+    """Decoder address and tokenid of a live 8 MiB export of this node."""
     with exported(dev, 4 * SZ_2M) as exp:
-        yield fabric.loopback_addr(dev, exp.mem_id)
+        yield fabric.loopback_addr(dev, exp.mem_id), exp.tokenid
+
+
+@pytest.fixture
+def target(live: tuple[int, int]) -> int:
+    return live[0]
+
+
+@pytest.fixture
+def token(live: tuple[int, int]) -> int:
+    """The tokenid of the `target` export (the emulated UMMU check needs it)."""
+    return live[1]
 
 
 @pytest.mark.parametrize(
@@ -129,38 +141,53 @@ def test_range_past_window_end_is_einval(dev: obmm.Obmm, fabric: Fabric) -> None
     expect_errno(errno.EINVAL, dev.import_, end - SZ_2M, 2 * SZ_2M, scna=fabric.cna)
 
 
-def test_overlap_is_eexist(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
-    imp = dev.import_(target, 2 * SZ_2M, scna=fabric.cna)
+def test_overlap_is_eexist(dev: obmm.Obmm, fabric: Fabric, target: int, token: int) -> None:
+    imp = dev.import_(target, 2 * SZ_2M, scna=fabric.cna, tokenid=token)
     try:
-        expect_errno(errno.EEXIST, dev.import_, target + SZ_2M, 2 * SZ_2M, scna=fabric.cna)
-        expect_errno(errno.EEXIST, dev.import_, target, SZ_2M, scna=fabric.cna)
-        adj = dev.import_(target + 2 * SZ_2M, SZ_2M, scna=fabric.cna)
+        expect_errno(
+            errno.EEXIST, dev.import_, target + SZ_2M, 2 * SZ_2M, scna=fabric.cna, tokenid=token
+        )
+        expect_errno(errno.EEXIST, dev.import_, target, SZ_2M, scna=fabric.cna, tokenid=token)
+        adj = dev.import_(target + 2 * SZ_2M, SZ_2M, scna=fabric.cna, tokenid=token)
         dev.unimport(adj.mem_id)
     finally:
         dev.unimport(imp.mem_id)
 
 
-def test_overlap_checked_before_ub_validation(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+def test_overlap_checked_before_ub_validation(dev: obmm.Obmm, fabric: Fabric) -> None:
     """EEXIST (maple tree) comes before the window check: an overlapping range that also
-    runs past the window is EEXIST."""
+    runs past the window is EEXIST.  The live import sits in the last granule of the
+    export pool (the whole free pool is exported to reach it)."""
+    free = pool_total() - pool_used()
     end = fabric.window_base() + fabric.window_size()
-    imp = dev.import_(end - SZ_2M, SZ_2M, scna=fabric.cna)
-    try:
-        expect_errno(errno.EEXIST, dev.import_, end - SZ_2M, 2 * SZ_2M, scna=fabric.cna)
-    finally:
-        dev.unimport(imp.mem_id)
+    with exported(dev, free) as exp:
+        last = fabric.loopback_addr(dev, exp.mem_id, free - SZ_2M)
+        if last + SZ_2M != fabric.window_base() + fabric.pool_base + fabric.pool_size:
+            pytest.skip("the free pool is not one run up to its end")
+        imp = dev.import_(last, SZ_2M, scna=fabric.cna, tokenid=exp.tokenid)
+        try:
+            length = end - last + SZ_2M
+            expect_errno(errno.EEXIST, dev.import_, last, length, scna=fabric.cna)
+            expect_errno(errno.EINVAL, dev.import_, last + SZ_2M, length, scna=fabric.cna)
+        finally:
+            dev.unimport(imp.mem_id)
 
 
-def test_range_free_again_after_unimport(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
-    imp = dev.import_(target, SZ_2M, scna=fabric.cna)
+def test_range_free_again_after_unimport(
+    dev: obmm.Obmm, fabric: Fabric, target: int, token: int
+) -> None:
+    imp = dev.import_(target, SZ_2M, scna=fabric.cna, tokenid=token)
     dev.unimport(imp.mem_id)
-    imp = dev.import_(target, SZ_2M, scna=fabric.cna)
+    imp = dev.import_(target, SZ_2M, scna=fabric.cna, tokenid=token)
     dev.unimport(imp.mem_id)
 
 
-def test_failed_import_leaves_no_range(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
+def test_failed_import_leaves_no_range(
+    dev: obmm.Obmm, fabric: Fabric, target: int, token: int
+) -> None:
     expect_errno(errno.EOPNOTSUPP, dev.import_, target, SZ_2M, scna=fabric.cna, flags=NUMA)
-    imp = dev.import_(target, SZ_2M, scna=fabric.cna)
+    expect_errno(errno.EACCES, dev.import_, target, SZ_2M, scna=fabric.cna, tokenid=token ^ 1)
+    imp = dev.import_(target, SZ_2M, scna=fabric.cna, tokenid=token)
     dev.unimport(imp.mem_id)
 
 
@@ -175,8 +202,8 @@ def test_preimport_without_declaration_is_efault(
     expect_errno(errno.EFAULT, dev.import_, target, SZ_2M, scna=fabric.cna, flags=NUMA | PRE)
 
 
-def test_import_outputs(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
-    imp = dev.import_(target, 2 * SZ_2M, scna=fabric.cna, numa_id=3)
+def test_import_outputs(dev: obmm.Obmm, fabric: Fabric, target: int, token: int) -> None:
+    imp = dev.import_(target, 2 * SZ_2M, scna=fabric.cna, tokenid=token, numa_id=3)
     try:
         assert imp.mem_id >= 1
         assert imp.numa_id == -1  # NUMA_NO_NODE for ALLOW_MMAP imports
@@ -188,8 +215,8 @@ def iomem_lines() -> list[str]:
     return Path("/proc/iomem").read_text().splitlines()
 
 
-def test_import_claims_iomem(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
-    imp = dev.import_(target, SZ_2M, scna=fabric.cna)
+def test_import_claims_iomem(dev: obmm.Obmm, fabric: Fabric, target: int, token: int) -> None:
+    imp = dev.import_(target, SZ_2M, scna=fabric.cna, tokenid=token)
     try:
         rng = f"{target:x}-{target + SZ_2M - 1:x}"
         lines = [ln.strip() for ln in iomem_lines()]

@@ -11,7 +11,7 @@ import errno
 from pathlib import Path
 
 import pytest
-from obmm_fixtures import SZ_2M, SZ_128M, Fabric, expect_errno
+from obmm_fixtures import SZ_2M, SZ_128M, Fabric, expect_errno, exported
 
 import obmm
 
@@ -78,14 +78,16 @@ def test_pa_zero_is_einval(dev: obmm.Obmm, fabric: Fabric, block: int) -> None:
     expect_errno(errno.EINVAL, dev.declare_preimport, 0, block, scna=fabric.cna)
 
 
-def test_overlap_with_direct_import_is_eexist(
-    dev: obmm.Obmm, fabric: Fabric, pa: int, block: int
-) -> None:
-    imp = dev.import_(pa, SZ_2M, scna=fabric.cna)
-    try:
-        expect_errno(errno.EEXIST, dev.declare_preimport, pa, block, scna=fabric.cna)
-    finally:
-        dev.unimport(imp.mem_id)
+def test_overlap_with_direct_import_is_eexist(dev: obmm.Obmm, fabric: Fabric, block: int) -> None:
+    # The direct import needs a live export with its tokenid (emulated UMMU check).
+    with exported(dev) as exp:
+        addr = fabric.loopback_addr(dev, exp.mem_id)
+        imp = dev.import_(addr, SZ_2M, scna=fabric.cna, tokenid=exp.tokenid)
+        try:
+            start = addr // block * block
+            expect_errno(errno.EEXIST, dev.declare_preimport, start, block, scna=fabric.cna)
+        finally:
+            dev.unimport(imp.mem_id)
 
 
 def test_non_ub_memory_is_einval(dev: obmm.Obmm, fabric: Fabric, block: int) -> None:

@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * obmm_emu: the access control a UMMU enforces on hardware, emulated from
+ * the control region.
+ *
+ * IMPORT: after every check of the real driver, the range must lie in one
+ * node's window and be covered by one live export record of that node
+ * with the import's tokenid, published by the node's current boot, while
+ * the node's heartbeat is fresh; else -EACCES.  The import remembers the
+ * record (node, slot, generation, boot id).
+ *
+ * Revocation: every revoke_scan_ms a delayed work re-reads the node table
+ * and, for every import, its record.  An import whose record was withdrawn
+ * or re-used (state or generation changed), whose exporter rebooted (boot
+ * id changed), went offline, or whose heartbeat did not change for
+ * heartbeat_misses of the exporter's heartbeat periods, is revoked: its
+ * user mappings are zapped (the next access faults: SIGBUS) and new
+ * mmaps fail.  No cross-VM lock is taken: entries are read seqcount-style.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/jiffies.h>
+#include <linux/minmax.h>
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+#include <linux/mutex.h>
+#include <linux/workqueue.h>
+
+#include "obmm_emu.h"
+
+#define OBMM_EMU_DEFAULT_SCAN_MS	50
+#define OBMM_EMU_MIN_SCAN_MS		10
+#define OBMM_EMU_MAX_SCAN_MS		1000
+#define OBMM_EMU_DEFAULT_MISSES		8
+#define OBMM_EMU_MIN_MISSES		2
+#define OBMM_EMU_MAX_MISSES		100
+/* Heartbeat period assumed for an entry that publishes none. */
+#define OBMM_EMU_FALLBACK_HB_MS		1000
+/* Cap on a peer's published period (shared memory is not trusted). */
+#define OBMM_EMU_MAX_HB_MS		60000
+
+static unsigned int revoke_scan_ms = OBMM_EMU_DEFAULT_SCAN_MS;
+module_param(revoke_scan_ms, uint, 0444);
+MODULE_PARM_DESC(revoke_scan_ms,
+		 "Period in ms of the import revocation scan (10..1000, default 50)");
+
+static unsigned int heartbeat_misses = OBMM_EMU_DEFAULT_MISSES;
+module_param(heartbeat_misses, uint, 0444);
+MODULE_PARM_DESC(heartbeat_misses,
+		 "A node whose heartbeat did not change for this many of its periods is dead (2..100, default 8)");
+
+/* What this node knows of a peer's liveness (peer_lock). */
+struct obmm_peer {
+	bool seen;
+	bool alive;
+	u64 boot_id;
+	u64 heartbeat;
+	unsigned int heartbeat_ms;
+	unsigned long changed;	/* jiffies when heartbeat last changed */
+};
+
+static struct obmm_peer peers[OBMM_EMU_MAX_NODES];
+static DEFINE_MUTEX(peer_lock);
+static struct delayed_work scan_work;
+static bool scan_running;
+
+unsigned int obmm_access_scan_ms(void)
+{
+	return clamp_t(unsigned int, revoke_scan_ms, OBMM_EMU_MIN_SCAN_MS,
+		       OBMM_EMU_MAX_SCAN_MS);
+}
+
+static unsigned long obmm_peer_timeout(const struct obmm_peer *p)
+{
+	unsigned int ms = p->heartbeat_ms ? p->heartbeat_ms :
+		OBMM_EMU_FALLBACK_HB_MS;
+
+	ms = min_t(unsigned int, ms, OBMM_EMU_MAX_HB_MS);
+	return msecs_to_jiffies(ms) * heartbeat_misses;
+}
+
+/* Refresh peer liveness from the node table; peer_lock held. */
+static void obmm_peers_update(void)
+{
+	struct obmm_emu_ctl_node n;
+	struct obmm_peer *p;
+	u64 hb, boot;
+	int j;
+
+	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
+		p = &peers[j];
+		if (j == obmm_emu_node_id) {
+			p->seen = true;
+			p->alive = true;
+			p->boot_id = obmm_fabric_boot_id();
+			continue;
+		}
+		if (!obmm_fabric_window(j)->present) {
+			p->alive = false;
+			continue;
+		}
+		if (obmm_ctl_read_node(j, &n)) {
+			if (le32_to_cpu(n.state) != OBMM_EMU_NODE_ONLINE) {
+				p->seen = false;
+				p->alive = false;
+				continue;
+			}
+			hb = le64_to_cpu(n.heartbeat);
+			boot = le64_to_cpu(n.boot_id);
+			if (!p->seen || hb != p->heartbeat ||
+			    boot != p->boot_id) {
+				p->seen = true;
+				p->heartbeat = hb;
+				p->boot_id = boot;
+				p->heartbeat_ms = le32_to_cpu(n.heartbeat_ms);
+				p->changed = jiffies;
+			}
+		}
+		/* An unreadable entry is judged by its last change. */
+		p->alive = p->seen &&
+			   time_before(jiffies, p->changed + obmm_peer_timeout(p));
+	}
+}
+
+/* Copy of a peer's state, refreshed first; false if it is not alive. */
+static bool obmm_peer_get(int node, struct obmm_peer *out)
+{
+	mutex_lock(&peer_lock);
+	obmm_peers_update();
+	*out = peers[node];
+	mutex_unlock(&peer_lock);
+	return out->alive;
+}
+
+static bool obmm_record_covers(const struct obmm_emu_ctl_export *rec,
+			       u64 boot_id, u64 off, u64 len, u32 tokenid)
+{
+	u64 pa = le64_to_cpu(rec->pa), size = le64_to_cpu(rec->size);
+
+	if (le32_to_cpu(rec->state) != OBMM_EMU_REC_LIVE ||
+	    le64_to_cpu(rec->boot_id) != boot_id ||
+	    le32_to_cpu(rec->tokenid) != tokenid ||
+	    le32_to_cpu(rec->flags) & OBMM_EMU_REC_FLAG_SCATTERED)
+		return false;
+	return off >= pa && off - pa < size && len <= size - (off - pa);
+}
+
+int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
+			     struct obmm_export_dep *dep)
+{
+	struct obmm_emu_ctl_export rec;
+	struct obmm_peer peer;
+	u64 off;
+	int node, slot;
+
+	node = obmm_fabric_window_node(addr, len, &off);
+	if (node < 0 || !obmm_peer_get(node, &peer))
+		return -EACCES;
+	for (slot = 0; slot < OBMM_EMU_CTL_RECORDS_PER_NODE; slot++) {
+		if (obmm_ctl_record_state(node, slot) != OBMM_EMU_REC_LIVE)
+			continue;
+		if (!obmm_ctl_read_record(node, slot, &rec) ||
+		    !obmm_record_covers(&rec, peer.boot_id, off, len, tokenid))
+			continue;
+		dep->node = node;
+		dep->slot = slot;
+		dep->generation = le64_to_cpu(rec.generation);
+		dep->boot_id = peer.boot_id;
+		return 0;
+	}
+	return -EACCES;
+}
+
+/*
+ * Why the export an import depends on is gone, or NULL while it is live
+ * (or cannot be told this time: an entry being rewritten).  peer_lock held.
+ */
+static const char *obmm_dep_lost_locked(const struct obmm_export_dep *dep)
+{
+	const struct obmm_peer *p = &peers[dep->node];
+	struct obmm_emu_ctl_export rec;
+
+	if (!p->alive)
+		return "exporter node dead or offline";
+	if (p->boot_id != dep->boot_id)
+		return "exporter node rebooted";
+	if (!obmm_ctl_read_record(dep->node, dep->slot, &rec))
+		return NULL;
+	if (le32_to_cpu(rec.state) != OBMM_EMU_REC_LIVE ||
+	    le64_to_cpu(rec.generation) != dep->generation ||
+	    le64_to_cpu(rec.boot_id) != dep->boot_id)
+		return "export withdrawn";
+	return NULL;
+}
+
+const char *obmm_access_dep_lost(const struct obmm_export_dep *dep)
+{
+	const char *why;
+
+	mutex_lock(&peer_lock);
+	why = obmm_dep_lost_locked(dep);
+	mutex_unlock(&peer_lock);
+	return why;
+}
+
+static void obmm_access_scan_fn(struct work_struct *work)
+{
+	mutex_lock(&peer_lock);
+	obmm_peers_update();
+	mutex_unlock(&peer_lock);
+	obmm_imports_revoke_scan();
+	schedule_delayed_work(&scan_work, msecs_to_jiffies(revoke_scan_ms));
+}
+
+/* Scan now (an export of this node was withdrawn). */
+void obmm_access_kick(void)
+{
+	if (READ_ONCE(scan_running))
+		mod_delayed_work(system_wq, &scan_work, 0);
+}
+
+void obmm_access_init(void)
+{
+	revoke_scan_ms = obmm_access_scan_ms();
+	heartbeat_misses = clamp_t(unsigned int, heartbeat_misses,
+				   OBMM_EMU_MIN_MISSES, OBMM_EMU_MAX_MISSES);
+	INIT_DELAYED_WORK(&scan_work, obmm_access_scan_fn);
+	mutex_lock(&peer_lock);
+	obmm_peers_update();
+	mutex_unlock(&peer_lock);
+	WRITE_ONCE(scan_running, true);
+	schedule_delayed_work(&scan_work, msecs_to_jiffies(revoke_scan_ms));
+}
+
+void obmm_access_exit(void)
+{
+	WRITE_ONCE(scan_running, false);
+	cancel_delayed_work_sync(&scan_work);
+}

@@ -1,0 +1,264 @@
+"""Emulated UMMU access control of obmm_emu: the token check at IMPORT and revocation.
+
+On hardware the kernel ignores IMPORT's tokenid and the UMMU faults a bad access
+instead; obmm_emu refuses an import that no live export with that tokenid covers
+(EACCES, after every check the real driver makes) and, when the export is withdrawn
+or its node dies, zaps the importers' mappings so the next access is SIGBUS and a
+new mmap fails with ENXIO.  All of it is emulator-specific (kmod/obmm_emu/FIDELITY.md).
+
+On one node these are loopback imports: the exporter and importer are the same
+kernel, and unexport kicks the revocation scan at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from obmm_fixtures import SZ_2M, SZ_128M, Fabric, expect_errno, exported
+
+import obmm
+from obmm import abi
+
+pytest_plugins = ["obmm_fixtures"]
+
+pytestmark = pytest.mark.emulator_only
+
+NUMA = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE
+REVOKED = Path("/sys/kernel/obmm_emu/revoked")
+QUARANTINED = Path("/sys/kernel/obmm_emu/quarantined")
+# Generous safety bound for any revocation (measured: tens of ms on one node).
+BOUND_S = 5.0
+
+
+def revoked_ids() -> set[int]:
+    return {int(x) for x in REVOKED.read_text().split()}
+
+
+def wait_quarantine_drained(timeout: float = BOUND_S) -> None:
+    deadline = time.monotonic() + timeout
+    while int(QUARANTINED.read_text(), 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def wait_revoked(mem_id: int, timeout: float = BOUND_S) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if mem_id in revoked_ids():
+            return time.monotonic() - start
+        time.sleep(0.01)
+    raise AssertionError(f"import {mem_id} not revoked within {timeout} s")
+
+
+# ---- token check at IMPORT ----
+
+
+def test_wrong_tokenid_is_eacces(dev: obmm.Obmm, fabric: Fabric) -> None:
+    with exported(dev) as exp:
+        addr = fabric.loopback_addr(dev, exp.mem_id)
+        expect_errno(errno.EACCES, dev.import_, addr, SZ_2M, scna=fabric.cna, tokenid=0)
+        bad = exp.tokenid ^ 0x80000
+        expect_errno(errno.EACCES, dev.import_, addr, SZ_2M, scna=fabric.cna, tokenid=bad)
+
+
+def test_unexported_range_is_eacces(dev: obmm.Obmm, fabric: Fabric) -> None:
+    """Inside this node's window but not exported (the kernel's own RAM)."""
+    expect_errno(errno.EACCES, dev.import_, fabric.window_base() + SZ_128M, SZ_2M, scna=fabric.cna)
+
+
+def test_range_past_export_end_is_eacces(dev: obmm.Obmm, fabric: Fabric) -> None:
+    with exported(dev, 2 * SZ_2M) as exp:
+        addr = fabric.loopback_addr(dev, exp.mem_id, SZ_2M)
+        expect_errno(
+            errno.EACCES, dev.import_, addr, 2 * SZ_2M, scna=fabric.cna, tokenid=exp.tokenid
+        )
+
+
+def test_range_spanning_two_exports_is_eacces(dev: obmm.Obmm, fabric: Fabric) -> None:
+    """One live export must cover the whole import, whatever the tokenid."""
+    wait_quarantine_drained()  # so that the two exports are adjacent
+    with exported(dev) as a, exported(dev) as b:
+        pa, pb = (dev.query_pa_by_memid(e.mem_id) for e in (a, b))
+        if pb != pa + SZ_2M:
+            pytest.skip("the two exports are not adjacent")
+        addr = fabric.loopback_addr(dev, a.mem_id)
+        for tok in (a.tokenid, b.tokenid):
+            expect_errno(errno.EACCES, dev.import_, addr, 2 * SZ_2M, scna=fabric.cna, tokenid=tok)
+
+
+def test_subrange_with_tokenid_is_accepted(dev: obmm.Obmm, fabric: Fabric) -> None:
+    with exported(dev, 4 * SZ_2M) as exp:
+        addr = fabric.loopback_addr(dev, exp.mem_id, 2 * SZ_2M)
+        imp = dev.import_(addr, SZ_2M, scna=fabric.cna, tokenid=exp.tokenid)
+        dev.unimport(imp.mem_id)
+
+
+def test_import_of_withdrawn_export_is_eacces(dev: obmm.Obmm, fabric: Fabric) -> None:
+    with exported(dev) as exp:
+        addr = fabric.loopback_addr(dev, exp.mem_id)
+    expect_errno(errno.EACCES, dev.import_, addr, SZ_2M, scna=fabric.cna, tokenid=exp.tokenid)
+
+
+def test_real_checks_come_before_the_token_check(dev: obmm.Obmm, fabric: Fabric) -> None:
+    """ENODEV (scna), EEXIST (overlap) and EOPNOTSUPP (NUMA_REMOTE) win over EACCES."""
+    with exported(dev, 2 * SZ_2M) as exp:
+        addr = fabric.loopback_addr(dev, exp.mem_id)
+        expect_errno(errno.ENODEV, dev.import_, addr, SZ_2M, scna=fabric.cna + 1)
+        expect_errno(errno.EOPNOTSUPP, dev.import_, addr, SZ_2M, scna=fabric.cna, flags=NUMA)
+        imp = dev.import_(addr, SZ_2M, scna=fabric.cna, tokenid=exp.tokenid)
+        try:
+            expect_errno(errno.EEXIST, dev.import_, addr, 2 * SZ_2M, scna=fabric.cna)
+        finally:
+            dev.unimport(imp.mem_id)
+
+
+def test_failed_token_check_leaves_nothing(dev: obmm.Obmm, fabric: Fabric) -> None:
+    with exported(dev) as exp:
+        addr = fabric.loopback_addr(dev, exp.mem_id)
+        iomem = Path("/proc/iomem").read_text()
+        expect_errno(errno.EACCES, dev.import_, addr, SZ_2M, scna=fabric.cna, tokenid=0)
+        assert Path("/proc/iomem").read_text() == iomem
+        imp = dev.import_(addr, SZ_2M, scna=fabric.cna, tokenid=exp.tokenid)
+        dev.unimport(imp.mem_id)
+
+
+# ---- revocation ----
+
+# A reader in its own process: maps the import, checks every read against the
+# pattern the exporter wrote, and runs until the kernel kills it.
+READER = """
+import sys, time
+import obmm
+mem_id, size, pattern = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+shm = obmm.ShmDev(mem_id)
+m = shm.mmap(size)
+assert m.read(0, len(pattern)) == pattern, "import does not show the export's bytes"
+print("ready", flush=True)
+while True:
+    got = m.read(size - len(pattern), len(pattern))
+    if got != pattern:
+        print("STALE", got.hex(), flush=True)
+        sys.exit(3)
+"""
+
+
+def start_reader(mem_id: int, size: int, pattern: bytes) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", READER, str(mem_id), str(size), pattern.hex()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "ready":
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"reader did not start: {line!r} {err}")
+    return proc
+
+
+def write_pattern(mem_id: int, size: int, pattern: bytes) -> None:
+    with obmm.ShmDev(mem_id) as shm, shm.mmap(size) as m:
+        m.write(0, pattern)
+        m.write(size - len(pattern), pattern)
+
+
+def test_unexport_revokes_loopback_import_with_sigbus(dev: obmm.Obmm, fabric: Fabric) -> None:
+    size = 2 * SZ_2M
+    pattern = bytes(range(64))
+    exp = dev.export(size)
+    imp = None
+    try:
+        write_pattern(exp.mem_id, size, pattern)
+        imp = fabric.import_loopback(dev, exp)
+        reader = start_reader(imp.mem_id, size, pattern)
+        try:
+            t0 = time.monotonic()
+            dev.unexport(exp.mem_id)
+            exp = None
+            reader.wait(timeout=BOUND_S + 5)
+            latency = time.monotonic() - t0
+            out, err = reader.communicate()
+        finally:
+            if reader.poll() is None:
+                reader.kill()
+                reader.wait()
+        assert "STALE" not in out, out
+        assert reader.returncode == -signal.SIGBUS, (reader.returncode, out, err)
+        assert latency < BOUND_S, f"revocation took {latency:.3f} s"
+        print(f"loopback unexport -> SIGBUS: {latency * 1000:.1f} ms")
+        assert imp.mem_id in revoked_ids()
+        # A revoked import cannot be mapped again, and unimports cleanly.
+        with obmm.ShmDev(imp.mem_id) as shm:
+            expect_errno(errno.ENXIO, shm.mmap, SZ_2M)
+    finally:
+        gc.collect()
+        if imp is not None:
+            dev.unimport(imp.mem_id)
+        if exp is not None:
+            dev.unexport(exp.mem_id)
+    assert imp.mem_id not in revoked_ids()
+
+
+def test_revoked_import_unimport_waits_for_open_files(dev: obmm.Obmm, fabric: Fabric) -> None:
+    """EBUSY rules still hold for a revoked import: close the fd, then unimport."""
+    exp = dev.export(SZ_2M)
+    imp = fabric.import_loopback(dev, exp)
+    shm = obmm.ShmDev(imp.mem_id)
+    try:
+        dev.unexport(exp.mem_id)
+        wait_revoked(imp.mem_id)
+        expect_errno(errno.EBUSY, dev.unimport, imp.mem_id)
+        expect_errno(errno.ENXIO, shm.mmap, SZ_2M)
+    finally:
+        shm.close()
+    dev.unimport(imp.mem_id)
+
+
+def test_unmapped_import_is_revoked_too(dev: obmm.Obmm, fabric: Fabric) -> None:
+    exp = dev.export(SZ_2M)
+    imp = fabric.import_loopback(dev, exp)
+    try:
+        assert imp.mem_id not in revoked_ids()
+        dev.unexport(exp.mem_id)
+        latency = wait_revoked(imp.mem_id)
+        print(f"loopback unexport -> revoked: {latency * 1000:.1f} ms")
+    finally:
+        dev.unimport(imp.mem_id)
+
+
+def test_reexport_at_same_address_does_not_revive_import(dev: obmm.Obmm, fabric: Fabric) -> None:
+    """A new export of the same memory has a new record generation and tokenid."""
+    exp = dev.export(SZ_2M)
+    imp = fabric.import_loopback(dev, exp)
+    try:
+        dev.unexport(exp.mem_id)
+        wait_revoked(imp.mem_id)
+        with exported(dev) as again:
+            assert imp.mem_id in revoked_ids()
+            with obmm.ShmDev(imp.mem_id) as shm:
+                expect_errno(errno.ENXIO, shm.mmap, SZ_2M)
+            del again
+    finally:
+        dev.unimport(imp.mem_id)
+
+
+def test_unexported_memory_is_quarantined(dev: obmm.Obmm) -> None:
+    """Withdrawn memory is not handed out again before importers can have noticed."""
+    if not QUARANTINED.exists():
+        pytest.skip("no quarantine accounting")
+    exp = dev.export(SZ_2M)
+    pa = dev.query_pa_by_memid(exp.mem_id)
+    dev.unexport(exp.mem_id)
+    assert int(QUARANTINED.read_text(), 0) >= SZ_2M
+    with exported(dev) as other:
+        assert dev.query_pa_by_memid(other.mem_id) != pa
+    wait_quarantine_drained()
+    assert int(QUARANTINED.read_text(), 0) == 0, "quarantine did not drain"
