@@ -45,10 +45,14 @@ host-test: setup-python
 image: setup-python
 	$(VENV)/bin/obmm-testbed image
 
-# Boot the cluster, load the modules, run tests/guest inside it; one host result per guest test.
+# Boot a node, load the modules, run tests/guest inside it; one host result per guest test.
 # image and kmod first so their progress is visible (pytest captures output while collecting).
+# Then the 2-node cluster suite (tests/cluster, boots its own pair); both run even if one fails.
 qemu-test: image kmod
-	$(PYTEST) tests/qemu --junitxml=results/qemu-junit.xml -o junit_logging=all
+	@st=0; \
+	$(PYTEST) tests/qemu --junitxml=results/qemu-junit.xml -o junit_logging=all || st=1; \
+	$(PYTEST) tests/cluster --junitxml=results/cluster-junit.xml -o junit_logging=all || st=1; \
+	exit $$st
 
 # Benchmarks on a QEMU cluster: results in bench-results/<timestamp>/ (JSON, summary.md, PNGs).
 BENCH_ARGS ?=

@@ -23,6 +23,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ RUN_PREFIX = "obmm-testbed-"
 PORT_RETRIES = 3
 QMP_QUIT_TIMEOUT_S = 5.0
 TERM_TIMEOUT_S = 5.0
+HUB_READY_TIMEOUT_S = 15.0
 CONSOLE_TAIL_LINES = 40
 PR_SET_PDEATHSIG = 1
 DEFAULT_NAME = "default"
@@ -228,6 +230,10 @@ class Cluster:
     image: Image
     nodes: list[Node] = field(default_factory=list)
     owner_pid: int | None = None
+    # The inter-node network hub (obmm.testbed.hub) of a multi-node cluster.
+    hub_pid: int | None = None
+    hub_pid_start: int | None = None
+    hub_popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     # -- discovery --------------------------------------------------------------------------
 
@@ -244,6 +250,8 @@ class Cluster:
             "accel": self.accel,
             "image": str(self.image.directory),
             "owner_pid": self.owner_pid,
+            "hub_pid": self.hub_pid,
+            "hub_pid_start": self.hub_pid_start,
             "nodes": [n.to_dict() for n in self.nodes],
             "saved_at": time.time(),
         }
@@ -269,6 +277,8 @@ class Cluster:
             accel=state["accel"],
             image=Image.open(Path(state["image"])),
             owner_pid=state.get("owner_pid"),
+            hub_pid=state.get("hub_pid"),
+            hub_pid_start=state.get("hub_pid_start"),
             nodes=[Node.from_dict(n) for n in state["nodes"]],
         )
 
@@ -318,6 +328,8 @@ class Cluster:
                 rundir.mkdir(mode=0o700, parents=True)
                 logdir.mkdir(parents=True, exist_ok=True)
                 cluster._prepare_files()
+                if topology.nodes > 1:
+                    cluster._start_hub(detach=detach)
                 cluster._launch_all(detach=detach, extra_args=extra_args)
                 cluster.save()
             progress.line(
@@ -360,6 +372,73 @@ class Cluster:
             f.truncate(qemu.CONTROL_SIZE_MIB << 20)
         for i in range(self.topology.nodes):
             create_overlay(self.image, self.rundir / f"node{i}.qcow2")
+
+    def _start_hub(self, *, detach: bool) -> None:
+        """Start the inter-node network hub and wait until its socket exists."""
+        import obmm
+
+        sock = qemu.hub_socket(self.rundir)
+        longest = max(
+            str(sock), str(qemu.net_socket(self.rundir, self.topology.nodes - 1)), key=len
+        )
+        if len(longest) > qemu.MAX_UNIX_PATH:
+            raise ClusterError(
+                f"run directory path too long for a unix socket: {longest} "
+                "(set OBMM_TESTBED_RUN_ROOT to a shorter directory)"
+            )
+        env = dict(os.environ)
+        pkg_root = str(Path(obmm.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+        log_path = self.logdir / "hub.log"
+        with log_path.open("wb") as out:
+            popen = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "obmm.testbed.hub",
+                    str(self.rundir),
+                    str(self.topology.nodes),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=None if detach else _pdeathsig,
+            )
+        self.hub_popen = popen
+        self.hub_pid = popen.pid
+        self.hub_pid_start = _pid_start_time(popen.pid)
+        deadline = time.monotonic() + HUB_READY_TIMEOUT_S
+        while not sock.exists():
+            if popen.poll() is not None or time.monotonic() > deadline:
+                raise ClusterError(
+                    f"the network hub did not start; see {log_path}:\n" + _read_tail(log_path)
+                )
+            time.sleep(0.05)
+
+    def hub_alive(self) -> bool:
+        if self.hub_pid is None:
+            return False
+        if self.hub_popen is not None:
+            return self.hub_popen.poll() is None
+        start = _pid_start_time(self.hub_pid)
+        return start is not None and (self.hub_pid_start is None or start == self.hub_pid_start)
+
+    def _stop_hub(self) -> None:
+        if self.hub_pid is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not self.hub_alive():
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.hub_pid, sig)
+            deadline = time.monotonic() + TERM_TIMEOUT_S
+            while self.hub_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if self.hub_popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.hub_popen.wait(timeout=1)
 
     def _launch_all(
         self, *, detach: bool, extra_args: Callable[[int], Sequence[str]] | None
@@ -483,17 +562,37 @@ class Cluster:
             try:
                 conn.connect(deadline)
             except GuestGone:
+                conn.close()
                 self.check_alive()
                 raise
             except Exception as exc:
+                conn.close()
                 raise ClusterError(
                     f"{node.name}: {exc}\nlast console lines ({node.console_log}):\n"
                     + node.console_tail()
                 ) from exc
+            try:
+                if self.topology.nodes > 1:
+                    self._configure_fabric_net(conn, node)
             finally:
                 conn.close()
             if progress is not None:
                 progress.line(f"{node.name}: ssh ready on 127.0.0.1:{node.ssh_port}")
+
+    def _configure_fabric_net(self, conn: Connection, node: Node) -> None:
+        """Give the node its link-local address on the inter-node NIC."""
+        result = conn.run(qemu.fabric_net_command(node.index), timeout=60)
+        if not result.ok:
+            raise ClusterError(
+                f"{node.name}: cannot configure the inter-node network: {result.err.strip()}"
+            )
+        log.info(
+            "%s: %s is %s on %s",
+            node.name,
+            result.out.strip(),
+            qemu.fabric_ip(node.index),
+            "the inter-node network",
+        )
 
     # -- stop -------------------------------------------------------------------------------
 
@@ -518,6 +617,7 @@ class Cluster:
             if node.popen is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     node.popen.wait(timeout=1)
+        self._stop_hub()
         shutil.rmtree(self.rundir, ignore_errors=True)
 
     @staticmethod

@@ -188,10 +188,14 @@ def _print_cluster(cluster: Cluster) -> None:
     )
     for n in cluster.nodes:
         state = "running" if n.alive() else "DEAD"
+        fabric = f"  net {qemu.fabric_ip(n.index)}" if t.nodes > 1 else ""
         print(
-            f"  node{n.index}: {state:7} pid {n.pid:<7} ssh 127.0.0.1:{n.ssh_port}  "
+            f"  node{n.index}: {state:7} pid {n.pid:<7} ssh 127.0.0.1:{n.ssh_port}{fabric}  "
             f"console {n.console_log}"
         )
+    if t.nodes > 1:
+        hub = "running" if cluster.hub_alive() else "DEAD"
+        print(f"  network hub: {hub} pid {cluster.hub_pid} (unix sockets in {cluster.rundir})")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

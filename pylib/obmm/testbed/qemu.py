@@ -7,7 +7,9 @@ The fabric convention (the emulated driver `obmm_emu.ko` depends on it; see qemu
 node i's RAM is the shared file `<rundir>/node<i>.ram`; every node maps every node's RAM file
 (its own included) as an ivshmem-plain BAR at PCI slot 0x10+j, and the 2 MiB control region
 `<rundir>/control` at slot 0x0f.  The top `pool_mib` of each node's RAM is hidden from the guest
-kernel with `mem=` and is the pool exports are carved from.
+kernel with `mem=` and is the pool exports are carved from.  A cluster of 2+ nodes also gets an
+inter-node guest NIC (slot 0x04) whose frames go over unix datagram sockets to the host-side hub
+(`obmm.testbed.hub`); node i's guest address is the link-local 169.254.100.(10+i)/16.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ CONTROL_SLOT = 0x0F
 WINDOW_SLOT_BASE = 0x10
 NET_SLOT = 0x02
 DISK_SLOT = 0x03
-# Reserved for the inter-node guest network (issue 5): a second NIC at this slot.
+# The inter-node guest network: a second NIC at this slot (multi-node clusters only).
 EXTRA_NIC_SLOT = 0x04
 RNG_SLOT = 0x05
 # q35 keeps guest RAM below 4 GiB contiguous only up to 2 GiB (above that QEMU splits it
@@ -32,6 +34,14 @@ RNG_SLOT = 0x05
 MAX_MEMORY_MIB = 2048
 MIN_MEMORY_MIB = 256
 GRANULE_MIB = 2
+# Inter-node guest network: node i is FABRIC_NET_PREFIX.(FABRIC_NET_HOST_BASE + i)/16 on the NIC
+# with MAC FABRIC_MAC_PREFIX:<i>; link-local, so nothing outside the cluster is ever addressed.
+FABRIC_NET_PREFIX = "169.254.100"
+FABRIC_NET_HOST_BASE = 10
+FABRIC_NET_PREFIXLEN = 16
+FABRIC_MAC_PREFIX = "52:54:00:4f:00"
+# sun_path holds 108 bytes including the terminating NUL.
+MAX_UNIX_PATH = 107
 
 
 class TopologyError(ValueError):
@@ -140,9 +150,38 @@ class NodeLaunch:
     initrd: Path
     accel: str = "tcg"
     qemu_binary: str = "qemu-system-x86_64"
-    # Hook for the inter-node guest network (issue 5) and for debugging: appended verbatim.
+    # Hook for debugging and experiments: appended verbatim.
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     extra_cmdline: tuple[str, ...] = field(default_factory=tuple)
+
+
+def fabric_ip(index: int) -> str:
+    """Node `index`'s address on the inter-node guest network (link-local)."""
+    return f"{FABRIC_NET_PREFIX}.{FABRIC_NET_HOST_BASE + index}"
+
+
+def fabric_mac(index: int) -> str:
+    return f"{FABRIC_MAC_PREFIX}:{index:02x}"
+
+
+def fabric_net_command(index: int) -> str:
+    """Guest shell command that brings up node `index`'s inter-node NIC (found by its MAC)."""
+    mac = fabric_mac(index)
+    addr = f"{fabric_ip(index)}/{FABRIC_NET_PREFIXLEN}"
+    return (
+        "IF=; for d in /sys/class/net/*; do "
+        f'[ "$(cat "$d/address" 2>/dev/null)" = {mac} ] && IF="${{d##*/}}"; done; '
+        f'[ -n "$IF" ] || {{ echo "no NIC with MAC {mac}" >&2; exit 1; }}; '
+        f'ip link set dev "$IF" up && ip addr replace {addr} dev "$IF" && echo "$IF"'
+    )
+
+
+def hub_socket(rundir: Path) -> Path:
+    return rundir / "hub.sock"
+
+
+def net_socket(rundir: Path, index: int) -> Path:
+    return rundir / f"node{index}.net"
 
 
 def ram_file(rundir: Path, index: int) -> Path:
@@ -245,6 +284,16 @@ def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
             "share=on",
             "-device",
             f"ivshmem-plain,memdev=win{j},bus=pcie.0,addr={WINDOW_SLOT_BASE + j:#04x}",
+        ]
+    if topology.nodes > 1:
+        # Frames go to the host-side hub (obmm.testbed.hub) over unix datagram sockets.
+        argv += [
+            "-netdev",
+            f"dgram,id=fabric,local.type=unix,local.path={net_socket(node.rundir, node.index)},"
+            f"remote.type=unix,remote.path={hub_socket(node.rundir)}",
+            "-device",
+            f"virtio-net-pci,netdev=fabric,mac={fabric_mac(node.index)},bus=pcie.0,"
+            f"addr={EXTRA_NIC_SLOT:#04x}",
         ]
     argv += list(node.extra_args)
     return argv

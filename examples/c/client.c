@@ -1,0 +1,341 @@
+// SPDX-License-Identifier: GPL-2.0-or-later
+/*
+ * client - fetch a handle over TCP, import the memory, verify it, time reads.
+ *
+ *   client HOST [--port PORT] [--name NAME] [--addr DECODER_ADDR]
+ *               [--dim D] [--iters N]
+ *
+ * The seed's cross-node flow (scheme 7 client.c), against uapi/ub/obmm.h and
+ * examples/c/obmm_handle.h only:
+ *
+ *   1. GET the handle NAME from HOST:PORT (obmm.exchange protocol version 1)
+ *   2. resolve the decoder address: on the emulator, the window onto the
+ *      exporter's node, /sys/kernel/obmm_emu/windows/<node>/base, plus the
+ *      exporter PA carried in the UBA (bits 0..39); on hardware pass the
+ *      address your decoder programming gives with --addr
+ *   3. OBMM_CMD_IMPORT (ALLOW_MMAP, tokenid from the handle, scna = this
+ *      node's CNA, dcna = the exporter's), mmap /dev/obmm_shmdev<mem_id>
+ *   4. verify float element i == i * 0.001 (sampled, plus row 42)
+ *   5. time random row reads (rows of D floats, 1364 bytes for D = 341)
+ *      and single 4-byte loads; print the latencies
+ *   6. munmap, OBMM_CMD_UNIMPORT
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <netdb.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <ub/obmm.h>
+
+#include "obmm_handle.h"
+
+#define DEFAULT_PORT "13857"
+#define DEFAULT_DIM 341
+#define DEFAULT_ITERS 2000
+#define WARMUP 10
+#define SAMPLE_STRIDE 1021
+#define CHECK_ROW 42
+#define TIMEOUT_S 10
+#define PROTO_HEAD 6
+#define MAX_FRAME 65536
+#define EMU_SYSFS "/sys/kernel/obmm_emu"
+#define UBA_VALID (1ULL << 48)
+#define UBA_NODE_SHIFT 40
+#define UBA_PA_MASK ((1ULL << 40) - 1)
+
+static int read_u64(const char *path, unsigned long long *out)
+{
+	FILE *f = fopen(path, "r");
+	int ok;
+
+	if (!f)
+		return -1;
+	ok = fscanf(f, "%lli", (long long *)out) == 1;
+	fclose(f);
+	return ok ? 0 : -1;
+}
+
+static int io_all(int fd, void *buf, size_t len, int sending)
+{
+	uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = sending ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
+
+		if (n == 0)
+			return -1;
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static int fetch_handle(const char *host, const char *port, const char *name,
+			struct obmm_handle *h)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai;
+	struct timeval tv = { .tv_sec = TIMEOUT_S };
+	uint8_t req[4 + PROTO_HEAD + 256], lenbuf[4], resp[MAX_FRAME];
+	size_t name_len = strlen(name);
+	enum obmm_handle_status st;
+	uint32_t len;
+	int fd, err;
+
+	if (name_len > 255)
+		return -1;
+	err = getaddrinfo(host, port, &hints, &ai);
+	if (err) {
+		fprintf(stderr, "client: %s: %s\n", host, gai_strerror(err));
+		return -1;
+	}
+	fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) ||
+	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) ||
+	    connect(fd, ai->ai_addr, ai->ai_addrlen)) {
+		fprintf(stderr, "client: connect %s:%s: %s\n", host, port, strerror(errno));
+		freeaddrinfo(ai);
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	freeaddrinfo(ai);
+	obmm_put_le(req, PROTO_HEAD + name_len, 4);
+	memcpy(req + 4, "OBMX", 4);
+	req[8] = 1;
+	req[9] = 1; /* GET */
+	memcpy(req + 4 + PROTO_HEAD, name, name_len);
+	if (io_all(fd, req, 4 + PROTO_HEAD + name_len, 1) || io_all(fd, lenbuf, 4, 0))
+		goto io_err;
+	len = (uint32_t)obmm_get_le(lenbuf, 4);
+	if (len < PROTO_HEAD || len > MAX_FRAME || io_all(fd, resp, len, 0))
+		goto io_err;
+	close(fd);
+	if (memcmp(resp, "OBMX", 4) || resp[4] != 1) {
+		fprintf(stderr, "client: %s:%s is not an obmm exchange server\n", host, port);
+		return -1;
+	}
+	if (resp[5] != 0) {
+		fprintf(stderr, "client: server answered status %u: %.*s\n", resp[5],
+			(int)(len - PROTO_HEAD), (const char *)resp + PROTO_HEAD);
+		return -1;
+	}
+	st = obmm_handle_decode(resp + PROTO_HEAD, len - PROTO_HEAD, h);
+	if (st != OBMM_HANDLE_OK) {
+		fprintf(stderr, "client: bad handle: %s\n", obmm_handle_strerror(st));
+		return -1;
+	}
+	return 0;
+io_err:
+	fprintf(stderr, "client: exchange with %s:%s failed: %s\n", host, port,
+		errno ? strerror(errno) : "connection closed");
+	close(fd);
+	return -1;
+}
+
+/* The emulator's decoder: window onto the exporter's node + the exporter PA. */
+static int resolve_emulator(const struct obmm_handle *h, unsigned long long *addr)
+{
+	unsigned long long node, pa, base, size, wnode;
+	char path[128];
+
+	if (!(h->uba & UBA_VALID) || h->uba >> 49) {
+		fprintf(stderr, "client: UBA %#llx is not an obmm_emu UBA; pass --addr\n",
+			(unsigned long long)h->uba);
+		return -1;
+	}
+	node = (h->uba >> UBA_NODE_SHIFT) & 0xff;
+	pa = h->uba & UBA_PA_MASK;
+	snprintf(path, sizeof(path), EMU_SYSFS "/windows/%llu/node", node);
+	if (read_u64(path, &wnode) || wnode != node)
+		goto no_window;
+	snprintf(path, sizeof(path), EMU_SYSFS "/windows/%llu/base", node);
+	if (read_u64(path, &base))
+		goto no_window;
+	snprintf(path, sizeof(path), EMU_SYSFS "/windows/%llu/size", node);
+	if (read_u64(path, &size) || pa + h->length > size) {
+		fprintf(stderr, "client: export is outside the window onto node %llu\n", node);
+		return -1;
+	}
+	*addr = base + pa;
+	return 0;
+no_window:
+	fprintf(stderr, "client: no decoder window onto node %llu (%s); pass --addr\n",
+		node, path);
+	return -1;
+}
+
+static double now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int check(const float *p, size_t i)
+{
+	float want = (float)((double)i * 0.001);
+
+	if (memcmp(&p[i], &want, sizeof(want))) {
+		fprintf(stderr, "client: element %zu is %g, expected %g\n", i, (double)p[i],
+			(double)want);
+		return -1;
+	}
+	return 0;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: client HOST [--port PORT] [--name NAME] [--addr DECODER_ADDR]\n"
+			"              [--dim D] [--iters N]\n");
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	const char *host, *port = DEFAULT_PORT, *name = "region";
+	unsigned long long addr = 0, cna = 0, eid = 0;
+	unsigned long dim = DEFAULT_DIM, iters = DEFAULT_ITERS;
+	struct obmm_cmd_import imp = { 0 };
+	struct obmm_cmd_unimport unimp = { 0 };
+	struct obmm_handle h;
+	int dev, shm, rc = 1, have_addr = 0;
+	size_t n, rows, row_bytes, i, checked = 0;
+	double t0, row_ns = 0, load_ns;
+	volatile float sink = 0;
+	char path[64];
+	uint32_t eid32;
+	float *p, *buf;
+
+	if (argc < 2 || argv[1][0] == '-')
+		usage();
+	host = argv[1];
+	for (int a = 2; a < argc; a++) {
+		if (a + 1 >= argc)
+			usage();
+		if (!strcmp(argv[a], "--port"))
+			port = argv[++a];
+		else if (!strcmp(argv[a], "--name"))
+			name = argv[++a];
+		else if (!strcmp(argv[a], "--addr"))
+			addr = strtoull(argv[++a], NULL, 0), have_addr = 1;
+		else if (!strcmp(argv[a], "--dim"))
+			dim = strtoul(argv[++a], NULL, 0);
+		else if (!strcmp(argv[a], "--iters"))
+			iters = strtoul(argv[++a], NULL, 0);
+		else
+			usage();
+	}
+	if (!dim || !iters)
+		usage();
+	if (fetch_handle(host, port, name, &h))
+		return 1;
+	printf("handle '%s': node %u mem_id %llu length %llu uba %#llx tokenid %#x\n", name,
+	       h.node_id, (unsigned long long)h.mem_id, (unsigned long long)h.length,
+	       (unsigned long long)h.uba, h.tokenid);
+	if (!have_addr && resolve_emulator(&h, &addr))
+		return 1;
+	printf("decoder address %#llx\n", addr);
+
+	/* This node's UB controller, where libobmm reads it. */
+	if (read_u64("/sys/devices/ub_bus_controller0/0/primary_cna", &cna))
+		read_u64(EMU_SYSFS "/cna", &cna);
+	read_u64(EMU_SYSFS "/eid", &eid);
+	eid32 = (uint32_t)eid;
+
+	dev = open("/dev/obmm", O_RDWR | O_CLOEXEC);
+	if (dev < 0) {
+		perror("open /dev/obmm");
+		return 1;
+	}
+	imp.flags = OBMM_IMPORT_FLAG_ALLOW_MMAP;
+	imp.addr = addr;
+	imp.length = h.length;
+	imp.tokenid = h.tokenid;
+	imp.scna = (uint32_t)cna;
+	imp.dcna = h.scna;
+	imp.numa_id = -1;
+	memcpy(imp.seid, &eid32, sizeof(eid32));
+	memcpy(imp.deid, h.seid, sizeof(imp.deid));
+	if (ioctl(dev, OBMM_CMD_IMPORT, &imp)) {
+		perror("OBMM_CMD_IMPORT");
+		goto out_dev;
+	}
+	printf("imported as mem_id %llu\n", (unsigned long long)imp.mem_id);
+
+	snprintf(path, sizeof(path), "/dev/obmm_shmdev%llu", (unsigned long long)imp.mem_id);
+	shm = open(path, O_RDWR | O_CLOEXEC);
+	if (shm < 0) {
+		perror(path);
+		goto out_unimport;
+	}
+	p = mmap(NULL, h.length, PROT_READ | PROT_WRITE, MAP_SHARED, shm, 0);
+	if (p == MAP_FAILED) {
+		perror("mmap");
+		close(shm);
+		goto out_unimport;
+	}
+
+	n = h.length / sizeof(float);
+	row_bytes = dim * sizeof(float);
+	rows = h.length / row_bytes;
+	for (i = 0; i < n; i += SAMPLE_STRIDE, checked++)
+		if (check(p, i))
+			goto out_unmap;
+	for (i = 0; rows > CHECK_ROW && i < 4; i++, checked++)
+		if (check(p, CHECK_ROW * dim + i))
+			goto out_unmap;
+	if (check(p, n - 1))
+		goto out_unmap;
+	printf("verified %zu sampled floats of %zu: OK\n", checked + 1, n);
+
+	buf = malloc(row_bytes);
+	if (!buf || !rows)
+		goto out_unmap;
+	srand(42);
+	for (i = 0; i < WARMUP + iters; i++) {
+		size_t r = (size_t)rand() % rows;
+
+		t0 = now_ns();
+		memcpy(buf, (const char *)p + r * row_bytes, row_bytes);
+		if (i >= WARMUP)
+			row_ns += now_ns() - t0;
+		sink += buf[0];
+	}
+	row_ns /= (double)iters;
+	t0 = now_ns();
+	for (i = 0; i < iters; i++)
+		sink += p[((size_t)rand() % rows) * dim];
+	load_ns = (now_ns() - t0) / (double)iters;
+	free(buf);
+	printf("random row read (%zu B, %zu rows): avg %.0f ns, %.1f MB/s\n", row_bytes, rows,
+	       row_ns, (double)row_bytes / row_ns * 1e3);
+	printf("random 4-byte load: avg %.0f ns\n", load_ns);
+	rc = 0;
+out_unmap:
+	munmap(p, h.length);
+	close(shm);
+out_unimport:
+	unimp.mem_id = imp.mem_id;
+	if (ioctl(dev, OBMM_CMD_UNIMPORT, &unimp)) {
+		perror("OBMM_CMD_UNIMPORT");
+		rc = 1;
+	}
+out_dev:
+	close(dev);
+	return rc;
+}

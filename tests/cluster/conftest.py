@@ -1,0 +1,140 @@
+"""Cluster suite: host-side pytest that orchestrates a multi-node QEMU cluster over SSH.
+
+These tests run on the host (they are not copied into the guests).  One session fixture boots a
+cluster (default: the ``pair`` topology, 2 nodes; ``OBMM_CLUSTER_TOPOLOGY`` overrides), builds and
+loads the modules, copies the package, the guest helpers (``guest_side/xnode.py``) and
+``examples/`` into every node, and hands tests a :class:`ClusterHarness` to run commands and
+Python snippets on node *i*.
+
+Handles travel as in production: the exporter guest publishes them with ``obmm.exchange`` bound
+to its link-local address on the inter-node network, the importer guest fetches them from there.
+
+Kernel-log guard: before each test a marker is written into every node's kernel log; after it,
+each node that is still alive has its messages since the marker scanned with ``obmm.logscan``
+(and its taint mask compared); a report fails the test with the excerpt.
+
+Tests marked ``destroys_cluster`` (killing a node) run last.  Every wait is bounded.
+
+Environment: ``OBMM_CLUSTER_TOPOLOGY`` (default ``pair``), ``OBMM_TESTBED_ACCEL``,
+``OBMM_TESTBED_NAME`` (default ``cluster-test-<pid>``), ``OBMM_TESTBED_RESULTS``, and
+``OBMM_CLUSTER_ATTACH=NAME`` to run against a cluster started with
+``obmm-testbed up --nodes 2 --kmod --name NAME`` instead of booting one (it is left running;
+the node-killing test kills its node 0).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+import pytest
+from xharness import EXAMPLES, HELPERS, ClusterHarness
+
+from obmm.testbed.cluster import Cluster, load_topology
+from obmm.testbed.image import repo_root
+from obmm.testbed.runner import GUEST_ROOT, GuestSession, repo_results_dir
+
+
+def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "destroys_cluster: kills a node; runs last and leaves the cluster degraded"
+    )
+    config.addinivalue_line(
+        "markers",
+        "after_destroys: runs after the destroys_cluster tests (provokes kernel reports)",
+    )
+    if threading.current_thread() is threading.main_thread():
+        # CI cancelling the job unwinds like Ctrl-C, so the cluster is torn down.
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Node-killing tests last; after them only tests that dirty a kernel log on purpose, so no
+    # test that scans a node's whole log sees their reports.
+    def order(item: pytest.Item) -> tuple[bool, bool]:
+        last = item.get_closest_marker("after_destroys") is not None
+        return (last or item.get_closest_marker("destroys_cluster") is not None, last)
+
+    items.sort(key=order)
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The booted, prepared cluster: a new one, or the one named by $OBMM_CLUSTER_ATTACH."""
+    attach = os.environ.get("OBMM_CLUSTER_ATTACH")
+    if attach:
+        # A cluster started with `obmm-testbed up --nodes 2 --kmod --name NAME`; left running.
+        yield Cluster.attach(attach)
+        return
+    name = os.environ.get("OBMM_TESTBED_NAME") or f"cluster-test-{os.getpid()}"
+    results = repo_results_dir()
+    topology = load_topology(os.environ.get("OBMM_CLUSTER_TOPOLOGY") or "pair")
+    if topology.nodes < 2:
+        pytest.exit(f"the cluster suite needs at least 2 nodes, topology has {topology.nodes}")
+    session = GuestSession(
+        topology=topology,
+        name=name,
+        logdir=results / "qemu" / name,
+        results=results,
+        accel=os.environ.get("OBMM_TESTBED_ACCEL"),
+    )
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    try:
+        if capman is not None:
+            with capman.global_and_fixture_disabled():
+                session.boot()
+        else:
+            session.boot()
+        yield session.boot()
+    finally:
+        session.close()
+
+
+@pytest.fixture(scope="session")
+def xc(cluster: Cluster) -> Iterator[ClusterHarness]:
+    """The harness: the booted cluster with the helpers and examples copied in."""
+    harness = ClusterHarness(cluster)
+    root = repo_root()
+    for i in range(harness.nodes):
+        harness.run(i, f"rm -rf {HELPERS} {EXAMPLES} && mkdir -p {HELPERS}")
+        conn = harness.conn(i)
+        conn.put(Path(__file__).parent / "guest_side" / "xnode.py", str(HELPERS / "xnode.py"))
+        conn.put(root / "examples", str(GUEST_ROOT))
+    yield harness
+    harness.close()
+
+
+@pytest.fixture(autouse=True)
+def kernel_log_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    if "xc" not in request.fixturenames:
+        yield
+        return
+    harness: ClusterHarness = request.getfixturevalue("xc")
+    harness.guard_start(request.node.name)
+    yield
+    destroys = request.node.get_closest_marker("destroys_cluster") is not None
+    failures = harness.guard_failures(allow_dead=destroys)
+    if failures:
+        pytest.fail("\n\n".join(failures), pytrace=False)
+
+
+@pytest.fixture
+def guest_tmp(xc: ClusterHarness) -> Iterator[str]:
+    """A per-test directory name under /tmp in the guests (created on every live node)."""
+    path = f"/tmp/xt-{uuid.uuid4().hex[:10]}"
+    for i in range(xc.nodes):
+        if xc.alive(i):
+            xc.run(i, f"mkdir -p {path}")
+    yield path
+    for i in range(xc.nodes):
+        if xc.alive(i):
+            xc.run(i, f"rm -rf {path}", check=False)

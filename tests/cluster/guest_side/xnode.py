@@ -1,0 +1,269 @@
+"""Guest-side helpers of the cluster suite (copied into every node; not a host test module).
+
+The host tests (tests/cluster/test_*.py) drive these over SSH, either as
+``python3 -m xnode COMMAND ...`` (long-running services) or by importing them in short
+snippets.  Everything prints JSON on its last stdout line so the host can parse results.
+
+Runs with the guest's Python (Debian 12: 3.11) and the obmm package from /opt/obmm-testbed/pylib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import obmm
+from obmm import decoder, exchange
+from obmm.handle import Handle
+
+EMU = Path("/sys/kernel/obmm_emu")
+SZ_2M = 2 << 20
+
+
+def read_int(path: Path) -> int:
+    return int(path.read_text().strip(), 0)
+
+
+def node_id() -> int:
+    return read_int(EMU / "node_id")
+
+
+def local_cna() -> int:
+    return read_int(EMU / "cna")
+
+
+def local_eid() -> bytes:
+    """The 16-byte EID of this node's controller, as libobmm builds it."""
+    return read_int(EMU / "eid").to_bytes(4, sys.byteorder).ljust(16, b"\0")
+
+
+def pattern(seed: int, size: int, offset: int = 0) -> bytes:
+    """Deterministic test data: the same bytes on every node for the same seed."""
+    return random.Random(seed).randbytes(offset + size)[offset:]
+
+
+def handle_for(exp: obmm.Export) -> Handle:
+    return Handle(
+        mem_id=exp.mem_id,
+        tokenid=exp.tokenid,
+        length=exp.size,
+        uba=exp.uba,
+        seid=local_eid(),
+        deid=bytes(16),
+        scna=local_cna(),
+        dcna=0,
+        pxm_numa=-1,
+        base_dist=0,
+        node_id=node_id(),
+    )
+
+
+def emit(doc: dict[str, Any]) -> None:
+    print(json.dumps(doc), flush=True)
+
+
+# -- exporter side ---------------------------------------------------------------------------
+
+
+def export_fill(size: int, seed: int) -> Handle:
+    """Export `size` bytes, fill them with pattern(seed), return the handle (export persists)."""
+    with obmm.Obmm() as dev:
+        exp = dev.export(size)
+    with obmm.ShmDev(exp.mem_id) as shm, shm.mmap(size) as m:
+        m.write(0, pattern(seed, size))
+    return handle_for(exp)
+
+
+def unexport(mem_id: int) -> None:
+    with obmm.Obmm() as dev:
+        dev.unexport(mem_id)
+
+
+def read_local(mem_id: int, offset: int, size: int, *, sync: bool = False) -> bytes:
+    with obmm.ShmDev(mem_id, sync=sync) as shm, shm.mmap() as m:
+        return m.read(offset, size)
+
+
+def write_local(mem_id: int, offset: int, data: bytes, *, sync: bool = False) -> None:
+    with obmm.ShmDev(mem_id, sync=sync) as shm, shm.mmap() as m:
+        m.write(offset, data)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Export, fill, publish the handle on the inter-node network until SIGTERM, then unexport.
+
+    SIGUSR1 unexports at once and keeps the process (and the server) running.
+    """
+    handle = export_fill(args.size, args.seed)
+    server = exchange.HandleServer(args.bind, args.port).start()
+    server.publish(args.name, handle)
+    state = {"exported": True}
+
+    def on_usr1(signum: int, frame: object) -> None:
+        if state["exported"]:
+            try:
+                unexport(handle.mem_id)
+            except obmm.ObmmError as exc:
+                Path(args.ready + ".unexported").write_text(f"error: {exc}")
+                return
+            state["exported"] = False
+            Path(args.ready + ".unexported").write_text("ok")
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+    signal.signal(signal.SIGTERM, on_term)
+    doc = {"handle": handle.to_dict(), "address": list(server.address), "pid": os.getpid()}
+    tmp = args.ready + ".tmp"
+    Path(tmp).write_text(json.dumps(doc))
+    os.replace(tmp, args.ready)
+    try:
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        if state["exported"]:
+            unexport(handle.mem_id)
+    return 0
+
+
+# -- importer side ---------------------------------------------------------------------------
+
+
+def fetch(host: str, port: int, name: str) -> Handle:
+    return exchange.fetch(host, port, name, connect_timeout=10, read_timeout=20)
+
+
+def import_handle(handle: Handle, *, tokenid: int | None = None) -> obmm.Import:
+    """Resolve the decoder address of `handle` and import it (the region persists)."""
+    addr = decoder.EmulatorDecoder().resolve(handle.node_id, handle.uba, handle.length)
+    with obmm.Obmm() as dev:
+        return dev.import_(
+            addr,
+            handle.length,
+            scna=local_cna(),
+            dcna=handle.scna,
+            tokenid=handle.tokenid if tokenid is None else tokenid,
+            seid=local_eid(),
+            deid=handle.seid,
+        )
+
+
+def unimport(mem_id: int) -> None:
+    with obmm.Obmm() as dev:
+        dev.unimport(mem_id)
+
+
+def touch_loop(args: argparse.Namespace) -> int:
+    """Map an import and read it in a loop until killed by a signal (SIGBUS expected).
+
+    Writes `ready` once the mapping has been read successfully; exits 3 after `--limit` s.
+    """
+    with obmm.ShmDev(args.mem_id, sync=args.sync) as shm:
+        m = shm.mmap(args.size)
+        first = m.read(0, 64)
+        Path(args.ready).write_text(first.hex())
+        deadline = time.monotonic() + args.limit
+        step = 4096
+        total = 0
+        while time.monotonic() < deadline:
+            for off in range(0, args.size, step):
+                total += m.buf[off]  # a load from the imported memory on every page
+            time.sleep(0.01)
+        m.close()
+    print(total)
+    return 3
+
+
+# -- Engram-style rows -------------------------------------------------------------------------
+
+
+def engram_rows(mem_id: int, tables: int, rows: int, row_size: int, picks: list[list[int]]
+                ) -> str:  # fmt: skip
+    """sha256 over the picked rows (table t, row r) read from region `mem_id` of this node."""
+    table_size = rows * row_size
+    h = hashlib.sha256()
+    with obmm.ShmDev(mem_id) as shm, shm.mmap() as m:
+        for t, r in picks:
+            h.update(m.read(t * table_size + r * row_size, row_size))
+    return h.hexdigest()
+
+
+def engram_expected(seed: int, size: int, rows: int, row_size: int, picks: list[list[int]]
+                    ) -> str:  # fmt: skip
+    data = pattern(seed, size)
+    table_size = rows * row_size
+    h = hashlib.sha256()
+    for t, r in picks:
+        off = t * table_size + r * row_size
+        h.update(data[off : off + row_size])
+    return h.hexdigest()
+
+
+def agent(args: argparse.Namespace) -> int:
+    """Run snippets sent by the host, one JSON line each, in this one process.
+
+    Importing obmm costs seconds under TCG; the agent pays it once per node.  Request:
+    ``{"code": "..."}``; response: ``{"ok": bool, "out": stdout, "error": traceback}``.
+    """
+    import contextlib
+    import io
+    import traceback
+
+    out = sys.stdout
+    sys.stdout = sys.stderr  # stray output never corrupts the response stream
+    print(json.dumps({"ready": os.getpid()}), file=out, flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        code = json.loads(line)["code"]
+        buf = io.StringIO()
+        scope: dict[str, Any] = {"__name__": "__snippet__"}
+        try:
+            with contextlib.redirect_stdout(buf):
+                exec(compile(code, "<snippet>", "exec"), scope)
+            resp = {"ok": True, "out": buf.getvalue(), "error": ""}
+        except BaseException:
+            resp = {"ok": False, "out": buf.getvalue(), "error": traceback.format_exc()}
+        print(json.dumps(resp), file=out, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="xnode")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("serve")
+    p.add_argument("--size", type=int, default=SZ_2M)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--name", default="region")
+    p.add_argument("--bind", required=True)
+    p.add_argument("--port", type=int, default=exchange.DEFAULT_PORT)
+    p.add_argument("--ready", required=True)
+    p.set_defaults(func=serve)
+    p = sub.add_parser("touch")
+    p.add_argument("--mem-id", type=int, required=True)
+    p.add_argument("--size", type=int, default=SZ_2M)
+    p.add_argument("--sync", action="store_true")
+    p.add_argument("--ready", required=True)
+    p.add_argument("--limit", type=float, default=120.0)
+    p.set_defaults(func=touch_loop)
+    p = sub.add_parser("agent")
+    p.set_defaults(func=agent)
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""examples/README.md, run as written: exporters on node 0, clients on node 1, C and Python.
+
+Both exporters serve at once (on different ports); each client then reads each exporter's
+handle, so the C and Python implementations of the handle format and exchange protocol are
+checked against each other too.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shlex
+
+import pytest
+from xharness import EXAMPLES, GUEST_ENV, ClusterHarness
+
+A, B = 0, 1
+
+
+def _wait_log(xc: ClusterHarness, node: int, log: str, text: str, timeout: float = 120) -> str:
+    script = (
+        f"t=0; until grep -q {shlex.quote(text)} {log} 2>/dev/null; do sleep 0.2; "
+        f"t=$((t+1)); [ $t -ge {int(timeout * 5)} ] && exit 1; done; cat {log}"
+    )
+    res = xc.run(node, script, timeout=timeout + 30, check=False)
+    if not res.ok:
+        log_text = xc.run(node, f"cat {log}", check=False).out
+        raise AssertionError(f"node{node}: {text!r} never appeared in {log}:\n{log_text}")
+    return res.out
+
+
+@pytest.fixture(scope="module")
+def built(xc: ClusterHarness) -> None:
+    for node in (A, B):
+        xc.run(node, f"make -s -C {EXAMPLES}/c", timeout=300)
+
+
+def test_examples_end_to_end(xc: ClusterHarness, built: None) -> None:
+    port_c, port_py = (random.randint(30000, 39999) for _ in range(2))
+    host = xc.ip(A)
+    c_log, py_log = "/tmp/example-exporter-c.log", "/tmp/example-exporter-py.log"
+    pids = {
+        "c": xc.spawn(
+            A, f"exec {EXAMPLES}/c/exporter --bind {host} --port {port_c} --size 16",
+            name="example-exporter-c",
+        ),
+        "py": xc.spawn(
+            A, f"exec python3 {EXAMPLES}/python/exporter.py --bind {host} --port {port_py} "
+            "--size 4", name="example-exporter-py",
+        ),
+    }  # fmt: skip
+    shmdevs = "ls /dev | grep -c '^obmm_shmdev' || true"
+    before = xc.run(B, shmdevs).out.strip()
+    try:
+        c_out = _wait_log(xc, A, c_log, "serving handle")
+        py_out = _wait_log(xc, A, py_log, "serving handle")
+        mem_ids = {
+            "c": int(re.search(r"mem_id=(\d+)", c_out).group(1)),  # type: ignore[union-attr]
+            "py": int(re.search(r"mem_id=(\d+)", py_out).group(1)),  # type: ignore[union-attr]
+        }
+        clients = {
+            "c": f"{EXAMPLES}/c/client {host} --port {{port}}",
+            "py": f"env {GUEST_ENV} python3 {EXAMPLES}/python/client.py {host} --port {{port}}",
+        }
+        for exp_kind, port in (("c", port_c), ("py", port_py)):
+            floats = (16 if exp_kind == "c" else 4) << 18
+            for client_kind, cmd in clients.items():
+                res = xc.run(B, cmd.format(port=port), timeout=300, check=False)
+                what = f"{client_kind} client vs {exp_kind} exporter"
+                print(f"--- {what} ---\n{res.out}")  # shown with -rA: the measured latencies
+                assert res.ok, f"{what}: exit {res.exit_status}\n{res.out}\n{res.err}"
+                assert f"floats of {floats}: OK" in res.out, f"{what}:\n{res.out}"
+                assert re.search(r"random row read \(1364 B, \d+ rows\): avg \d+ ns", res.out), (
+                    f"{what}:\n{res.out}"
+                )
+                assert "node 0" in res.out
+        # B's imports are gone again: the clients unimported.
+        assert xc.run(B, shmdevs).out.strip() == before
+    finally:
+        for pid in pids.values():
+            xc.kill(A, pid, "TERM")  # background jobs ignore SIGINT; both handle TERM like Ctrl-C
+    # Each exporter stops and unexports its region.
+    for kind, log in (("c", c_log), ("py", py_log)):
+        _wait_log(xc, A, log, "stopping", timeout=60)
+        pid = pids[kind]
+        xc.run(A, f"for i in $(seq 100); do kill -0 {pid} 2>/dev/null || exit 0; sleep 0.1; done;"
+               " exit 1", timeout=60)  # fmt: skip
+        assert not xc.run(A, f"test -e /dev/obmm_shmdev{mem_ids[kind]}", check=False).ok

@@ -1,0 +1,254 @@
+"""Cross-node access control of obmm_emu on a running 2-node cluster (plain SSH orchestration).
+
+Node 0 exports, node 1 imports.  Checked: the token check of a cross-node import (EACCES),
+revocation when the exporter unexports (node 1's reader gets SIGBUS, never stale data),
+revocation when the exporter stops heart-beating (its QEMU is SIGSTOPped for a few seconds,
+then resumed: a dead node without destroying the cluster), and that the importer can
+unimport and its kernel log stays clean.  Emulator-specific (kmod/obmm_emu/FIDELITY.md).
+
+The cluster is the suite's session fixture (tests/cluster/conftest.py: a booted ``pair`` or
+the one named by ``OBMM_CLUSTER_ATTACH``).  Killing node 0 is covered by
+``test_xnode.py::test_killing_a_while_b_has_it_mapped_faults_b_and_leaves_b_clean``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from obmm import logscan
+from obmm.testbed.cluster import Cluster
+from obmm.testbed.ssh import Connection
+
+pytestmark = pytest.mark.emulator_only
+
+GUEST_ENV = "PYTHONPATH=/opt/obmm-testbed/pylib"
+SIZE = 2 << 20
+BOUND_S = 5.0  # generous safety bound; measured numbers are printed
+PATTERN = bytes(range(64))
+
+# Runs on the importer: import (after checking a wrong tokenid is refused), start a
+# reader process that checks every read against PATTERN, report "ready", then watch
+# the exporter's record / heartbeat in the control region until the reader dies.
+IMPORTER = r"""
+import errno, json, mmap, os, struct, subprocess, sys, time
+import obmm
+from obmm import decoder
+node, uba, size, tokenid, exp_id = (int(a, 0) for a in sys.argv[1:6])
+pattern = bytes.fromhex(sys.argv[6])
+dev = obmm.Obmm()
+addr = decoder.default_decoder().resolve(node, uba, size)
+cna = decoder.local_cna()
+out = {}
+try:
+    dev.import_(addr, size, scna=cna, tokenid=tokenid ^ 1)
+    out["wrong_token"] = "accepted"
+except obmm.ObmmError as exc:
+    out["wrong_token"] = errno.errorcode.get(exc.errno, str(exc.errno))
+imp = dev.import_(addr, size, scna=cna, tokenid=tokenid)
+out["import"] = imp.mem_id
+fd = os.open("/sys/bus/pci/devices/0000:00:0f.0/resource2", os.O_RDONLY)
+ctl = mmap.mmap(fd, 2 << 20, mmap.MAP_SHARED, mmap.PROT_READ)
+def rec(slot):
+    off = 0x10000 + (node * 1024 + slot) * 0x80
+    state, gen = struct.unpack_from("<IQ", ctl, off + 4)
+    return state, gen, struct.unpack_from("<Q", ctl, off + 24)[0]
+def heartbeat():
+    return struct.unpack_from("<Q", ctl, 0x1000 + node * 0x100 + 32)[0]
+slot = next(s for s in range(1024) if rec(s)[0] == 1 and rec(s)[2] == exp_id)
+live_gen = rec(slot)[1]
+reader = subprocess.Popen([sys.executable, "-c", '''
+import sys, obmm
+mem_id, size, pattern = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+m = obmm.ShmDev(mem_id).mmap(size)
+assert m.read(0, len(pattern)) == pattern, "import does not show the export"
+print("ready", flush=True)
+while True:
+    if m.read(0, len(pattern)) != pattern:
+        print("STALE", flush=True)
+        sys.exit(3)
+''', str(imp.mem_id), str(size), pattern.hex()], stdout=subprocess.PIPE, text=True)
+assert reader.stdout.readline().strip() == "ready"
+print("ready", flush=True)
+t_withdraw = t_hb = None
+hb = heartbeat()
+t_hb = time.monotonic()
+while reader.poll() is None:
+    now = time.monotonic()
+    if t_withdraw is None and rec(slot)[:2] != (1, live_gen):
+        t_withdraw = now
+    h = heartbeat()
+    if h != hb:
+        hb, t_hb = h, now
+    if now - t_hb > 30:
+        break
+    time.sleep(0.002)
+t_dead = time.monotonic()
+if reader.poll() is None:
+    reader.kill()
+out["returncode"] = reader.wait()
+out["stale"] = "STALE" in reader.stdout.read()
+if t_withdraw is not None:
+    out["withdraw_to_sigbus_ms"] = round((t_dead - t_withdraw) * 1000, 1)
+out["last_heartbeat_to_sigbus_ms"] = round((t_dead - t_hb) * 1000, 1)
+out["revoked"] = open("/sys/kernel/obmm_emu/revoked").read().split()
+try:
+    with obmm.ShmDev(imp.mem_id) as shm:
+        shm.mmap(size)
+    out["mmap_after"] = "ok"
+except obmm.ObmmError as exc:
+    out["mmap_after"] = errno.errorcode.get(exc.errno, str(exc.errno))
+dev.unimport(imp.mem_id)
+out["unimported"] = True
+print("result " + json.dumps(out), flush=True)
+"""
+
+WRITER = r"""
+import sys, obmm
+mem_id, pattern = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
+with obmm.ShmDev(mem_id) as shm, shm.mmap(len(pattern)) as m:
+    m.write(0, pattern)
+"""
+
+
+def connect(cluster: Cluster, index: int) -> Connection:
+    """A connection that only fails when its own node dies (not any node of the cluster)."""
+    node = cluster.nodes[index]
+    conn = Connection(cluster.target(index), alive=node.alive, name=node.name)
+    conn.connect(time.monotonic() + 60)
+    return conn
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster: Cluster) -> Iterator[tuple[Connection, Connection]]:
+    if len(cluster.nodes) < 2 or not all(n.alive() for n in cluster.nodes[:2]):
+        pytest.skip("needs nodes 0 and 1 running")
+    a, b = connect(cluster, 0), connect(cluster, 1)
+    yield a, b
+    for c in (a, b):
+        with contextlib.suppress(Exception):
+            c.close()
+
+
+def guest_json(conn: Connection, cmd: str) -> dict[str, Any]:
+    res = conn.run(f"{GUEST_ENV} {cmd}", timeout=120)
+    assert res.ok, f"{conn.name}: {cmd}: {res.err or res.out}"
+    out: dict[str, Any] = json.loads(res.out.strip().splitlines()[-1])
+    return out
+
+
+def kernel_reports(conn: Connection) -> list[logscan.Report]:
+    return logscan.scan(conn.run("dmesg", timeout=60, check=True).out)
+
+
+@contextlib.contextmanager
+def remote_export(a: Connection) -> Iterator[dict[str, Any]]:
+    exp = guest_json(a, f"python3 -m obmm.bench.regions export {SIZE}")
+    try:
+        res = a.run(
+            f"{GUEST_ENV} python3 - {exp['mem_id']} {PATTERN.hex()}",
+            timeout=60,
+            stdin=WRITER.encode(),
+        )
+        assert res.ok, res.err
+        yield exp
+    finally:
+        if not exp.get("gone"):
+            a.run(f"{GUEST_ENV} python3 -m obmm.bench.regions unexport {exp['mem_id']}", timeout=60)
+
+
+class Importer:
+    """IMPORTER running on node 1 in a thread; `ready` is set once its reader runs."""
+
+    def __init__(self, b: Connection, exp: dict[str, Any]) -> None:
+        self.ready = threading.Event()
+        self.lines: list[str] = []
+        self.error: BaseException | None = None
+        args = f"{exp['node']} {exp['uba']} {SIZE} {exp['tokenid']} {exp['mem_id']} {PATTERN.hex()}"
+        self._thread = threading.Thread(target=self._run, args=(b, args), daemon=True)
+        self._thread.start()
+
+    def _on_stdout(self, data: bytes) -> None:
+        for line in data.decode(errors="replace").splitlines():
+            self.lines.append(line)
+            if line.strip() == "ready":
+                self.ready.set()
+
+    def _run(self, b: Connection, args: str) -> None:
+        try:
+            res = b.run(
+                f"{GUEST_ENV} python3 - {args}",
+                timeout=120,
+                stdin=IMPORTER.encode(),
+                on_stdout=self._on_stdout,
+            )
+            if not res.ok:
+                self.lines.append("ERROR " + res.err)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.ready.set()
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "importer did not finish"
+        if self.error is not None:
+            raise self.error
+        for line in self.lines:
+            if line.startswith("result "):
+                out: dict[str, Any] = json.loads(line[len("result ") :])
+                return out
+        raise AssertionError("importer failed:\n" + "\n".join(self.lines))
+
+
+def check_revoked(out: dict[str, Any]) -> None:
+    assert out["wrong_token"] == "EACCES"
+    assert not out["stale"], "the reader saw changed data before SIGBUS"
+    assert out["returncode"] == -signal.SIGBUS, out
+    assert str(out["import"]) in out["revoked"]
+    assert out["mmap_after"] == "ENXIO"
+    assert out["unimported"]
+
+
+def test_unexport_revokes_remote_import(nodes: tuple[Connection, Connection]) -> None:
+    a, b = nodes
+    with remote_export(a) as exp:
+        imp = Importer(b, exp)
+        assert imp.ready.wait(120), "importer not ready"
+        res = a.run(
+            f"{GUEST_ENV} python3 -m obmm.bench.regions unexport {exp['mem_id']}", timeout=60
+        )
+        assert res.ok, res.err
+        exp["gone"] = True
+        out = imp.result(BOUND_S + 60)
+    check_revoked(out)
+    print(f"\nunexport on node 0 -> SIGBUS on node 1: {out['withdraw_to_sigbus_ms']} ms")
+    assert out["withdraw_to_sigbus_ms"] < BOUND_S * 1000
+    assert not kernel_reports(b)
+
+
+def test_stalled_exporter_is_dead(cluster: Cluster, nodes: tuple[Connection, Connection]) -> None:
+    """A SIGSTOPped exporter stops heart-beating: node 1 revokes; resumed, node 0 cleans up."""
+    a, b = nodes
+    pid = cluster.nodes[0].pid
+    with remote_export(a) as exp:
+        imp = Importer(b, exp)
+        assert imp.ready.wait(120), "importer not ready"
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            out = imp.result(BOUND_S + 60)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    check_revoked(out)
+    print(f"\nnode 0 stopped -> SIGBUS on node 1: {out['last_heartbeat_to_sigbus_ms']} ms")
+    assert out["last_heartbeat_to_sigbus_ms"] < BOUND_S * 1000
+    assert not kernel_reports(b)
+    assert not kernel_reports(a)

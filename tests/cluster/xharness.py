@@ -1,0 +1,261 @@
+"""The cluster suite's harness: run commands and Python snippets on node i over SSH.
+
+Kept out of conftest.py under a unique module name so test modules can import it whatever other
+conftest modules the same interpreter has loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from obmm import logscan
+from obmm.testbed import qemu
+from obmm.testbed.cluster import Cluster
+from obmm.testbed.runner import GUEST_ROOT
+from obmm.testbed.ssh import (
+    CommandFailed,
+    CommandTimeout,
+    Connection,
+    GuestGone,
+    Result,
+    SshError,
+)
+
+HELPERS = GUEST_ROOT / "cluster"
+EXAMPLES = GUEST_ROOT / "examples"
+GUEST_ENV = (
+    f"PYTHONPATH={GUEST_ROOT / 'pylib'}:{HELPERS} PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1"
+)
+MARKER = "obmm-cluster-test"
+AGENT_START_S = 120.0
+
+
+class Agent:
+    """A long-lived `python3 -m xnode agent` on one node, fed snippets over one SSH channel.
+
+    Importing obmm takes seconds under TCG; the agent imports it once.  A snippet that overruns
+    its deadline kills the agent (the next call starts a new one).
+    """
+
+    def __init__(self, conn: Connection, alive: Callable[[], bool]) -> None:
+        self.conn = conn
+        self.alive = alive
+        self.lock = threading.Lock()
+        self.buf = b""
+        self.chan = conn._transport().open_session(timeout=30)
+        self.chan.exec_command(
+            f"cd /tmp && env {GUEST_ENV} python3 -m xnode agent 2>>/tmp/xnode-agent.log"
+        )
+        self.pid = int(json.loads(self._readline(time.monotonic() + AGENT_START_S))["ready"])
+
+    def _readline(self, deadline: float) -> bytes:
+        while b"\n" not in self.buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeout(f"{self.conn.name}: snippet overran its deadline")
+            self.chan.settimeout(min(remaining, 1.0))
+            try:
+                data = self.chan.recv(1 << 16)
+            except socket.timeout:
+                if not self.alive():
+                    raise GuestGone(f"{self.conn.name}: QEMU exited") from None
+                continue
+            if not data:
+                raise GuestGone(f"{self.conn.name}: the snippet agent ended")
+            self.buf += data
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line
+
+    def run(self, code: str, timeout: float) -> Result:
+        start = time.monotonic()
+        with self.lock:
+            self.chan.sendall(json.dumps({"code": code}).encode() + b"\n")
+            resp = json.loads(self._readline(start + timeout))
+        return Result(
+            command=f"<snippet>\n{code}",
+            exit_status=0 if resp["ok"] else 1,
+            stdout=resp["out"].encode(),
+            stderr=resp["error"].encode(),
+            duration=time.monotonic() - start,
+        )
+
+    def close(self) -> None:
+        self.chan.close()
+
+
+class ClusterHarness:
+    """Commands and Python snippets on the nodes of the booted cluster.
+
+    Each node has its own SSH connection whose liveness check looks at that node only, so the
+    survivors stay usable after a test kills a node.
+    """
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._conns: dict[int, Connection] = {}
+        self._guard_tag = ""
+        self._guard_before: dict[int, int] = {}
+        self._agents: dict[int, Agent] = {}
+
+    @property
+    def nodes(self) -> int:
+        return len(self.cluster.nodes)
+
+    def ip(self, node: int) -> str:
+        return qemu.fabric_ip(node)
+
+    def alive(self, node: int) -> bool:
+        return self.cluster.nodes[node].alive()
+
+    def conn(self, node: int) -> Connection:
+        conn = self._conns.get(node)
+        if conn is not None:
+            return conn
+        qnode = self.cluster.nodes[node]
+        conn = Connection(self.cluster.target(node), alive=qnode.alive, name=qnode.name)
+        conn.connect(time.monotonic() + 60)
+        self._conns[node] = conn
+        return conn
+
+    def run(self, node: int, command: str, *, timeout: float = 120, check: bool = True,
+            stdin: bytes | None = None) -> Result:  # fmt: skip
+        try:
+            return self.conn(node).run(command, timeout=timeout, check=check, stdin=stdin)
+        except GuestGone:
+            self.drop(node)
+            raise
+
+    def py(self, node: int, code: str, *, timeout: float = 120, check: bool = True) -> Result:
+        """Run a Python snippet in the node's agent process (obmm and xnode importable)."""
+        agent = self._agents.get(node)
+        try:
+            if agent is None:
+                qnode = self.cluster.nodes[node]
+                agent = self._agents[node] = Agent(self.conn(node), qnode.alive)
+            result = agent.run(code, timeout)
+        except (SshError, OSError, EOFError) as exc:
+            # A dead or stuck agent is replaced on the next call.
+            self._drop_agent(node)
+            if isinstance(exc, SshError):
+                raise
+            raise GuestGone(f"node{node}: snippet agent lost: {exc}") from exc
+        if check and not result.ok:
+            raise CommandFailed(result)
+        return result
+
+    def _drop_agent(self, node: int) -> None:
+        agent = self._agents.pop(node, None)
+        if agent is not None:
+            agent.close()
+            if self.alive(node):
+                self.run(node, f"kill -9 {agent.pid} 2>/dev/null; true", check=False)
+
+    def py_json(self, node: int, code: str, *, timeout: float = 120) -> Any:
+        """Run a snippet whose last stdout line is JSON; return it parsed."""
+        out = self.py(node, code, timeout=timeout).out.strip().splitlines()
+        assert out, f"node{node}: snippet printed nothing"
+        return json.loads(out[-1])
+
+    def spawn(self, node: int, command: str, *, name: str) -> int:
+        """Start `command` in the background on `node`; its output goes to /tmp/<name>.log."""
+        log = f"/tmp/{name}.log"
+        res = self.run(
+            node,
+            # The whole background job has its fds redirected, so the SSH channel can close.
+            f"(cd /tmp && exec env {GUEST_ENV} setsid sh -c {shlex.quote(command)}) "
+            f"</dev/null >{log} 2>&1 & echo $!",
+        )
+        return int(res.out.strip())
+
+    def wait_file(self, node: int, path: str, *, timeout: float = 90, log: str = "") -> str:
+        """Wait (bounded) until `path` exists in the guest; return its content."""
+        script = (
+            f"t=0; while [ ! -e {path} ]; do sleep 0.2; t=$((t+1)); "
+            f"[ $t -ge {int(timeout * 5)} ] && exit 1; done; cat {path}"
+        )
+        res = self.run(node, script, timeout=timeout + 30, check=False)
+        if not res.ok:
+            extra = self.run(node, f"cat {log}", check=False).out if log else ""
+            raise AssertionError(f"node{node}: {path} did not appear in {timeout} s\n{extra}")
+        return res.out
+
+    def kill(self, node: int, pid: int, sig: str = "TERM") -> None:
+        if self.alive(node):
+            self.run(node, f"kill -{sig} {pid} 2>/dev/null; true", check=False)
+
+    def drop(self, node: int) -> None:
+        agent = self._agents.pop(node, None)
+        if agent is not None:
+            agent.close()
+        conn = self._conns.pop(node, None)
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        for node in list(self._conns):
+            self.drop(node)
+
+    # -- kernel log guard ----------------------------------------------------------------------
+
+    def mark(self, tag: str) -> dict[int, int]:
+        """Write a marker into every live node's kernel log; their taint masks."""
+        taints: dict[int, int] = {}
+        for i in range(self.nodes):
+            if self.alive(i):
+                res = self.run(
+                    i, f"echo '{MARKER}: {tag}' > /dev/kmsg; cat /proc/sys/kernel/tainted"
+                )
+                taints[i] = int(res.out.strip() or "0")
+        return taints
+
+    def new_kernel_log(self, node: int, tag: str) -> str:
+        text = self.run(node, "dmesg", timeout=60).out
+        cut = text.rfind(f"{MARKER}: {tag}")
+        return text[text.find("\n", cut) + 1 :] if cut >= 0 else text
+
+    def taint(self, node: int) -> int:
+        return int(self.run(node, "cat /proc/sys/kernel/tainted").out.strip() or "0")
+
+    def guard_start(self, name: str) -> None:
+        """Start watching every node's kernel log (the guard calls this before each test)."""
+        self._guard_tag = f"{name} {uuid.uuid4().hex[:8]}"
+        self._guard_before = self.mark(self._guard_tag)
+
+    def guard_failures(self, *, allow_dead: bool = False) -> list[str]:
+        """Kernel reports, new taint and dead nodes since guard_start(), one text per node."""
+        failures = []
+        for i, taint_before in self._guard_before.items():
+            if not self.alive(i):
+                if not allow_dead:  # else: a node the test killed on purpose
+                    qnode = self.cluster.nodes[i]
+                    failures.append(
+                        f"node{i} died during the test; console:\n{qnode.console_tail()}"
+                    )
+                continue
+            try:
+                text = self.new_kernel_log(i, self._guard_tag)
+                taint_after = self.taint(i)
+            except SshError as exc:
+                failures.append(f"node{i}: cannot read its kernel log after the test: {exc}")
+                continue
+            reports = logscan.scan(text)
+            if reports:
+                failures.append(f"node{i} kernel reports:\n{logscan.format_reports(reports)}")
+            gained = logscan.taint_letters(taint_after & ~taint_before)
+            bad = "".join(c for c in gained if c not in logscan.BENIGN_TAINT)
+            if bad:
+                failures.append(f"node{i}: kernel taint gained {bad!r}\n{text[-3000:]}")
+        return failures
+
+    def take_kernel_log(self) -> list[str]:
+        """guard_failures() so far; the test owns them and the guard starts over."""
+        failures = self.guard_failures(allow_dead=True)
+        self.guard_start(self._guard_tag.rsplit(" ", 1)[0])
+        return failures
