@@ -192,6 +192,9 @@ def control_file(rundir: Path) -> Path:
     return rundir / "control"
 
 
+BOOT_HUGEPAGES = 4  # 2 MiB each
+
+
 def kernel_cmdline(topology: Topology, index: int, extra: Sequence[str] = ()) -> str:
     """The guest kernel command line.
 
@@ -205,6 +208,8 @@ def kernel_cmdline(topology: Topology, index: int, extra: Sequence[str] = ()) ->
         "rw",
         "panic=-1",
         f"mem={topology.kernel_mem_mib}M",
+        # EXPORT_PID tests pin hugetlbfs pages; reserved at boot, before memory fragments.
+        f"hugepages={BOOT_HUGEPAGES}",
         f"systemd.hostname=node{index}",
         "loglevel=7",
         "printk.devkmsg=on",
