@@ -9,7 +9,8 @@ PYTEST := $(PY) -m pytest
 # QEMU and mmdebstrap for the guest images.
 APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	qemu-system-x86 qemu-utils mmdebstrap e2fsprogs openssh-client \
-	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3
+	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3 \
+	gcc-aarch64-linux-gnu debian-archive-keyring
 
 .PHONY: setup setup-apt setup-python test host-test lint qemu-test hw-test bench patch-check image kmod clean
 
@@ -72,3 +73,5 @@ patch-check: setup-python
 clean:
 	-$(VENV)/bin/obmm-testbed down --all
 	rm -rf results build dist pylib/*.egg-info
+
+include ci/stages.mk

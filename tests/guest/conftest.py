@@ -15,6 +15,9 @@ A test that provokes a splat on purpose takes the messages itself with the
 Runs in the guests with Debian 12's pytest 7.2: only APIs that version has.
 Set OBMM_KMSG_GUARD=off to disable the guard; OBMM_KMSG_PATH and
 OBMM_TAINTED_PATH point it at other files (for testing the guard itself).
+
+With OBMM_TARGET=hardware (the hardware stage, obmm.testbed.hwstage) tests
+marked ``emulator_only`` are skipped, with the reason in the report.
 """
 
 from __future__ import annotations
@@ -127,6 +130,21 @@ def pytest_configure(config: pytest.Config) -> None:
         guard.boot_reports = logscan.scan(_boot_log())
     guard.taint = read_taint()
     config.stash[GUARD_KEY] = guard
+
+
+EMULATOR_ONLY_SKIP = (
+    "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
+    "(OBMM_TARGET=hardware)"
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("OBMM_TARGET") != "hardware":
+        return
+    skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP)
+    for item in items:
+        if item.get_closest_marker("emulator_only") is not None:
+            item.add_marker(skip)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

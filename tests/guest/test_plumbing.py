@@ -13,21 +13,25 @@ def _loaded_modules() -> set[str]:
     return {line.split()[0] for line in Path("/proc/modules").read_text().splitlines()}
 
 
+@pytest.mark.emulator_only  # QEMU testbed plumbing
 def test_runs_as_root_in_a_guest() -> None:
     assert os.geteuid() == 0
     assert Path("/opt/obmm-testbed/pylib/obmm/__init__.py").is_file()
 
 
+@pytest.mark.emulator_only  # QEMU testbed plumbing
 def test_testhook_module_loaded() -> None:
     assert "obmm_testhook" in _loaded_modules()
 
 
+@pytest.mark.emulator_only  # QEMU testbed plumbing
 def test_testhook_device_answers() -> None:
     dev = Path("/dev/obmm_testhook")
     assert dev.is_char_device()
     assert dev.read_text() == "obmm_testhook ready\n"
 
 
+@pytest.mark.emulator_only  # QEMU testbed plumbing
 def test_testhook_rejects_unknown_command() -> None:
     with pytest.raises(OSError) as exc:
         Path("/dev/obmm_testhook").write_text("bogus\n")
@@ -44,6 +48,7 @@ def test_python_and_cffi_present() -> None:
     assert lib.abs(-7) == 7
 
 
+@pytest.mark.emulator_only  # QEMU testbed plumbing
 def test_obmm_package_importable_from_copied_tree() -> None:
     import obmm
 
@@ -51,6 +56,7 @@ def test_obmm_package_importable_from_copied_tree() -> None:
     assert obmm.__file__.startswith("/opt/obmm-testbed/pylib/")
 
 
+@pytest.mark.emulator_only  # QEMU testbed plumbing
 def test_node_environment_matches_the_topology() -> None:
     node = int(os.environ["OBMM_NODE_ID"])
     nodes = int(os.environ["OBMM_NODES"])
@@ -62,6 +68,7 @@ def test_node_environment_matches_the_topology() -> None:
     assert memtotal_kib * 1024 <= pool_base
 
 
+@pytest.mark.emulator_only  # QEMU testbed plumbing
 def test_fabric_windows_and_control_region_present() -> None:
     # ivshmem-plain is PCI 1af4:1110; one control region plus one window per node.
     nodes = int(os.environ["OBMM_NODES"])
@@ -76,6 +83,7 @@ def test_fabric_windows_and_control_region_present() -> None:
     assert slots == [0x0F, *range(0x10, 0x10 + nodes)]
 
 
+@pytest.mark.emulator_only  # QEMU testbed plumbing
 def test_kernel_headers_match_running_kernel() -> None:
     release = os.uname().release
     assert Path(f"/usr/src/linux-headers-{release}/Makefile").is_file()

@@ -1,0 +1,28 @@
+# The hardware stage and the kernel build matrix (included from the Makefile).
+
+# Hardware stage: the guest suite on each UB host, the cluster suite across them, over SSH.
+#   make hw-test HW_HOSTS=root@ub1,root@ub2:2222 [HW_SSH_KEY=~/.ssh/ub] [HW_CONFIG=hw.toml]
+#   make hw-test HW_QEMU=<cluster>   # a running `obmm-testbed up --kmod` cluster stands in
+# Other settings from the environment: HW_KNOWN_HOSTS, HW_HOST_KEY_POLICY, HW_PYTHON,
+# HW_SHIP_DEPS, HW_REMOTE_TMP, HW_CLUSTER, OBMM_DECODER (see pylib/obmm/testbed/hwconfig.py).
+HW_HOSTS ?=
+HW_CONFIG ?=
+HW_SSH_KEY ?=
+HW_QEMU ?=
+HW_ARGS ?=
+.PHONY: hw-test hw-preflight kmod-matrix
+
+HW_OPTS = $(if $(HW_HOSTS),--hosts "$(HW_HOSTS)") $(if $(HW_CONFIG),--config "$(HW_CONFIG)") \
+	$(if $(HW_SSH_KEY),--key "$(HW_SSH_KEY)") $(if $(HW_QEMU),--qemu "$(HW_QEMU)")
+
+hw-test: setup-python
+	$(PY) -m obmm.testbed.hwstage $(HW_OPTS) $(HW_ARGS)
+
+hw-preflight: setup-python
+	$(PY) -m obmm.testbed.hwstage --preflight-only $(HW_OPTS)
+
+# Kernel build matrix: kmod/* W=1 against Debian 12 amd64, Debian 13 amd64, Debian 12 arm64
+# (cross). CELL=<name> for one cell; results/kmod-matrix/matrix.json has every cell's result.
+CELL ?=
+kmod-matrix: setup-python
+	$(PY) -m obmm.testbed.matrix --json results/kmod-matrix/matrix.json $(if $(CELL),--cell $(CELL))

@@ -1,0 +1,604 @@
+"""The hardware stage: the guest suite on each UB host, the cluster suite across them, over SSH.
+
+``make hw-test HW_HOSTS=user@host1,user@host2`` (or ``HW_CONFIG=file``; keys in
+:mod:`obmm.testbed.hwconfig`) runs ``python -m obmm.testbed.hwstage``:
+
+1. **Pre-flight** (:mod:`obmm.testbed.hwpreflight`) of every host in parallel; the first failing
+   check of a host ends the stage within seconds with its reason (exit status 2).
+2. **Guest suite** on each host in turn: a host-side pytest (``-p obmm.testbed.pytest_qemu -p
+   obmm.testbed.pytest_hw tests/hw/guest.guestsuite``) copies the package and ``tests/guest``
+   (plus, if the host lacks pytest, a pure-Python pytest archive) to a fresh temp directory on
+   the host, runs the guest pytest there with ``OBMM_TARGET=hardware`` and streams each result
+   back as its own host test item (the QEMU stage's runner and reporting).  Nothing is built or
+   loaded: the host's own driver is under test.  Tests marked ``emulator_only`` are skipped by
+   the guest conftest with the reason, which the report and the junit XML show.
+3. **Cluster suite** (``tests/cluster``) across the hosts when there are at least two (the
+   harness finds them through ``$OBMM_HW_CONFIG_JSON``; see :class:`HwCluster`).
+4. **Collection**: ``results/hw/<host>/`` gets ``junit.xml`` (host view, one case per guest
+   test), ``guest-junit.xml``, ``guest-pytest.log``, ``preflight.txt``, ``dmesg.txt`` (whole
+   ring buffer) and ``dmesg-run.txt`` (since this run's marker), ``skipped.txt``;
+   ``results/hw/summary.json`` has every host's counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from obmm.testbed import runner
+from obmm.testbed.cluster import ClusterError
+from obmm.testbed.hwconfig import ConfigError, HwConfig, HwHost, load
+from obmm.testbed.hwpreflight import (
+    HwConnection,
+    ShippedDeps,
+    connect,
+    format_reports,
+    preflight,
+)
+from obmm.testbed.image import repo_root
+from obmm.testbed.ssh import Connection, SshError, Target
+
+log = logging.getLogger(__name__)
+
+ENV_CONFIG = "OBMM_HW_CONFIG_JSON"
+ENV_INDEX = "OBMM_HW_HOST_INDEX"
+ENV_SHIP = "OBMM_HW_SHIP_DEPS_TAR"  # path of the pytest archive, when this host needs it
+ENV_RESULTS = "OBMM_HW_RESULTS"
+ENV_RUN_ID = "OBMM_HW_RUN_ID"
+SUITE_FILE = "tests/hw/guest.guestsuite"
+KMSG_MARKER = "obmm-hw-test: begin"
+EXIT_PREFLIGHT = 2
+EMULATOR_ONLY_REASON = "emulator_only"
+
+
+# -- the host-side session (used by pytest_qemu's items through obmm.testbed.pytest_hw) -----
+
+
+class HwSession:
+    """One hardware host standing where pytest_qemu expects a booted QEMU cluster.
+
+    Duck-types :class:`obmm.testbed.runner.GuestSession` (``boot``, ``collect``, ``start``,
+    ``connect``, ``close``) so :mod:`obmm.testbed.pytest_qemu` turns each test run on the host
+    into a host test item exactly as for a guest.
+    """
+
+    def __init__(
+        self,
+        config: HwConfig,
+        index: int,
+        *,
+        results: Path,
+        ship_tar: Path | None = None,
+        run_id: str = "",
+    ) -> None:
+        self.config = config
+        self.index = index
+        self.host = config.hosts[index]
+        self.name = self.host.spec
+        self.results = results
+        self.logdir = results
+        self.ship_tar = ship_tar
+        self.run_id = run_id or uuid.uuid4().hex[:8]
+        self.workdir: PurePosixPath | None = None
+        self.boot_error: BaseException | None = None
+        self.runs: list[HwRun] = []
+
+    def connect(self, node: int = 0) -> Connection:
+        return connect(self.host, self.config)
+
+    def boot(self) -> None:
+        """Copy the package, the tests and (if needed) the pytest archive to a temp dir."""
+        if self.workdir is not None:
+            return
+        if self.boot_error is not None:
+            raise runner.RunnerError(f"{self.name}: preparation failed earlier: {self.boot_error}")
+        try:
+            self._prepare()
+        except BaseException as exc:
+            self.boot_error = exc
+            raise
+
+    def _prepare(self) -> None:
+        self.results.mkdir(parents=True, exist_ok=True)
+        payload = runner.payload_tar(repo_root())
+        with self.connect() as conn:
+            parent = self.config.remote_tmp
+            made = conn.run(f"mktemp -d {runner._q(parent)}/obmm-hw.XXXXXX", timeout=60, check=True)
+            workdir = PurePosixPath(made.out.strip())
+            conn.run(f"tar -xzf - -C {workdir}", timeout=300, check=True, stdin=payload)
+            if self.ship_tar is not None:
+                conn.run(
+                    f"mkdir -p {workdir}/pydeps && tar -xzf - -C {workdir}/pydeps",
+                    timeout=300,
+                    check=True,
+                    stdin=self.ship_tar.read_bytes(),
+                )
+            # Marks where this run's kernel messages start (dmesg-run.txt); root only.
+            conn.run(
+                f"echo '{KMSG_MARKER} {self.run_id}' > /dev/kmsg 2>/dev/null; true", timeout=30
+            )
+        self.workdir = workdir
+        log.info("%s: suite copied to %s", self.name, workdir)
+
+    def pytest_command(self, args: Sequence[str], junit: str | None = None) -> str:
+        assert self.workdir is not None
+        root = self.workdir
+        pythonpath = f"{root}/pylib" + (f":{root}/pydeps" if self.ship_tar is not None else "")
+        env = {
+            "PYTHONPATH": pythonpath,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OBMM_EVENT_FD": str(runner.EVENT_FD),
+            "OBMM_TARGET": "hardware",
+            "OBMM_NODE_ID": str(self.index),
+            "OBMM_NODES": str(len(self.config.hosts)),
+        }
+        if self.config.decoder:
+            env["OBMM_DECODER"] = self.config.decoder
+        argv = [
+            self.config.python,
+            "-m",
+            "pytest",
+            "-p",
+            "obmm.testbed.guest_plugin",
+            "-p",
+            "no:cacheprovider",
+            "-v",
+            "-rA",
+        ]
+        if junit:
+            argv.append(f"--junitxml={junit}")
+        argv += list(args)
+        env_s = " ".join(f"{k}={runner._q(v)}" for k, v in env.items())
+        quoted = " ".join(runner._q(a) for a in argv)
+        return f"cd {root} && env {env_s} {quoted} {runner.EVENT_FD}>&1 1>&2"
+
+    def collect(
+        self, paths: Sequence[str], ignore: Sequence[str] = (), node: int = 0
+    ) -> runner.EventParser:
+        self.boot()
+        parser = runner.EventParser()
+        args = ["--collect-only", "-q", *[f"--ignore={p}" for p in ignore], *paths]
+        with self.connect() as conn:
+            result = conn.run(self.pytest_command(args), timeout=600, on_stdout=parser.feed)
+        if parser.session_exit is None:
+            raise runner.RunnerError(
+                f"{self.name}: pytest collection did not run (exit {result.exit_status}):"
+                f"\n{result.err[-3000:]}"
+            )
+        return parser
+
+    def start(
+        self,
+        nodeids: Sequence[str],
+        *,
+        node: int = 0,
+        junit: str | None = None,
+        suite_timeout: float = 4 * 3600.0,
+    ) -> HwRun:
+        self.boot()
+        assert self.workdir is not None
+        run = HwRun(
+            self,
+            list(nodeids),
+            junit=f"{self.workdir}/results/guest-junit.xml",
+            suite_timeout=suite_timeout,
+        )
+        self.runs.append(run)
+        return run
+
+    def close(self) -> None:
+        """Fetch the guest junit, remove the temp dir (HW_KEEP=1 keeps it)."""
+        for run in self.runs:
+            if not run.done.is_set():
+                run.abort()
+        if self.workdir is None:
+            return
+        try:
+            with self.connect() as conn:
+                junit = f"{self.workdir}/results/guest-junit.xml"
+                if conn.run(f"test -f {junit}", timeout=30).ok:
+                    conn.get(junit, self.results / "guest-junit.xml")
+                if os.environ.get("HW_KEEP") != "1":
+                    conn.run(f"rm -rf {self.workdir}", timeout=120)
+        except SshError as exc:
+            log.warning("%s: cleanup failed: %s", self.name, exc)
+        self.workdir = None
+
+
+class HwRun(runner.GuestRun):
+    """One guest pytest on a hardware host; GuestRun's waiting, minus QEMU liveness."""
+
+    def __init__(
+        self, session: HwSession, nodeids: list[str], *, junit: str, suite_timeout: float
+    ) -> None:
+        self.hw = session
+        self.nodeids = nodeids
+        self.node = session.index
+        self.parser = runner.EventParser()
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.stderr_log = session.results / "guest-pytest.log"
+        self.conn = session.connect()
+        self.exit_status: int | None = None
+        self.fatal: BaseException | None = None
+        cmd = session.pytest_command(nodeids, junit=junit)
+        self.thread = threading.Thread(
+            target=self._run, args=(cmd, suite_timeout), name="hw-pytest", daemon=True
+        )
+        self.thread.start()
+
+    def _dead(self) -> None:
+        return None  # no QEMU to watch: a silent host is found by the ping
+
+    def _ping(self) -> None:
+        try:
+            with self.hw.connect() as conn:
+                conn.run("true", timeout=runner.PING_TIMEOUT_S)
+        except SshError as exc:
+            raise runner.GuestUnresponsive(f"{self.hw.name} stopped answering ({exc})") from exc
+
+
+# -- the cluster suite's view of the hosts --------------------------------------------------
+
+
+@dataclass
+class HwNode:
+    index: int
+    host: HwHost
+
+    @property
+    def name(self) -> str:
+        return f"node{self.index}"
+
+    def alive(self) -> bool:
+        return True
+
+
+@dataclass
+class HwCluster:
+    """The hosts as ``tests/cluster`` sees a cluster: ``nodes``, ``connect(i)``, ``fabric_ip(i)``.
+
+    A harness in hardware mode builds it with :func:`cluster_from_env` when ``$OBMM_HW_CONFIG_JSON``
+    is set, and uses ``connect(i)`` (which honours the key, agent and known_hosts settings)
+    instead of QEMU SSH targets.
+    """
+
+    config: HwConfig
+    nodes: list[HwNode] = field(default_factory=list)
+    name: str = "hardware"
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            self.nodes = [HwNode(i, h) for i, h in enumerate(self.config.hosts)]
+
+    def connect(self, index: int, timeout: float = 30.0) -> HwConnection:
+        return connect(self.config.hosts[index], self.config)
+
+    def fabric_ip(self, index: int) -> str:
+        return self.config.hosts[index].host
+
+    def target(self, index: int) -> Target:
+        """For harnesses that build their own Connection (needs ssh_key; no agent)."""
+        host = self.config.hosts[index]
+        return Target(host.host, host.port, self.config.key_path(), user=host.user)
+
+    def all_alive(self) -> bool:
+        return True
+
+
+def cluster_from_env() -> HwCluster | None:
+    text = os.environ.get(ENV_CONFIG)
+    return HwCluster(HwConfig.from_json(text)) if text else None
+
+
+# -- results --------------------------------------------------------------------------------
+
+
+@dataclass
+class JunitSummary:
+    counts: dict[str, int]
+    skipped: dict[str, str]  # test -> reason
+    failed: list[str]
+
+    @classmethod
+    def read(cls, path: Path) -> JunitSummary:
+        counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+        skipped: dict[str, str] = {}
+        failed: list[str] = []
+        for case in ET.parse(path).getroot().iter("testcase"):
+            name = case.get("name", "")
+            test = f"{case.get('classname', '')}::{name}"
+            if case.find("skipped") is not None:
+                counts["skipped"] += 1
+                skipped[test] = case.find("skipped").get("message", "")  # type: ignore[union-attr]
+            elif case.find("failure") is not None:
+                counts["failed"] += 1
+                failed.append(test)
+            elif case.find("error") is not None:
+                counts["error"] += 1
+                failed.append(test)
+            else:
+                counts["passed"] += 1
+        return cls(counts, skipped, failed)
+
+
+def collect_kernel_log(host: HwHost, config: HwConfig, outdir: Path, run_id: str) -> str:
+    """dmesg of the host into outdir; returns a one-line verdict from obmm.logscan."""
+    from obmm import logscan
+
+    try:
+        with connect(host, config) as conn:
+            res = conn.run("dmesg 2>&1 || cat /var/log/kern.log", timeout=120)
+    except SshError as exc:
+        return f"kernel log not collected: {exc}"
+    text = res.out
+    (outdir / "dmesg.txt").write_text(text)
+    cut = text.rfind(f"{KMSG_MARKER} {run_id}")
+    since = text[text.find("\n", cut) + 1 :] if cut >= 0 else text
+    (outdir / "dmesg-run.txt").write_text(since)
+    reports = logscan.scan(since)
+    if not reports:
+        return "kernel log: clean during the run"
+    (outdir / "kernel-reports.txt").write_text(logscan.format_reports(reports) + "\n")
+    return f"kernel log: {len(reports)} report(s) during the run (kernel-reports.txt)"
+
+
+def run_guest_suite(
+    config: HwConfig,
+    index: int,
+    outdir: Path,
+    *,
+    ship_tar: Path | None,
+    run_id: str,
+    pytest_args: Sequence[str] = (),
+) -> int:
+    """One host: a host pytest whose items are the host's guest tests.  Returns its exit code."""
+    env = dict(os.environ)
+    env.update(
+        {
+            ENV_CONFIG: config.to_json(),
+            ENV_INDEX: str(index),
+            ENV_RESULTS: str(outdir),
+            ENV_RUN_ID: run_id,
+        }
+    )
+    if ship_tar is not None:
+        env[ENV_SHIP] = str(ship_tar)
+    else:
+        env.pop(ENV_SHIP, None)
+    root = repo_root()
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "obmm.testbed.pytest_qemu",
+        "-p",
+        "obmm.testbed.pytest_hw",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        f"--junitxml={outdir / 'junit.xml'}",
+        "-o",
+        "junit_logging=all",
+        "-o",
+        f"junit_suite_name=hw-{config.hosts[index].label}",
+        *pytest_args,
+        str(root / SUITE_FILE),
+    ]
+    return subprocess.run(argv, cwd=root, env=env, check=False).returncode
+
+
+def cluster_harness_supports_hardware(root: Path) -> bool:
+    conftest = root / "tests" / "cluster" / "conftest.py"
+    return conftest.is_file() and ENV_CONFIG in conftest.read_text()
+
+
+def run_cluster_suite(config: HwConfig, outdir: Path, pytest_args: Sequence[str] = ()) -> int:
+    env = dict(os.environ, **{ENV_CONFIG: config.to_json(), "OBMM_TARGET": "hardware"})
+    root = repo_root()
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        "-m",
+        "not emulator_only",
+        f"--junitxml={outdir / 'junit.xml'}",
+        "-o",
+        "junit_logging=all",
+        *pytest_args,
+        str(root / "tests" / "cluster"),
+    ]
+    return subprocess.run(argv, cwd=root, env=env, check=False).returncode
+
+
+def qemu_stand_in(name: str, workdir: Path) -> dict[str, Any]:
+    """Config values that point the stage at a running QEMU cluster, as if it were hardware.
+
+    Its nodes' SSH forwards become the hosts, the testbed's key the identity, and the host key
+    recorded in the image manifest the only entry of a known_hosts file (strict policy).
+    """
+    from obmm.testbed.cluster import Cluster
+
+    cluster = Cluster.attach(name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    known = workdir / f"known_hosts.{name}"
+    lines = [f"[127.0.0.1]:{n.ssh_port} {cluster.image.host_key}\n" for n in cluster.nodes]
+    known.write_text("".join(lines))
+    return {
+        "hosts": [f"root@127.0.0.1:{n.ssh_port}" for n in cluster.nodes],
+        "ssh_key": str(cluster.image.ssh_key),
+        "known_hosts": str(known),
+        "host_key_policy": "strict",
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m obmm.testbed.hwstage",
+        description="Run the guest suite on each UB host (and the cluster suite across them).",
+    )
+    parser.add_argument("--hosts", help="user@host[:port],... (default $HW_HOSTS)")
+    parser.add_argument("--config", help="config file (default $HW_CONFIG)")
+    parser.add_argument("--key", dest="ssh_key", help="SSH private key (default $HW_SSH_KEY)")
+    parser.add_argument("--known-hosts", dest="known_hosts")
+    parser.add_argument("--host-key-policy", dest="host_key_policy")
+    parser.add_argument("--python", help="interpreter on the hosts (default python3)")
+    parser.add_argument("--device", help="OBMM device on the hosts (default /dev/obmm)")
+    parser.add_argument("--ship-deps", dest="ship_deps", choices=("auto", "always", "never"))
+    parser.add_argument("--decoder", help="OBMM_DECODER spec for the hosts")
+    parser.add_argument(
+        "--connect-timeout", dest="connect_timeout", help="seconds per SSH login (default 10)"
+    )
+    parser.add_argument(
+        "--results", type=Path, default=runner.repo_results_dir() / "hw", help="results dir"
+    )
+    parser.add_argument(
+        "--qemu",
+        metavar="NAME",
+        default=os.environ.get("HW_QEMU") or None,
+        help="use the running QEMU cluster NAME as the hardware (default $HW_QEMU)",
+    )
+    parser.add_argument("--preflight-only", action="store_true")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the cluster suite")
+    parser.add_argument("pytest_args", nargs="*", help="extra host pytest arguments (after --)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="hw: %(message)s")
+
+    env = dict(os.environ)
+    if args.config:
+        env["HW_CONFIG"] = args.config
+    overrides: dict[str, Any] = {
+        k: getattr(args, k)
+        for k in (
+            "hosts",
+            "ssh_key",
+            "known_hosts",
+            "host_key_policy",
+            "python",
+            "device",
+            "ship_deps",
+            "decoder",
+            "connect_timeout",
+        )
+    }
+    try:
+        if args.qemu:
+            base = qemu_stand_in(args.qemu, args.results)
+            overrides = {**base, **{k: v for k, v in overrides.items() if v}}
+        config = load(env, overrides)
+    except (ConfigError, ClusterError) as exc:
+        print(f"hw: configuration error: {exc}", file=sys.stderr)
+        return EXIT_PREFLIGHT
+    results: Path = args.results
+    results.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(
+        f"hw: pre-flight of {len(config.hosts)} host(s): "
+        + ", ".join(h.spec for h in config.hosts),
+        flush=True,
+    )
+    shipped = ShippedDeps.collect()
+    reports = preflight(config, shipped)
+    text = format_reports(reports)
+    print(text, flush=True)
+    for rep in reports:
+        hostdir = results / rep.host.label
+        hostdir.mkdir(parents=True, exist_ok=True)
+        (hostdir / "preflight.txt").write_text("\n".join(rep.lines()) + "\n")
+    failed = [r for r in reports if not r.ok]
+    if failed:
+        for r in failed:
+            print(f"hw: pre-flight FAILED: {r.failure}", file=sys.stderr)
+        print(f"hw: stopped after {time.monotonic() - started:.1f} s", file=sys.stderr)
+        return EXIT_PREFLIGHT
+    if args.preflight_only:
+        return 0
+    ship_tar: Path | None = None
+    if any(r.ship_deps for r in reports):
+        ship_tar = results / "pydeps.tar.gz"
+        ship_tar.write_bytes(shipped.tarball())
+        print(f"hw: shipping pytest to hosts without it: {shipped.summary()}", flush=True)
+    run_id = uuid.uuid4().hex[:12]
+    summary: dict[str, Any] = {"run_id": run_id, "hosts": {}}
+    status = 0
+    for i, rep in enumerate(reports):
+        hostdir = results / rep.host.label
+        print(f"hw: ===== guest suite on {rep.host.spec} ({rep.module}) =====", flush=True)
+        t = time.monotonic()
+        rc = run_guest_suite(
+            config,
+            i,
+            hostdir,
+            ship_tar=ship_tar if rep.ship_deps else None,
+            run_id=run_id,
+            pytest_args=args.pytest_args,
+        )
+        verdict = collect_kernel_log(rep.host, config, hostdir, run_id)
+        entry: dict[str, Any] = {
+            "exit": rc,
+            "module": rep.module,
+            "kernel_log": verdict,
+            "seconds": round(time.monotonic() - t, 1),
+        }
+        junit = hostdir / "junit.xml"
+        if junit.is_file():
+            js = JunitSummary.read(junit)
+            entry.update(counts=js.counts, failed=js.failed, skipped=js.skipped)
+            (hostdir / "skipped.txt").write_text(
+                "".join(f"{t}: {why}\n" for t, why in sorted(js.skipped.items()))
+            )
+            emu = sum(1 for why in js.skipped.values() if EMULATOR_ONLY_REASON in why)
+            print(
+                f"hw: {rep.host.spec}: "
+                + ", ".join(f"{v} {k}" for k, v in js.counts.items())
+                + f" ({emu} skipped as emulator_only, listed in {hostdir / 'skipped.txt'}); "
+                + verdict,
+                flush=True,
+            )
+        summary["hosts"][rep.host.spec] = entry
+        status = status or (1 if rc else 0)
+    if len(config.hosts) >= 2 and config.cluster != "off" and not args.no_cluster:
+        print("hw: ===== cluster suite across the hosts =====", flush=True)
+        cdir = results / "cluster"
+        cdir.mkdir(parents=True, exist_ok=True)
+        if cluster_harness_supports_hardware(repo_root()):
+            rc = run_cluster_suite(config, cdir, args.pytest_args)
+            summary["cluster"] = {"exit": rc}
+            status = status or (1 if rc else 0)
+        else:
+            msg = (
+                f"NOT RUN: tests/cluster/conftest.py has no hardware mode (it must take its "
+                f"hosts from obmm.testbed.hwstage.cluster_from_env() when ${ENV_CONFIG} is "
+                "set); HW_CLUSTER=off skips this step"
+            )
+            print(f"hw: cluster suite {msg}", file=sys.stderr)
+            summary["cluster"] = {"exit": None, "reason": msg}
+            status = 1
+    (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(
+        f"hw: done in {time.monotonic() - started:.0f} s: "
+        + ("PASSED" if status == 0 else "FAILED")
+        + f"; results in {results}"
+    )
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Host pytest plugin of the hardware stage: a UB host stands where the QEMU cluster would.
+
+Loaded together with :mod:`obmm.testbed.pytest_qemu` (``-p obmm.testbed.pytest_qemu -p
+obmm.testbed.pytest_hw``) by :mod:`obmm.testbed.hwstage`, which passes the host in the
+environment (``OBMM_HW_CONFIG_JSON``, ``OBMM_HW_HOST_INDEX``, ``OBMM_HW_RESULTS``,
+``OBMM_HW_SHIP_DEPS_TAR``, ``OBMM_HW_RUN_ID``).  The ``*.guestsuite`` items then run on that host.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from obmm.testbed import hwstage
+from obmm.testbed.hwconfig import HwConfig
+from obmm.testbed.pytest_qemu import SESSION_KEY
+from obmm.testbed.runner import GuestSession
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    text = os.environ.get(hwstage.ENV_CONFIG)
+    if not text:
+        raise pytest.UsageError(
+            f"obmm.testbed.pytest_hw needs ${hwstage.ENV_CONFIG}: run it through "
+            "`python -m obmm.testbed.hwstage` (make hw-test)"
+        )
+    ship = os.environ.get(hwstage.ENV_SHIP)
+    session = hwstage.HwSession(
+        HwConfig.from_json(text),
+        int(os.environ.get(hwstage.ENV_INDEX, "0")),
+        results=Path(os.environ.get(hwstage.ENV_RESULTS) or "results/hw"),
+        ship_tar=Path(ship) if ship else None,
+        run_id=os.environ.get(hwstage.ENV_RUN_ID, ""),
+    )
+    # HwSession duck-types GuestSession for pytest_qemu's items (boot/collect/start/close).
+    config.stash[SESSION_KEY] = cast(GuestSession, session)
