@@ -122,7 +122,11 @@ def sshd(tmp_path: Path, keys: tuple[paramiko.PKey, paramiko.PKey]) -> Iterator[
         transports.append(t)
         t.add_server_key(host_key)
         iface = _Server(client_key)
-        t.start_server(server=iface)
+        try:
+            t.start_server(server=iface)
+        except (paramiko.SSHException, OSError):
+            # The client hung up during key exchange (e.g. it refused our host key).
+            return
         while not server.stop.is_set() and t.is_active():
             chan = t.accept(timeout=0.2)
             if chan is None:
