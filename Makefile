@@ -49,10 +49,14 @@ image: setup-python
 # Boot a node, load the modules, run tests/guest inside it; one host result per guest test.
 # image and kmod first so their progress is visible (pytest captures output while collecting).
 # Then the 2-node cluster suite (tests/cluster, boots its own pair); both run even if one fails.
-qemu-test: image kmod
-	@st=0; \
+# A green run's wall time is recorded (cold if the image was built) for `make bench`.
+qemu-test: setup-python
+	@st=0; t0=$$(date +%s); \
+	$(MAKE) --no-print-directory image kmod || exit 1; \
 	$(PYTEST) tests/qemu --junitxml=results/qemu-junit.xml -o junit_logging=all || st=1; \
 	$(PYTEST) tests/cluster --junitxml=results/cluster-junit.xml -o junit_logging=all || st=1; \
+	if [ $$st = 0 ]; then $(PY) -m obmm.bench.cluster_hook record $$t0 \
+		results/qemu-junit.xml results/cluster-junit.xml || true; fi; \
 	exit $$st
 
 # Benchmarks on a QEMU cluster: results in bench-results/<timestamp>/ (JSON, summary.md, PNGs).

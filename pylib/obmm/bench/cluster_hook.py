@@ -50,11 +50,18 @@ def _qemu_test_figures(timings: Path) -> list[Figure]:
     return figures
 
 
+def _green(junit: Path) -> bool:
+    try:
+        root = ET.parse(junit).getroot()
+    except (OSError, ET.ParseError):
+        return False
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    return not (suite is None or int(suite.get("failures", "0")) or int(suite.get("errors", "0")))
+
+
 def record_qemu_test(junit: Path, seconds: float, image_built: bool, out: Path) -> None:
     """Remember one green `make qemu-test` wall time as cold (image built) or warm."""
-    root = ET.parse(junit).getroot()
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
-    if suite is None or int(suite.get("failures", "0")) or int(suite.get("errors", "0")):
+    if not _green(junit):
         return
     try:
         doc = json.loads(out.read_text())
@@ -66,6 +73,38 @@ def record_qemu_test(junit: Path, seconds: float, image_built: bool, out: Path) 
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def image_built_since(start_epoch: float) -> bool:
+    """Whether the cached default image was built at or after `start_epoch` (a cold run)."""
+    from obmm.testbed.image import ensure_image
+
+    built_at = ensure_image().manifest.get("built_at", "")
+    try:
+        built = time.mktime(time.strptime(built_at, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    except ValueError:
+        return False
+    return built >= start_epoch - 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m obmm.bench.cluster_hook record START_EPOCH JUNIT...` (from `make qemu-test`)."""
+    p = argparse.ArgumentParser(prog="python -m obmm.bench.cluster_hook")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    rec = sub.add_parser("record", help="remember a green make qemu-test's wall time")
+    rec.add_argument("start_epoch", type=float)
+    rec.add_argument("junit", type=Path, nargs="+")
+    rec.add_argument("--out", type=Path, default=QEMU_TEST_TIMINGS)
+    args = p.parse_args(argv)
+    seconds = time.time() - args.start_epoch
+    built = image_built_since(args.start_epoch)
+    for junit in args.junit:
+        if not _green(junit):
+            print(f"qemu-test timing not recorded: {junit} is not green")
+            return 0
+    record_qemu_test(args.junit[0], seconds, built, args.out)
+    print(f"qemu-test took {seconds:.0f} s ({'cold' if built else 'warm'}), recorded in {args.out}")
+    return 0
 
 
 def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
@@ -155,3 +194,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cluster sizes whose boot-to-SSH time is measured (default 1,2,4)",
     )
     p.add_argument("--accel", choices=("auto", "tcg", "kvm"), default=None)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""`make qemu-test` wall times: recorded only when green, cold vs warm, read back by make bench."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from obmm.bench import cluster_hook
+
+
+def _junit(path: Path, failures: int) -> Path:
+    path.write_text(
+        f'<testsuites><testsuite name="pytest" tests="3" failures="{failures}" errors="0">'
+        "</testsuite></testsuites>"
+    )
+    return path
+
+
+def test_green_runs_are_recorded_as_cold_then_warm(tmp_path: Path) -> None:
+    out = tmp_path / "timings.json"
+    green = _junit(tmp_path / "g.xml", 0)
+    cluster_hook.record_qemu_test(green, 700.04, True, out)
+    cluster_hook.record_qemu_test(green, 600.0, False, out)
+    doc = json.loads(out.read_text())
+    assert doc["cold"]["seconds"] == 700.0
+    assert doc["warm"]["seconds"] == 600.0
+    figures = {f.name: f for f in cluster_hook._qemu_test_figures(out)}
+    assert sorted(figures) == ["testbed.qemu_test.cold", "testbed.qemu_test.warm"]
+    assert figures["testbed.qemu_test.warm"].baseline == "testbed.qemu_test.cold"
+
+
+def test_red_runs_are_not_recorded(tmp_path: Path) -> None:
+    out = tmp_path / "timings.json"
+    cluster_hook.record_qemu_test(_junit(tmp_path / "r.xml", 1), 10.0, False, out)
+    assert not out.exists()
+    assert cluster_hook._qemu_test_figures(out) == []
+
+
+def test_record_command_needs_every_suite_green(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cluster_hook, "image_built_since", lambda start: False)
+    out = tmp_path / "timings.json"
+    green, red = _junit(tmp_path / "g.xml", 0), _junit(tmp_path / "r.xml", 2)
+    start = str(time.time() - 42)
+    assert cluster_hook.main(["record", start, str(green), str(red), "--out", str(out)]) == 0
+    assert "not recorded" in capsys.readouterr().out
+    assert not out.exists()
+    assert cluster_hook.main(["record", start, str(green), "--out", str(out)]) == 0
+    assert 41 <= json.loads(out.read_text())["warm"]["seconds"] < 60
