@@ -146,23 +146,7 @@ class HwSession:
         }
         if self.config.decoder:
             env["OBMM_DECODER"] = self.config.decoder
-        argv = [
-            self.config.python,
-            "-m",
-            "pytest",
-            "-p",
-            "obmm.testbed.guest_plugin",
-            "-p",
-            "no:cacheprovider",
-            "-v",
-            "-rA",
-        ]
-        if junit:
-            argv.append(f"--junitxml={junit}")
-        argv += list(args)
-        env_s = " ".join(f"{k}={runner._q(v)}" for k, v in env.items())
-        quoted = " ".join(runner._q(a) for a in argv)
-        return f"cd {root} && env {env_s} {quoted} {runner.EVENT_FD}>&1 1>&2"
+        return runner.pytest_shell_command(root, env, args, junit=junit, python=self.config.python)
 
     def collect(
         self, paths: Sequence[str], ignore: Sequence[str] = (), node: int = 0

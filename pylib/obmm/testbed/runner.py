@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 from obmm.testbed import qemu
@@ -162,23 +162,26 @@ def guest_pytest_command(
         "OBMM_POOL_SIZE": str(topology.pool_size),
         "OBMM_TARGET": "qemu",
     }
-    argv = [
-        "python3",
-        "-m",
-        "pytest",
-        "-p",
-        "obmm.testbed.guest_plugin",
-        "-p",
-        "no:cacheprovider",
-        "-v",
-        "-rA",
-    ]
+    return pytest_shell_command(GUEST_ROOT, env, args, junit=junit)
+
+
+def pytest_shell_command(
+    root: str | PurePath,
+    env: dict[str, str],
+    args: Sequence[str],
+    *,
+    junit: str | None = None,
+    python: str = "python3",
+) -> str:
+    """Run pytest in `root` on a node with the guest plugin's event stream on stdout."""
+    argv = [python, "-m", "pytest", "-p", "obmm.testbed.guest_plugin", "-p", "no:cacheprovider"]
+    argv += ["-v", "-rA"]
     if junit:
         argv.append(f"--junitxml={junit}")
     argv += list(args)
     env_s = " ".join(f"{k}={_q(v)}" for k, v in env.items())
     # fd 3 -> the SSH stdout (events only); pytest's stdout -> SSH stderr (human log).
-    return f"cd {GUEST_ROOT} && env {env_s} {' '.join(_q(a) for a in argv)} {EVENT_FD}>&1 1>&2"
+    return f"cd {root} && env {env_s} {' '.join(_q(a) for a in argv)} {EVENT_FD}>&1 1>&2"
 
 
 def _q(s: str) -> str:
