@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -13,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fake_cluster import make_image, use_run_root
 
 from obmm.testbed import cluster as cl
 from obmm.testbed import qemu
@@ -21,24 +21,12 @@ from obmm.testbed.image import Image
 
 @pytest.fixture
 def run_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "shm"
-    monkeypatch.setenv("OBMM_TESTBED_RUN_ROOT", str(root))
-    monkeypatch.setenv("OBMM_TESTBED_CACHE", str(tmp_path / "cache"))
-    return root
+    return use_run_root(tmp_path, monkeypatch)
 
 
 @pytest.fixture
 def fake_image(tmp_path: Path) -> Image:
-    d = tmp_path / "image"
-    d.mkdir()
-    subprocess.run(
-        ["qemu-img", "create", "-q", "-f", "qcow2", str(d / "disk.qcow2"), "16M"], check=True
-    )
-    (d / "vmlinuz").write_bytes(b"k")
-    (d / "initrd.img").write_bytes(b"i")
-    manifest = {"kernel_release": "6.1.0-0-amd64", "ssh_key": str(d / "key"), "host_key": ""}
-    (d / "manifest.json").write_text(json.dumps(manifest))
-    return Image.open(d)
+    return make_image(tmp_path)
 
 
 @pytest.fixture

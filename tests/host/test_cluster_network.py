@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fake_cluster import make_image, use_run_root
 
 from obmm.testbed import cluster as cl
 from obmm.testbed import hub as hub_mod
@@ -187,24 +188,12 @@ def test_guest_addresses_are_link_local_and_distinct() -> None:
 
 @pytest.fixture
 def run_root(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = short_dir / "shm"
-    monkeypatch.setenv("OBMM_TESTBED_RUN_ROOT", str(root))
-    monkeypatch.setenv("OBMM_TESTBED_CACHE", str(short_dir / "cache"))
-    return root
+    return use_run_root(short_dir, monkeypatch)
 
 
 @pytest.fixture
 def fake_image(short_dir: Path) -> Image:
-    d = short_dir / "image"
-    d.mkdir()
-    subprocess.run(
-        ["qemu-img", "create", "-q", "-f", "qcow2", str(d / "disk.qcow2"), "16M"], check=True
-    )
-    (d / "vmlinuz").write_bytes(b"k")
-    (d / "initrd.img").write_bytes(b"i")
-    manifest = {"kernel_release": "6.1.0-0-amd64", "ssh_key": str(d / "key"), "host_key": ""}
-    (d / "manifest.json").write_text(json.dumps(manifest))
-    return Image.open(d)
+    return make_image(short_dir)
 
 
 @pytest.fixture

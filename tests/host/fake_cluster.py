@@ -1,0 +1,33 @@
+"""Stand-ins shared by the cluster tests that boot no VM: a run root and a guest image."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from obmm.testbed.image import Image
+
+
+def use_run_root(base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point the testbed's run root and cache below `base`; returns the run root."""
+    root = base / "shm"
+    monkeypatch.setenv("OBMM_TESTBED_RUN_ROOT", str(root))
+    monkeypatch.setenv("OBMM_TESTBED_CACHE", str(base / "cache"))
+    return root
+
+
+def make_image(base: Path) -> Image:
+    """A guest image that passes every check of Image.open but never boots."""
+    d = base / "image"
+    d.mkdir()
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", str(d / "disk.qcow2"), "16M"], check=True
+    )
+    (d / "vmlinuz").write_bytes(b"k")
+    (d / "initrd.img").write_bytes(b"i")
+    manifest = {"kernel_release": "6.1.0-0-amd64", "ssh_key": str(d / "key"), "host_key": ""}
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    return Image.open(d)
