@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from obmm.decoder import (
     decoder_from_spec,
     emulator_uba_split,
     local_cna,
+    local_eid,
+    local_node_id,
 )
 
 GIB = 1 << 30
@@ -115,3 +118,29 @@ def test_local_cna_reads_libobmm_path(tmp_path: Path) -> None:
     assert local_cna(str(tmp_path)) == 0x11
     with pytest.raises(DecoderError, match="no UB controller"):
         local_cna(str(tmp_path / "empty"))
+
+
+def test_local_eid_is_the_controller_eid_in_the_first_four_bytes(tmp_path: Path) -> None:
+    ubc = tmp_path / "ub_bus_controller0" / "0" / "ubc"
+    ubc.mkdir(parents=True)
+    (ubc / "primary_cna").write_text("0x11\n")
+    (ubc / "eid").write_text("0x1234\n")
+    assert local_eid(str(tmp_path)) == (0x1234).to_bytes(4, sys.byteorder) + bytes(12)
+    (ubc / "eid").write_text("0\n")  # libobmm rejects an all-zero EID
+    with pytest.raises(DecoderError, match="not a non-zero 32-bit"):
+        local_eid(str(tmp_path))
+
+
+def test_local_node_id_prefers_obmm_emu_then_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OBMM_NODE_ID", "3")
+    assert local_node_id(str(tmp_path / "absent")) == 3
+    (tmp_path / "node_id").write_text("1\n")
+    assert local_node_id(str(tmp_path)) == 1
+    monkeypatch.delenv("OBMM_NODE_ID")
+    with pytest.raises(DecoderError, match=r"\$OBMM_NODE_ID is unset: set it"):
+        local_node_id(str(tmp_path / "absent"))
+    monkeypatch.setenv("OBMM_NODE_ID", "two")
+    with pytest.raises(DecoderError, match="OBMM_NODE_ID is 'two'"):
+        local_node_id(str(tmp_path / "absent"))
