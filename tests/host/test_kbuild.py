@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,18 @@ def test_build_copies_ko_and_keeps_sources_clean(headers: Path, tmp_path: Path) 
     assert kbuild.build_modules(headers, kmod, out) == [out / "kb_good.ko"]
     assert sorted(p.name for p in (kmod / "kb_good").iterdir()) == ["Kbuild", "kb_good.c"]
     assert (out / ".build" / "kmod" / "kb_good" / "kb_good.o").is_file()
+
+
+@needs_debian
+def test_concurrent_builds_into_one_out_dir_take_turns(headers: Path, tmp_path: Path) -> None:
+    # make test and make bench both build into results/kmod/<release>: the shared build copies
+    # must not be removed under a running make, and each gets a whole .ko.
+    kmod = _module_tree(tmp_path / "src", "kb_good", GOOD_MODULE)
+    out = tmp_path / "out"
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: kbuild.build_modules(headers, kmod, out), range(3)))
+    assert results == [[out / "kb_good.ko"]] * 3
+    assert sorted(p.name for p in out.iterdir()) == [".build", ".build.lock", "kb_good.ko"]
 
 
 @needs_debian

@@ -12,6 +12,7 @@ Debug CLI: ``python -m obmm.testbed.kbuild [--release R] [--arch A] [--out DIR]`
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -457,6 +458,28 @@ def build_modules(
     if not dirs:
         raise KbuildError(f"no module directories (with Kbuild or Makefile) under {kmod_dir}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    # Two runs building into one out_dir (make test beside make bench) take turns: the build
+    # copies under `work` are shared.
+    with open(work.with_name(work.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(
+            headers_dir, kmod_dir, dirs, out_dir, work, extra_cflags, jobs, make_vars,
+            warnings_as_errors,
+        )  # fmt: skip
+
+
+def _build_locked(
+    headers_dir: Path,
+    kmod_dir: Path,
+    dirs: Sequence[Path],
+    out_dir: Path,
+    work: Path,
+    extra_cflags: Sequence[str],
+    jobs: int | None,
+    make_vars: Mapping[str, str] | None,
+    warnings_as_errors: bool,
+) -> list[Path]:
     _mirror_siblings(kmod_dir, work)
     built: list[Path] = []
     for src in dirs:
@@ -497,8 +520,11 @@ def build_modules(
         if not kos:
             raise KbuildError(f"{src.name}: make succeeded but produced no .ko:\n{output}")
         for ko in kos:
+            # Atomic: a cluster loading the previous .ko never reads a half-copied file.
             dest = out_dir / ko.name
-            shutil.copy2(ko, dest)
+            tmp = dest.with_name(f".{ko.name}.{os.getpid()}")
+            shutil.copy2(ko, tmp)
+            os.replace(tmp, dest)
             built.append(dest)
         log.info(
             "%s: built %s in %.1fs",
