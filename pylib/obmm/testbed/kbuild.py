@@ -78,13 +78,11 @@ def _repo_root() -> Path:
 
 
 def default_cache_dir() -> Path:
-    """``$OBMM_CACHE_DIR`` or ``$XDG_CACHE_HOME/obmm-testbed`` or ``~/.cache/obmm-testbed``."""
-    explicit = os.environ.get("OBMM_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "obmm-testbed"
+    """The testbed's cache, shared with the images: ``$OBMM_TESTBED_CACHE``, else
+    ``$XDG_CACHE_HOME/obmm-testbed``, else ``~/.cache/obmm-testbed``."""
+    from obmm.testbed.image import cache_dir
+
+    return cache_dir()
 
 
 def _run(
