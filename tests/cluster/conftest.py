@@ -20,6 +20,13 @@ Environment: ``OBMM_CLUSTER_TOPOLOGY`` (default ``pair``), ``OBMM_TESTBED_ACCEL`
 ``OBMM_CLUSTER_ATTACH=NAME`` to run against a cluster started with
 ``obmm-testbed up --nodes 2 --kmod --name NAME`` instead of booting one (it is left running;
 the node-killing test kills its node 0).
+
+Hardware mode: when ``$OBMM_HW_CONFIG_JSON`` is set (the hardware stage, ``make hw-test``, sets
+it) the nodes are the stage's hosts (:func:`obmm.testbed.hwstage.cluster_from_env`): nothing is
+booted, built or loaded; the package and helpers go to a fresh directory under the stage's
+``remote_tmp`` on every host (removed at the end unless ``HW_KEEP=1``); each host's processes get
+``OBMM_NODE_ID`` (its position in the host list) and ``OBMM_DECODER``; tests marked
+``emulator_only`` are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -29,15 +36,20 @@ import signal
 import threading
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import FrameType
 
 import pytest
-from xharness import EXAMPLES, HELPERS, ClusterHarness
+from xharness import ClusterHarness, ClusterView
 
+from obmm.testbed import hwstage
 from obmm.testbed.cluster import Cluster, load_topology
+from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
 from obmm.testbed.image import repo_root
-from obmm.testbed.runner import GUEST_ROOT, GuestSession, repo_results_dir
+from obmm.testbed.runner import GuestSession, payload_tar, repo_results_dir
+from obmm.testbed.ssh import SshError
+
+HARDWARE = bool(os.environ.get(hwstage.ENV_CONFIG))
 
 
 def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -58,6 +70,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if HARDWARE:
+        skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP)
+        for item in items:
+            if item.get_closest_marker("emulator_only") is not None:
+                item.add_marker(skip)
+
     # Node-killing tests last; after them only tests that dirty a kernel log on purpose, so no
     # test that scans a node's whole log sees their reports.
     def order(item: pytest.Item) -> tuple[bool, bool]:
@@ -68,8 +86,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """The booted, prepared cluster: a new one, or the one named by $OBMM_CLUSTER_ATTACH."""
+def cluster(request: pytest.FixtureRequest) -> Iterator[ClusterView]:
+    """The booted, prepared cluster: a new one, the one named by $OBMM_CLUSTER_ATTACH, or the
+    hardware stage's hosts."""
+    hardware = hwstage.cluster_from_env()
+    if hardware is not None:
+        yield hardware
+        return
     attach = os.environ.get("OBMM_CLUSTER_ATTACH")
     if attach:
         # A cluster started with `obmm-testbed up --nodes 2 --kmod --name NAME`; left running.
@@ -100,17 +123,57 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
-def xc(cluster: Cluster) -> Iterator[ClusterHarness]:
-    """The harness: the booted cluster with the helpers and examples copied in."""
-    harness = ClusterHarness(cluster)
+def xc(cluster: ClusterView) -> Iterator[ClusterHarness]:
+    """The harness: the cluster with the helpers and examples copied in (and on hardware hosts
+    the package, into a per-run directory)."""
+    if isinstance(cluster, hwstage.HwCluster):
+        harness = _hardware_harness(cluster)
+    else:
+        harness = ClusterHarness(cluster)  # GuestSession copied the package to GUEST_ROOT
     root = repo_root()
-    for i in range(harness.nodes):
-        harness.run(i, f"rm -rf {HELPERS} {EXAMPLES} && mkdir -p {HELPERS}")
-        conn = harness.conn(i)
-        conn.put(Path(__file__).parent / "guest_side" / "xnode.py", str(HELPERS / "xnode.py"))
-        conn.put(root / "examples", str(GUEST_ROOT))
-    yield harness
-    harness.close()
+    xnode = Path(__file__).parent / "guest_side" / "xnode.py"
+    try:
+        for i in range(harness.nodes):
+            harness.run(i, f"rm -rf {harness.helpers} {harness.examples}")
+            harness.run(i, f"mkdir -p {harness.helpers}")
+            conn = harness.conn(i)
+            conn.put(xnode, f"{harness.helpers}/xnode.py")
+            conn.put(root / "examples", str(harness.root))
+        yield harness
+    finally:
+        if harness.hardware and os.environ.get("HW_KEEP") != "1":
+            for i in range(harness.nodes):
+                try:
+                    harness.run(i, f"rm -rf {harness.root}", check=False)
+                except SshError as exc:  # the run's own result says more; keep cleaning
+                    print(f"node{i}: could not remove {harness.root}: {exc}")
+        harness.close()
+
+
+def _hardware_harness(hw: hwstage.HwCluster) -> ClusterHarness:
+    """Hosts get the package in one new directory (the same path on every host); the stage's
+    run marker goes into each kernel log so it can cut this run's messages out."""
+    config = hw.config
+    run_id = os.environ.get(hwstage.ENV_RUN_ID) or uuid.uuid4().hex[:12]
+    workdir = PurePosixPath(config.remote_tmp) / f"obmm-xnode.{run_id}"
+    harness = ClusterHarness(
+        hw, root=workdir, python=config.python, hardware=True, extra_env=hw.node_env
+    )
+    payload = payload_tar(repo_root())
+    made: list[int] = []
+    try:
+        for i in range(harness.nodes):
+            # mkdir (not -p) fails on an existing path: never unpack into another's directory.
+            harness.run(i, f"mkdir -m 0700 {workdir}")
+            made.append(i)
+            harness.run(i, f"tar -xzf - -C {workdir}", timeout=300, stdin=payload)
+            harness.run(i, f"echo '{hwstage.KMSG_MARKER} {run_id}' > /dev/kmsg 2>/dev/null; true")
+    except BaseException:
+        for i in made:
+            harness.run(i, f"rm -rf {workdir}", check=False)
+        harness.close()
+        raise
+    return harness
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,19 +118,12 @@ with obmm.ShmDev(mem_id) as shm, shm.mmap(len(pattern)) as m:
 """
 
 
-def connect(cluster: Cluster, index: int) -> Connection:
-    """A connection that only fails when its own node dies (not any node of the cluster)."""
-    node = cluster.nodes[index]
-    conn = Connection(cluster.target(index), alive=node.alive, name=node.name)
-    conn.connect(time.monotonic() + 60)
-    return conn
-
-
 @pytest.fixture(scope="module")
 def nodes(cluster: Cluster) -> Iterator[tuple[Connection, Connection]]:
     if len(cluster.nodes) < 2 or not all(n.alive() for n in cluster.nodes[:2]):
         pytest.skip("needs nodes 0 and 1 running")
-    a, b = connect(cluster, 0), connect(cluster, 1)
+    # Each connection fails only when its own node dies, not any node of the cluster.
+    a, b = (cluster.connect(i, timeout=60, node_only=True) for i in (0, 1))
     yield a, b
     for c in (a, b):
         with contextlib.suppress(Exception):

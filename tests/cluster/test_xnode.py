@@ -60,7 +60,7 @@ def exporter(xc: ClusterHarness, tmp: str, *, size: int = SZ_2M, seed: int = 1,
     host = xc.ip(node)
     pid = xc.spawn(
         node,
-        f"exec python3 -m xnode serve --size {size} --seed {seed} --name {name} "
+        f"exec {xc.python} -m xnode serve --size {size} --seed {seed} --name {name} "
         f"--bind {host} --port {port} --ready {ready}",
         name=f"serve-{name}-{port}",
     )
@@ -125,7 +125,7 @@ def test_nodes_reach_each_other_on_link_local_addresses(xc: ClusterHarness, gues
         "c.close()\n"
     )
     xc.run(A, f"cat > {guest_tmp}/echo.py", stdin=server.encode())
-    xc.spawn(A, f"exec timeout 120 python3 {guest_tmp}/echo.py", name="echo")
+    xc.spawn(A, f"exec timeout 120 {xc.python} {guest_tmp}/echo.py", name="echo")
     xc.wait_file(A, ready)
     got = xc.py_json(
         B,
@@ -142,8 +142,12 @@ def test_nodes_reach_each_other_on_link_local_addresses(xc: ClusterHarness, gues
         "print(json.dumps([data[:21].decode().strip(), ok, len(body), dt]))\n",
         timeout=180,
     )
+    print(f"4 MiB A -> B over the inter-node network in {got[3]:.2f} s")
+    if xc.hardware:
+        # A host's fabric address may be a name and its source address another interface's.
+        assert got[1:3] == [True, 4 << 20], got
+        return
     assert got[:3] == [f"ping-{xc.ip(B)}", True, 4 << 20], got
-    print(f"4 MiB A -> B over the hub in {got[3]:.2f} s")
     for i in range(xc.nodes):
         addrs = xc.run(i, "ip -4 -o addr show | awk '{print $2, $4}'").out
         assert f"{xc.ip(i)}/16" in addrs
@@ -151,7 +155,7 @@ def test_nodes_reach_each_other_on_link_local_addresses(xc: ClusterHarness, gues
 
 def test_a_exports_and_fills_b_imports_and_reads(xc: ClusterHarness, guest_tmp: str) -> None:
     with exporter(xc, guest_tmp, seed=11) as exp:
-        assert exp.handle["node_id"] == A
+        assert exp.handle["node_id"] == A  # obmm_emu's node_id, or OBMM_NODE_ID on hardware
         assert exp.handle["tokenid"] != 0
         mem_id = import_on(xc, B, exp)
         try:
@@ -211,7 +215,7 @@ def test_several_importers_of_one_export(xc: ClusterHarness, guest_tmp: str) -> 
                 "        print('seen')\n"
             )
             xc.run(B, f"cat > {guest_tmp}/two.py", stdin=code.encode())
-            reader = xc.spawn(B, f"exec python3 {guest_tmp}/two.py r", name="two-r")
+            reader = xc.spawn(B, f"exec {xc.python} {guest_tmp}/two.py r", name="two-r")
             xc.py(B, f"import sys; sys.argv = ['x', 'w']; exec(open('{guest_tmp}/two.py').read())")
             xc.run(B, f"while kill -0 {reader} 2>/dev/null; do sleep 0.2; done", timeout=90)
             assert xc.run(B, "cat /tmp/two-r.log").out.strip() == "seen"
@@ -272,6 +276,7 @@ def test_two_importers_write_disjoint_halves_concurrently(xc: ClusterHarness, gu
                 unimport_on(xc, node, mem_id)
 
 
+@pytest.mark.emulator_only  # the real driver ignores tokenid at IMPORT (FIDELITY.md)
 def test_import_with_a_wrong_token_is_refused(xc: ClusterHarness, guest_tmp: str) -> None:
     with exporter(xc, guest_tmp, seed=15) as exp:
         wrong = (exp.handle["tokenid"] ^ 0x5A5A) or 1
@@ -306,7 +311,7 @@ def _touch_in_background(xc: ClusterHarness, node: int, mem_id: int, tmp: str, t
     flag = " --sync" if sync else ""
     xc.spawn(
         node,
-        f"python3 -m xnode touch --mem-id {mem_id} --ready {ready} --limit 120{flag}; "
+        f"{xc.python} -m xnode touch --mem-id {mem_id} --ready {ready} --limit 120{flag}; "
         f"echo $? > {status}",
         name=f"touch-{tag}",
     )
@@ -326,6 +331,7 @@ def _wait_status(xc: ClusterHarness, node: int, status: str, budget: float) -> i
     return code
 
 
+@pytest.mark.emulator_only  # the emulator's revocation (FIDELITY.md: on hardware the UMMU)
 def test_unexport_while_b_has_it_mapped_faults_b(xc: ClusterHarness, guest_tmp: str) -> None:
     with exporter(xc, guest_tmp, seed=16) as exp:
         mem_id = import_on(xc, B, exp)
@@ -377,6 +383,7 @@ def test_engram_random_rows_match_a_byte_for_byte(xc: ClusterHarness, guest_tmp:
             unimport_on(xc, B, mem_id)
 
 
+@pytest.mark.emulator_only  # kills node A's QEMU
 @pytest.mark.destroys_cluster
 def test_killing_a_while_b_has_it_mapped_faults_b_and_leaves_b_clean(
     xc: ClusterHarness, guest_tmp: str
@@ -414,6 +421,7 @@ def test_killing_a_while_b_has_it_mapped_faults_b_and_leaves_b_clean(
     # The kernel-log guard (conftest) then scans B's log for WARN/BUG/oops from the revocation.
 
 
+@pytest.mark.emulator_only  # obmm_testhook.ko makes the WARN
 @pytest.mark.after_destroys
 def test_kernel_log_guard_reports_a_warn_on_the_node_that_warned(xc: ClusterHarness) -> None:
     # The guard (conftest) is what proves "no kernel report on the survivors": check it sees one.

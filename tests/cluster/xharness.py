@@ -13,11 +13,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from pathlib import PurePosixPath
+from typing import Any, Protocol
 
 from obmm import logscan
-from obmm.testbed import qemu
-from obmm.testbed.cluster import Cluster
 from obmm.testbed.runner import GUEST_ROOT
 from obmm.testbed.ssh import (
     CommandFailed,
@@ -28,13 +27,22 @@ from obmm.testbed.ssh import (
     SshError,
 )
 
-HELPERS = GUEST_ROOT / "cluster"
-EXAMPLES = GUEST_ROOT / "examples"
-GUEST_ENV = (
-    f"PYTHONPATH={GUEST_ROOT / 'pylib'}:{HELPERS} PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1"
-)
 MARKER = "obmm-cluster-test"
 AGENT_START_S = 120.0
+
+
+class ClusterView(Protocol):
+    """What the harness needs of a cluster: a booted QEMU :class:`obmm.testbed.cluster.Cluster`
+    or the hardware stage's :class:`obmm.testbed.hwstage.HwCluster` (nodes have ``name``,
+    ``alive()`` and ``console_tail()``)."""
+
+    @property
+    def nodes(self) -> list[Any]: ...
+
+    def connect(self, index: int, timeout: float = 30.0, *, node_only: bool = False
+                ) -> Connection: ...  # fmt: skip
+
+    def fabric_ip(self, index: int) -> str: ...
 
 
 class Agent:
@@ -44,15 +52,13 @@ class Agent:
     its deadline kills the agent (the next call starts a new one).
     """
 
-    def __init__(self, conn: Connection, alive: Callable[[], bool]) -> None:
+    def __init__(self, conn: Connection, alive: Callable[[], bool], command: str) -> None:
         self.conn = conn
         self.alive = alive
         self.lock = threading.Lock()
         self.buf = b""
         self.chan = conn._transport().open_session(timeout=30)
-        self.chan.exec_command(
-            f"cd /tmp && env {GUEST_ENV} python3 -m xnode agent 2>>/tmp/xnode-agent.log"
-        )
+        self.chan.exec_command(f"cd /tmp && {command} 2>>/tmp/xnode-agent.log")
         self.pid = int(json.loads(self._readline(time.monotonic() + AGENT_START_S))["ready"])
 
     def _readline(self, deadline: float) -> bytes:
@@ -91,14 +97,28 @@ class Agent:
 
 
 class ClusterHarness:
-    """Commands and Python snippets on the nodes of the booted cluster.
+    """Commands and Python snippets on the nodes of the booted cluster (or hardware hosts).
 
     Each node has its own SSH connection whose liveness check looks at that node only, so the
-    survivors stay usable after a test kills a node.
+    survivors stay usable after a test kills a node.  ``root`` is where the package, the helpers
+    (``root/cluster``) and ``examples/`` are on every node; on hardware ``extra_env`` gives each
+    node its number and the decoder hook.
     """
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(
+        self,
+        cluster: ClusterView,
+        *,
+        root: PurePosixPath = GUEST_ROOT,
+        python: str = "python3",
+        hardware: bool = False,
+        extra_env: Callable[[int], dict[str, str]] | None = None,
+    ) -> None:
         self.cluster = cluster
+        self.root = root
+        self.python = python
+        self.hardware = hardware
+        self._extra_env = extra_env
         self._conns: dict[int, Connection] = {}
         self._guard_tag = ""
         self._guard_before: dict[int, int] = {}
@@ -108,8 +128,27 @@ class ClusterHarness:
     def nodes(self) -> int:
         return len(self.cluster.nodes)
 
+    @property
+    def helpers(self) -> PurePosixPath:
+        return self.root / "cluster"
+
+    @property
+    def examples(self) -> PurePosixPath:
+        return self.root / "examples"
+
+    def env(self, node: int) -> str:
+        """`VAR=value ...` for commands on `node`: the package and helpers importable."""
+        env = {
+            "PYTHONPATH": f"{self.root / 'pylib'}:{self.helpers}",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            **(self._extra_env(node) if self._extra_env else {}),
+        }
+        return " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+
     def ip(self, node: int) -> str:
-        return qemu.fabric_ip(node)
+        """The node's address on the inter-node network (where it serves handles)."""
+        return self.cluster.fabric_ip(node)
 
     def alive(self, node: int) -> bool:
         return self.cluster.nodes[node].alive()
@@ -118,9 +157,7 @@ class ClusterHarness:
         conn = self._conns.get(node)
         if conn is not None:
             return conn
-        qnode = self.cluster.nodes[node]
-        conn = Connection(self.cluster.target(node), alive=qnode.alive, name=qnode.name)
-        conn.connect(time.monotonic() + 60)
+        conn = self.cluster.connect(node, timeout=60, node_only=True)
         self._conns[node] = conn
         return conn
 
@@ -138,7 +175,8 @@ class ClusterHarness:
         try:
             if agent is None:
                 qnode = self.cluster.nodes[node]
-                agent = self._agents[node] = Agent(self.conn(node), qnode.alive)
+                command = f"env {self.env(node)} {self.python} -m xnode agent"
+                agent = self._agents[node] = Agent(self.conn(node), qnode.alive, command)
             result = agent.run(code, timeout)
         except (SshError, OSError, EOFError) as exc:
             # A dead or stuck agent is replaced on the next call.
@@ -169,7 +207,7 @@ class ClusterHarness:
         res = self.run(
             node,
             # The whole background job has its fds redirected, so the SSH channel can close.
-            f"(cd /tmp && exec env {GUEST_ENV} setsid sh -c {shlex.quote(command)}) "
+            f"(cd /tmp && exec env {self.env(node)} setsid sh -c {shlex.quote(command)}) "
             f"</dev/null >{log} 2>&1 & echo $!",
         )
         return int(res.out.strip())

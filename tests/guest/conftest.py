@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from obmm import logscan
+from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
 
 # The OBMM fixtures (dev, fabric, leak check) live beside this file; a copy of
 # this conftest on its own (the guard's host test) runs without them.
@@ -130,12 +131,6 @@ def pytest_configure(config: pytest.Config) -> None:
         guard.boot_reports = logscan.scan(_boot_log())
     guard.taint = read_taint()
     config.stash[GUARD_KEY] = guard
-
-
-EMULATOR_ONLY_SKIP = (
-    "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
-    "(OBMM_TARGET=hardware)"
-)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import paramiko
@@ -81,9 +81,32 @@ def test_config_file_simple_format_then_env_then_overrides(tmp_path: Path) -> No
 
 def test_config_file_json_and_round_trip(tmp_path: Path) -> None:
     cfg = tmp_path / "hw.json"
-    cfg.write_text('{"hosts": ["root@a:1022"], "decoder": "file:/etc/ub/windows.json"}')
+    cfg.write_text(
+        '{"hosts": ["root@a:1022", "b"], "decoder": "file:/etc/ub/windows.json", '
+        '"fabric_addrs": ["10.0.0.1", "10.0.0.2"]}'
+    )
     config = hwconfig.load({"HW_CONFIG": str(cfg)})
+    assert config.fabric_addrs == ("10.0.0.1", "10.0.0.2")
     assert HwConfig.from_json(config.to_json()) == config
+
+
+def test_fabric_addresses_default_to_the_ssh_hosts_and_must_match_them() -> None:
+    config = hwconfig.load({"HW_HOSTS": "root@ub1,root@ub2:2200"})
+    assert [config.fabric_addr(i) for i in (0, 1)] == ["ub1", "ub2"]
+    config = hwconfig.load({"HW_HOSTS": "root@ub1,ub2", "HW_FABRIC_ADDRS": "10.9.0.1, 10.9.0.2"})
+    assert [config.fabric_addr(i) for i in (0, 1)] == ["10.9.0.1", "10.9.0.2"]
+    cluster = hwstage.HwCluster(replace(config, decoder="cmd:ub-decoder"))
+    assert [cluster.fabric_ip(i) for i in (0, 1)] == ["10.9.0.1", "10.9.0.2"]
+    assert cluster.node_env(1) == {
+        "OBMM_NODE_ID": "1",
+        "OBMM_TARGET": "hardware",
+        "OBMM_DECODER": "cmd:ub-decoder",
+    }
+    with pytest.raises(ConfigError) as exc:
+        hwconfig.load({"HW_HOSTS": "ub1,ub2", "HW_FABRIC_ADDRS": "10.9.0.1"})
+    assert str(exc.value) == (
+        "fabric_addrs has 1 address(es) for 2 host(s): give one per host, in the same order"
+    )
 
 
 @pytest.mark.parametrize(
@@ -219,8 +242,8 @@ def sshd(tmp_path: Path, keys: tuple[paramiko.PKey, paramiko.PKey]) -> Iterator[
             transports.append(t)
             try:
                 t.start_server(server=iface)
-            except (paramiko.SSHException, EOFError):
-                continue  # a client that hung up before the banner (e.g. an unusable key)
+            except (paramiko.SSHException, EOFError, OSError):
+                continue  # a client that hung up early (an unusable key, a refused host key)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -392,10 +415,35 @@ def test_cross_node_needs_a_decoder_hook(sshd: LocalSshd) -> None:
         sshd.config(hosts=(sshd.host(), second), decoder="cmd:/nonexistent/ub-decoder --json")
     )
     assert report.failure == "decoder command '/nonexistent/ub-decoder' not found on 127.0.0.1"
-    (report, _) = hwpreflight.preflight(
-        sshd.config(hosts=(sshd.host(), second), decoder="cmd:true")
+    # HW_CLUSTER=off: no cross-node import, so neither hook is needed.
+    reports = hwpreflight.preflight(sshd.config(hosts=(sshd.host(), second), cluster="off"))
+    assert all(r.ok for r in reports), [r.lines() for r in reports]
+
+
+def test_cross_node_needs_the_controller_identity(
+    sshd: LocalSshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    second = HwHost("localhost", port=sshd.port)
+    sshd.known_hosts.write_text(
+        sshd.known_hosts.read_text()
+        + f"[localhost]:{sshd.port} {sshd.host_key.get_name()} {sshd.host_key.get_base64()}\n"
     )
+    config = sshd.config(hosts=(sshd.host(), second), decoder="cmd:true")
+    monkeypatch.setattr(hwpreflight, "UBC_GLOB", f"{tmp_path}/ub_bus_controller*/*/ubc")
+    (report, _) = hwpreflight.preflight(config)
+    assert report.failure == (
+        f"no {tmp_path}/ub_bus_controller*/*/ubc/{{primary_cna,eid}} on 127.0.0.1: the cluster "
+        "suite takes the node's CNA and EID from there, as libobmm does (is the UB bus "
+        "controller driver loaded?)"
+    )
+    ubc = tmp_path / "ub_bus_controller0" / "0" / "ubc"
+    ubc.mkdir(parents=True)
+    (ubc / "primary_cna").write_text("0x11\n")
+    (ubc / "eid").write_text("0x1234\n")
+    (report, _) = hwpreflight.preflight(config)
     assert report.ok, report.lines()
+    assert [c.name for c in report.checks] == list(hwpreflight.CHECKS)
+    assert report.checks[-1].detail == f"{ubc}: primary_cna 0x11, eid 0x1234"
 
 
 def test_decoder_table_is_checked_on_the_host(sshd: LocalSshd, tmp_path: Path) -> None:
@@ -474,16 +522,6 @@ def test_guest_pytest_command_runs_in_the_temp_dir_with_the_hardware_target(
     )
 
 
-def test_cluster_step_is_not_run_silently_without_harness_support(tmp_path: Path) -> None:
-    (tmp_path / "tests" / "cluster").mkdir(parents=True)
-    (tmp_path / "tests" / "cluster" / "conftest.py").write_text("# no hardware mode\n")
-    assert not hwstage.cluster_harness_supports_hardware(tmp_path)
-    (tmp_path / "tests" / "cluster" / "conftest.py").write_text(
-        f"import os\nos.environ.get('{hwstage.ENV_CONFIG}')\n"
-    )
-    assert hwstage.cluster_harness_supports_hardware(tmp_path)
-
-
 def test_emulator_only_tests_are_skipped_on_hardware_with_the_reason(tmp_path: Path) -> None:
     """The guest conftest's hook, on the host, with the kernel-log guard off."""
     repo = Path(__file__).resolve().parents[2]
@@ -532,6 +570,36 @@ def test_emulator_only_tests_are_skipped_on_hardware_with_the_reason(tmp_path: P
         timeout=120,
     )
     assert "2 passed" in proc.stdout, proc.stdout
+
+
+def test_cluster_suite_in_hardware_mode_skips_emulator_only_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    """tests/cluster's conftest with $OBMM_HW_CONFIG_JSON set: the emulator_only tests are
+    reported as skipped with the reason (before any fixture would log in to a host)."""
+    repo = Path(__file__).resolve().parents[2]
+    base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "emulator_only"]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HW_", "OBMM_"))}
+    collected = subprocess.run(
+        [*base, "--collect-only", "-q", "tests/cluster"],
+        cwd=repo, env=clean, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    expected = [line for line in collected.stdout.splitlines() if "::" in line]
+    assert len(expected) >= 5, collected.stdout
+    config = HwConfig(hosts=(HwHost("127.0.0.1", port=_closed_port()), HwHost("127.0.0.2")))
+    env = dict(clean, **{hwstage.ENV_CONFIG: config.to_json()})
+    proc = subprocess.run(
+        [*base, "-rs", f"--junitxml={tmp_path / 'j.xml'}", "tests/cluster"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    js = hwstage.JunitSummary.read(tmp_path / "j.xml")
+    assert js.counts == {"passed": 0, "failed": 0, "error": 0, "skipped": len(expected)}
+    reason = (
+        "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
+        "(OBMM_TARGET=hardware)"
+    )
+    assert set(js.skipped.values()) == {reason}
 
 
 def test_junit_summary_lists_skips_with_reasons(tmp_path: Path) -> None:

@@ -542,14 +542,22 @@ class Cluster:
             host_key=self.image.host_key,
         )
 
-    def connect(self, index: int, timeout: float = 30.0) -> Connection:
-        conn = Connection(self.target(index), alive=self._alive_fn(index), name=f"node{index}")
+    def connect(self, index: int, timeout: float = 30.0, *, node_only: bool = False) -> Connection:
+        """An SSH connection to node `index`.  It fails once any node died, or with
+        `node_only` once this node died (so survivors of a killed node stay usable)."""
+        alive = self.nodes[index].alive if node_only else self._alive_fn(index)
+        conn = Connection(self.target(index), alive=alive, name=f"node{index}")
         try:
             conn.connect(time.monotonic() + timeout)
         except GuestGone:
-            self.check_alive()
+            if not node_only:
+                self.check_alive()
             raise
         return conn
+
+    def fabric_ip(self, index: int) -> str:
+        """Node `index`'s address on the inter-node network."""
+        return qemu.fabric_ip(index)
 
     def _alive_fn(self, index: int) -> Callable[[], bool]:
         # A cluster is one fabric: any node dying ends the run, not just the one in use.

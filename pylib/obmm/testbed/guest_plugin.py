@@ -15,6 +15,11 @@ from typing import IO, Any
 import pytest
 
 EVENT_FD_ENV = "OBMM_EVENT_FD"
+# Why a test marked emulator_only is skipped on real hardware (guest and cluster suites alike).
+EMULATOR_ONLY_SKIP = (
+    "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
+    "(OBMM_TARGET=hardware)"
+)
 
 
 def _longrepr(report: pytest.CollectReport | pytest.TestReport) -> str:

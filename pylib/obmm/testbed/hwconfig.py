@@ -18,6 +18,8 @@ config key             environment             meaning
 ``remote_tmp``         ``HW_REMOTE_TMP``       parent of the per-run directory (``/tmp``)
 ``connect_timeout``    ``HW_CONNECT_TIMEOUT``  seconds per SSH login (default 10)
 ``cluster``            ``HW_CLUSTER``          ``auto`` (>= 2 hosts) or ``off``
+``fabric_addrs``       ``HW_FABRIC_ADDRS``     each host's address as the other hosts reach it
+                                               (handle exchange); default: the SSH host names
 =====================  ======================  ==============================================
 """
 
@@ -46,6 +48,7 @@ ENV_KEYS: Mapping[str, str] = {
     "remote_tmp": "HW_REMOTE_TMP",
     "connect_timeout": "HW_CONNECT_TIMEOUT",
     "cluster": "HW_CLUSTER",
+    "fabric_addrs": "HW_FABRIC_ADDRS",
 }
 
 
@@ -100,6 +103,7 @@ class HwConfig:
     remote_tmp: str = "/tmp"
     connect_timeout: float = 10.0
     cluster: str = "auto"
+    fabric_addrs: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> HwConfig:
@@ -122,10 +126,19 @@ class HwConfig:
             )
         if self.ssh_key and not self.key_path().is_file():
             raise ConfigError(f"ssh_key {self.ssh_key}: no such file")
+        if self.fabric_addrs and len(self.fabric_addrs) != len(self.hosts):
+            raise ConfigError(
+                f"fabric_addrs has {len(self.fabric_addrs)} address(es) for "
+                f"{len(self.hosts)} host(s): give one per host, in the same order"
+            )
         labels = [h.label for h in self.hosts]
         if len(set(labels)) != len(labels):
             raise ConfigError(f"duplicate hosts in {', '.join(h.spec for h in self.hosts)}")
         return self
+
+    def fabric_addr(self, index: int) -> str:
+        """Where the other hosts reach host `index` (the SSH host name unless configured)."""
+        return self.fabric_addrs[index] if self.fabric_addrs else self.hosts[index].host
 
     def key_path(self) -> Path:
         return Path(self.ssh_key).expanduser()
@@ -178,6 +191,9 @@ def _build(base: HwConfig, values: Mapping[str, Any]) -> HwConfig:
         if key == "hosts":
             items = value if isinstance(value, list) else str(value).split(",")
             changes["hosts"] = tuple(HwHost.parse(str(i)) for i in items if str(i).strip())
+        elif key == "fabric_addrs":
+            items = value if isinstance(value, list) else str(value).split(",")
+            changes[key] = tuple(str(i).strip() for i in items if str(i).strip())
         elif key == "connect_timeout":
             try:
                 changes[key] = float(value)

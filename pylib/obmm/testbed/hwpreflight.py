@@ -10,6 +10,8 @@ Every check ends in seconds with the reason; nothing is installed or loaded on t
   never shipped); ``pytest`` >= 7.2 is used if the host has it, else a pure-Python archive
   (pytest and its dependencies, from this machine's environment) is shipped.
 * ``decoder``: the decoder resolution hook for cross-node imports (``OBMM_DECODER``).
+* ``identity`` (two or more hosts): the UB controller's ``primary_cna`` and ``eid`` in sysfs,
+  where the cluster suite (like libobmm) takes the node's CNA and EID for its handles.
 """
 
 from __future__ import annotations
@@ -244,6 +246,11 @@ def _kv(text: str) -> dict[str, list[str]]:
     return out
 
 
+CHECKS = ("ssh", "device", "module", "python", "decoder", "identity")
+# Where libobmm's vendor adaptor finds the controller (reference §3); a glob for sh.
+UBC_GLOB = "/sys/devices/ub_bus_controller*/*/ubc"
+
+
 def check_host(
     host: HwHost, config: HwConfig, *, cross_node: bool, shipped: ShippedDeps | None = None
 ) -> HostReport:
@@ -253,7 +260,7 @@ def check_host(
     try:
         _checks(report, config, cross_node, shipped)
     except ssh.SshError as exc:  # the host stopped answering or a probe overran its deadline
-        step = ["ssh", "device", "module", "python", "decoder"][min(len(report.checks), 4)]
+        step = CHECKS[min(len(report.checks), len(CHECKS) - 1)]
         report.checks.append(Check(step, False, str(exc).splitlines()[0]))
     finally:
         report.seconds = time.monotonic() - start
@@ -326,6 +333,8 @@ def _checks(
         if not report.ok:
             return
         _decoder_check(report, conn, config, cross_node, timeout)
+        if report.ok and cross_node:
+            _identity_check(report, conn, timeout)
 
 
 def _python_check(
@@ -476,9 +485,30 @@ def _decoder_check(
         add(Check("decoder", True, f"emulator windows in {sysfs}"))
 
 
+def _identity_check(report: HostReport, conn: HwConnection, timeout: float) -> None:
+    script = (
+        f"for d in {UBC_GLOB}; do [ -r $d/primary_cna ] && [ -r $d/eid ] && "
+        "{ echo $d $(cat $d/primary_cna) $(cat $d/eid); exit 0; }; done; exit 1"
+    )
+    res = conn.run(script, timeout=timeout)
+    if not res.ok:
+        report.checks.append(
+            Check(
+                "identity",
+                False,
+                f"no {UBC_GLOB}/{{primary_cna,eid}} on {report.host.host}: the cluster suite "
+                "takes the node's CNA and EID from there, as libobmm does (is the UB bus "
+                "controller driver loaded?)",
+            )
+        )
+        return
+    where, cna, eid = [*res.out.split(), "?", "?", "?"][:3]
+    report.checks.append(Check("identity", True, f"{where}: primary_cna {cna}, eid {eid}"))
+
+
 def preflight(config: HwConfig, shipped: ShippedDeps | None = None) -> list[HostReport]:
     """Check every host in parallel (an unreachable host costs one connect timeout)."""
-    cross = len(config.hosts) >= 2
+    cross = len(config.hosts) >= 2 and config.cluster != "off"
     with ThreadPoolExecutor(max_workers=min(8, len(config.hosts))) as pool:
         futures = [
             pool.submit(check_host, h, config, cross_node=cross, shipped=shipped)

@@ -12,8 +12,11 @@
    back as its own host test item (the QEMU stage's runner and reporting).  Nothing is built or
    loaded: the host's own driver is under test.  Tests marked ``emulator_only`` are skipped by
    the guest conftest with the reason, which the report and the junit XML show.
-3. **Cluster suite** (``tests/cluster``) across the hosts when there are at least two (the
-   harness finds them through ``$OBMM_HW_CONFIG_JSON``; see :class:`HwCluster`).
+3. **Cluster suite** (``tests/cluster``, host-side) across the hosts when there are at least
+   two: its conftest finds them through ``$OBMM_HW_CONFIG_JSON`` (:class:`HwCluster`), copies
+   the package to a per-run directory on each, skips ``emulator_only`` tests with the reason.
+   ``results/hw/cluster/`` gets ``junit.xml``, ``skipped.txt`` and each host's kernel log.
+   ``--suite guest|cluster`` runs one of the two suites only.
 4. **Collection**: ``results/hw/<host>/`` gets ``junit.xml`` (host view, one case per guest
    test), ``guest-junit.xml``, ``guest-pytest.log``, ``preflight.txt``, ``dmesg.txt`` (whole
    ring buffer) and ``dmesg-run.txt`` (since this run's marker), ``skipped.txt``;
@@ -48,7 +51,7 @@ from obmm.testbed.hwpreflight import (
     preflight,
 )
 from obmm.testbed.image import repo_root
-from obmm.testbed.ssh import Connection, SshError, Target
+from obmm.testbed.ssh import Connection, SshError
 
 log = logging.getLogger(__name__)
 
@@ -248,16 +251,19 @@ class HwNode:
         return f"node{self.index}"
 
     def alive(self) -> bool:
-        return True
+        return True  # no process to watch: a host that stops answering fails its SSH calls
+
+    def console_tail(self) -> str:
+        return f"({self.host.spec} is a hardware host: no console here; see its kernel log)"
 
 
 @dataclass
 class HwCluster:
     """The hosts as ``tests/cluster`` sees a cluster: ``nodes``, ``connect(i)``, ``fabric_ip(i)``.
 
-    A harness in hardware mode builds it with :func:`cluster_from_env` when ``$OBMM_HW_CONFIG_JSON``
-    is set, and uses ``connect(i)`` (which honours the key, agent and known_hosts settings)
-    instead of QEMU SSH targets.
+    ``tests/cluster/conftest.py`` builds it with :func:`cluster_from_env` when
+    ``$OBMM_HW_CONFIG_JSON`` is set; ``connect(i)`` honours the key, agent and known_hosts
+    settings of the stage.
     """
 
     config: HwConfig
@@ -268,16 +274,20 @@ class HwCluster:
         if not self.nodes:
             self.nodes = [HwNode(i, h) for i, h in enumerate(self.config.hosts)]
 
-    def connect(self, index: int, timeout: float = 30.0) -> HwConnection:
+    def connect(self, index: int, timeout: float = 30.0, *, node_only: bool = False
+                ) -> HwConnection:  # fmt: skip
         return connect(self.config.hosts[index], self.config)
 
     def fabric_ip(self, index: int) -> str:
-        return self.config.hosts[index].host
+        return self.config.fabric_addr(index)
 
-    def target(self, index: int) -> Target:
-        """For harnesses that build their own Connection (needs ssh_key; no agent)."""
-        host = self.config.hosts[index]
-        return Target(host.host, host.port, self.config.key_path(), user=host.user)
+    def node_env(self, index: int) -> dict[str, str]:
+        """Environment of the suite's processes on host `index`: its node number (what handles
+        carry and decoders resolve) and the decoder hook."""
+        env = {"OBMM_NODE_ID": str(index), "OBMM_TARGET": "hardware"}
+        if self.config.decoder:
+            env["OBMM_DECODER"] = self.config.decoder
+        return env
 
     def all_alive(self) -> bool:
         return True
@@ -363,53 +373,44 @@ def run_guest_suite(
         env[ENV_SHIP] = str(ship_tar)
     else:
         env.pop(ENV_SHIP, None)
-    root = repo_root()
-    argv = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "obmm.testbed.pytest_qemu",
-        "-p",
-        "obmm.testbed.pytest_hw",
-        "-p",
-        "no:cacheprovider",
-        "-rs",
-        f"--junitxml={outdir / 'junit.xml'}",
-        "-o",
-        "junit_logging=all",
-        "-o",
-        f"junit_suite_name=hw-{config.hosts[index].label}",
-        *pytest_args,
-        str(root / SUITE_FILE),
-    ]
-    return subprocess.run(argv, cwd=root, env=env, check=False).returncode
+    plugins = ("-p", "obmm.testbed.pytest_qemu", "-p", "obmm.testbed.pytest_hw")
+    suite = f"hw-{config.hosts[index].label}"
+    return _host_pytest([*plugins, *pytest_args, SUITE_FILE], outdir, suite, env)
 
 
-def cluster_harness_supports_hardware(root: Path) -> bool:
-    conftest = root / "tests" / "cluster" / "conftest.py"
-    return conftest.is_file() and ENV_CONFIG in conftest.read_text()
+def _host_pytest(args: Sequence[str], outdir: Path, suite: str, env: dict[str, str]) -> int:
+    """pytest on this machine in the repository, junit into outdir; its exit code."""
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs",
+            f"--junitxml={outdir / 'junit.xml'}", "-o", "junit_logging=all",
+            "-o", f"junit_suite_name={suite}", *args]  # fmt: skip
+    return subprocess.run(argv, cwd=repo_root(), env=env, check=False).returncode
 
 
-def run_cluster_suite(config: HwConfig, outdir: Path, pytest_args: Sequence[str] = ()) -> int:
-    env = dict(os.environ, **{ENV_CONFIG: config.to_json(), "OBMM_TARGET": "hardware"})
-    root = repo_root()
-    argv = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-rs",
-        "-m",
-        "not emulator_only",
-        f"--junitxml={outdir / 'junit.xml'}",
-        "-o",
-        "junit_logging=all",
-        *pytest_args,
-        str(root / "tests" / "cluster"),
-    ]
-    return subprocess.run(argv, cwd=root, env=env, check=False).returncode
+def run_cluster_suite(
+    config: HwConfig, outdir: Path, *, run_id: str, pytest_args: Sequence[str] = ()
+) -> int:
+    """The host-side cluster suite in hardware mode (its conftest reads ``$OBMM_HW_CONFIG_JSON``;
+    it skips the ``emulator_only`` tests with the reason).  Returns pytest's exit code."""
+    env = dict(os.environ, **{ENV_CONFIG: config.to_json(), ENV_RUN_ID: run_id})
+    for var in ("OBMM_CLUSTER_ATTACH", "OBMM_TESTBED_NAME"):
+        env.pop(var, None)  # the hosts are the nodes; nothing is booted or attached
+    return _host_pytest([*pytest_args, "tests/cluster"], outdir, "hw-cluster", env)
+
+
+def report_junit(junit: Path, outdir: Path, who: str) -> dict[str, Any]:
+    """Counts, failures and skips (also into skipped.txt) of one junit file; prints one line."""
+    js = JunitSummary.read(junit)
+    (outdir / "skipped.txt").write_text(
+        "".join(f"{t}: {why}\n" for t, why in sorted(js.skipped.items()))
+    )
+    emu = sum(1 for why in js.skipped.values() if EMULATOR_ONLY_REASON in why)
+    print(
+        f"hw: {who}: "
+        + ", ".join(f"{v} {k}" for k, v in js.counts.items())
+        + f" ({emu} skipped as emulator_only, listed in {outdir / 'skipped.txt'})",
+        flush=True,
+    )
+    return {"counts": js.counts, "failed": js.failed, "skipped": js.skipped}
 
 
 def qemu_stand_in(name: str, workdir: Path) -> dict[str, Any]:
@@ -427,6 +428,7 @@ def qemu_stand_in(name: str, workdir: Path) -> dict[str, Any]:
     known.write_text("".join(lines))
     return {
         "hosts": [f"root@127.0.0.1:{n.ssh_port}" for n in cluster.nodes],
+        "fabric_addrs": [cluster.fabric_ip(i) for i in range(len(cluster.nodes))],
         "ssh_key": str(cluster.image.ssh_key),
         "known_hosts": str(known),
         "host_key_policy": "strict",
@@ -460,7 +462,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="use the running QEMU cluster NAME as the hardware (default $HW_QEMU)",
     )
     parser.add_argument("--preflight-only", action="store_true")
-    parser.add_argument("--no-cluster", action="store_true", help="skip the cluster suite")
+    parser.add_argument(
+        "--suite",
+        choices=("all", "guest", "cluster"),
+        default="all",
+        help="which suites: the guest suite on each host, the cluster suite across them, or "
+        "both (default)",
+    )
+    parser.add_argument("--no-cluster", action="store_true", help="same as --suite guest")
     parser.add_argument("pytest_args", nargs="*", help="extra host pytest arguments (after --)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="hw: %(message)s")
@@ -486,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.qemu:
             base = qemu_stand_in(args.qemu, args.results)
             overrides = {**base, **{k: v for k, v in overrides.items() if v}}
+        if args.suite == "guest" or args.no_cluster:
+            overrides["cluster"] = "off"  # also spares the cross-node pre-flight checks
         config = load(env, overrides)
     except (ConfigError, ClusterError) as exc:
         print(f"hw: configuration error: {exc}", file=sys.stderr)
@@ -522,59 +533,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_id = uuid.uuid4().hex[:12]
     summary: dict[str, Any] = {"run_id": run_id, "hosts": {}}
     status = 0
-    for i, rep in enumerate(reports):
-        hostdir = results / rep.host.label
-        print(f"hw: ===== guest suite on {rep.host.spec} ({rep.module}) =====", flush=True)
-        t = time.monotonic()
-        rc = run_guest_suite(
-            config,
-            i,
-            hostdir,
-            ship_tar=ship_tar if rep.ship_deps else None,
-            run_id=run_id,
-            pytest_args=args.pytest_args,
-        )
-        verdict = collect_kernel_log(rep.host, config, hostdir, run_id)
-        entry: dict[str, Any] = {
-            "exit": rc,
-            "module": rep.module,
-            "kernel_log": verdict,
-            "seconds": round(time.monotonic() - t, 1),
-        }
-        junit = hostdir / "junit.xml"
-        if junit.is_file():
-            js = JunitSummary.read(junit)
-            entry.update(counts=js.counts, failed=js.failed, skipped=js.skipped)
-            (hostdir / "skipped.txt").write_text(
-                "".join(f"{t}: {why}\n" for t, why in sorted(js.skipped.items()))
+    if args.suite in ("all", "guest"):
+        for i, rep in enumerate(reports):
+            hostdir = results / rep.host.label
+            print(f"hw: ===== guest suite on {rep.host.spec} ({rep.module}) =====", flush=True)
+            t = time.monotonic()
+            rc = run_guest_suite(
+                config,
+                i,
+                hostdir,
+                ship_tar=ship_tar if rep.ship_deps else None,
+                run_id=run_id,
+                pytest_args=args.pytest_args,
             )
-            emu = sum(1 for why in js.skipped.values() if EMULATOR_ONLY_REASON in why)
-            print(
-                f"hw: {rep.host.spec}: "
-                + ", ".join(f"{v} {k}" for k, v in js.counts.items())
-                + f" ({emu} skipped as emulator_only, listed in {hostdir / 'skipped.txt'}); "
-                + verdict,
-                flush=True,
-            )
-        summary["hosts"][rep.host.spec] = entry
-        status = status or (1 if rc else 0)
-    if len(config.hosts) >= 2 and config.cluster != "off" and not args.no_cluster:
+            verdict = collect_kernel_log(rep.host, config, hostdir, run_id)
+            entry: dict[str, Any] = {"exit": rc, "module": rep.module, "kernel_log": verdict}
+            junit = hostdir / "junit.xml"
+            if junit.is_file():
+                entry.update(report_junit(junit, hostdir, f"{rep.host.spec} guest suite"))
+            print(f"hw: {rep.host.spec}: {verdict}", flush=True)
+            entry["seconds"] = round(time.monotonic() - t, 1)
+            summary["hosts"][rep.host.spec] = entry
+            status = status or (1 if rc else 0)
+    cluster_wanted = args.suite in ("all", "cluster") and config.cluster != "off"
+    if cluster_wanted and len(config.hosts) < 2:
+        if args.suite == "cluster":
+            print("hw: the cluster suite needs at least two hosts", file=sys.stderr)
+            status = 1
+    elif cluster_wanted:
         print("hw: ===== cluster suite across the hosts =====", flush=True)
         cdir = results / "cluster"
         cdir.mkdir(parents=True, exist_ok=True)
-        if cluster_harness_supports_hardware(repo_root()):
-            rc = run_cluster_suite(config, cdir, args.pytest_args)
-            summary["cluster"] = {"exit": rc}
-            status = status or (1 if rc else 0)
-        else:
-            msg = (
-                f"NOT RUN: tests/cluster/conftest.py has no hardware mode (it must take its "
-                f"hosts from obmm.testbed.hwstage.cluster_from_env() when ${ENV_CONFIG} is "
-                "set); HW_CLUSTER=off skips this step"
-            )
-            print(f"hw: cluster suite {msg}", file=sys.stderr)
-            summary["cluster"] = {"exit": None, "reason": msg}
-            status = 1
+        t = time.monotonic()
+        rc = run_cluster_suite(config, cdir, run_id=run_id, pytest_args=args.pytest_args)
+        centry: dict[str, Any] = {"exit": rc, "kernel_logs": {}}
+        if (cdir / "junit.xml").is_file():
+            centry.update(report_junit(cdir / "junit.xml", cdir, "cluster suite"))
+        for host in config.hosts:
+            hdir = cdir / host.label
+            hdir.mkdir(parents=True, exist_ok=True)
+            verdict = collect_kernel_log(host, config, hdir, run_id)
+            centry["kernel_logs"][host.spec] = verdict
+            print(f"hw: cluster suite, {host.spec}: {verdict}", flush=True)
+        centry["seconds"] = round(time.monotonic() - t, 1)
+        summary["cluster"] = centry
+        status = status or (1 if rc else 0)
     (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"hw: done in {time.monotonic() - started:.0f} s: "

@@ -4,7 +4,9 @@ The host tests (tests/cluster/test_*.py) drive these over SSH, either as
 ``python3 -m xnode COMMAND ...`` (long-running services) or by importing them in short
 snippets.  Everything prints JSON on its last stdout line so the host can parse results.
 
-Runs with the guest's Python (Debian 12: 3.11) and the obmm package from /opt/obmm-testbed/pylib.
+Runs with the node's Python (Debian 12: 3.11) and the obmm package the harness copied there
+(/opt/obmm-testbed/pylib in a QEMU guest, a per-run directory on a hardware host).  The decoder
+is $OBMM_DECODER's (the emulator's windows by default).
 """
 
 from __future__ import annotations
@@ -24,25 +26,13 @@ import obmm
 from obmm import decoder, exchange
 from obmm.handle import Handle
 
-EMU = Path("/sys/kernel/obmm_emu")
 SZ_2M = 2 << 20
 
-
-def read_int(path: Path) -> int:
-    return int(path.read_text().strip(), 0)
-
-
-def node_id() -> int:
-    return read_int(EMU / "node_id")
-
-
-def local_cna() -> int:
-    return read_int(EMU / "cna")
-
-
-def local_eid() -> bytes:
-    """The 16-byte EID of this node's controller, as libobmm builds it."""
-    return read_int(EMU / "eid").to_bytes(4, sys.byteorder).ljust(16, b"\0")
+# This node's identity as handles carry it: obmm_emu's sysfs, or on hardware the UB controller's
+# sysfs (as libobmm reads it) and $OBMM_NODE_ID.
+node_id = decoder.local_node_id
+local_cna = decoder.local_cna
+local_eid = decoder.local_eid
 
 
 def pattern(seed: int, size: int, offset: int = 0) -> bytes:
@@ -147,7 +137,7 @@ def fetch(host: str, port: int, name: str) -> Handle:
 
 def import_handle(handle: Handle, *, tokenid: int | None = None) -> obmm.Import:
     """Resolve the decoder address of `handle` and import it (the region persists)."""
-    addr = decoder.EmulatorDecoder().resolve(handle.node_id, handle.uba, handle.length)
+    addr = decoder.default_decoder().resolve(handle.node_id, handle.uba, handle.length)
     with obmm.Obmm() as dev:
         return dev.import_(
             addr,

@@ -1,0 +1,126 @@
+"""The hardware stage's cluster step, proven against this suite's own 2-node QEMU cluster.
+
+``python -m obmm.testbed.hwstage --qemu <this cluster> --suite cluster`` is pointed at the
+session's nodes exactly as at UB hosts (obmm_emu standing in for obmm.ko): strict known_hosts,
+the testbed's key, the nodes' inter-node addresses as ``fabric_addrs``, nothing built or
+loaded.  It runs this very suite in hardware mode, in a subprocess; that run must pass, skip
+exactly the tests ``pytest --collect-only -m emulator_only tests/cluster`` lists (each with the
+emulator_only reason), collect both nodes' kernel logs and leave nothing on the nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from xharness import ClusterHarness
+
+from obmm.testbed.cluster import Cluster
+from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
+from obmm.testbed.image import repo_root
+from obmm.testbed.runner import repo_results_dir
+
+# It needs a QEMU cluster to stand in for hosts (and on hardware it would run itself again).
+pytestmark = pytest.mark.emulator_only
+
+STAGE_TIMEOUT_S = 1800.0
+
+
+def _clean_env() -> dict[str, str]:
+    drop = ("HW_", "OBMM_DECODER", "OBMM_HW_", "OBMM_CLUSTER_ATTACH", "OBMM_TESTBED_NAME")
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+
+
+def _collect(*args: str) -> set[tuple[str, str]]:
+    """(classname, name) as junit spells them, of what pytest collects in tests/cluster."""
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q"]
+    proc = subprocess.run(
+        [*argv, *args, "tests/cluster"],
+        cwd=repo_root(),
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = set()
+    for line in proc.stdout.splitlines():
+        if "::" in line:
+            path, _, name = line.strip().partition("::")
+            found.add((path.removesuffix(".py").replace("/", "."), name))
+    return found
+
+
+def _modules(xc: ClusterHarness, node: int) -> str:
+    return xc.run(node, "cut -d' ' -f1 /proc/modules | sort").out
+
+
+def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
+    cluster: Cluster, xc: ClusterHarness
+) -> None:
+    everything = _collect()
+    emulator_only = _collect("-m", "emulator_only")
+    assert emulator_only and emulator_only < everything
+    modules_before = [_modules(xc, i) for i in range(xc.nodes)]
+    results = repo_results_dir() / "hw-cluster-proof"
+    argv = [sys.executable, "-m", "obmm.testbed.hwstage", "--qemu", cluster.name, "--suite",
+            "cluster", "--results", str(results), "--connect-timeout", "90"]  # fmt: skip
+    proc = subprocess.run(
+        argv,
+        cwd=repo_root(),
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=STAGE_TIMEOUT_S,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "stage-output.txt").write_text(out)
+    assert proc.returncode == 0, out[-8000:]
+
+    cases = {
+        (c.get("classname", ""), c.get("name", "")): c
+        for c in ET.parse(results / "cluster" / "junit.xml").getroot().iter("testcase")
+    }
+    assert set(cases) == everything
+    skips = {
+        key: skip.get("message", "").removeprefix("Skipped: ")
+        for key, case in cases.items()
+        if (skip := case.find("skipped")) is not None
+    }
+    assert set(skips) == emulator_only
+    assert set(skips.values()) == {EMULATOR_ONLY_SKIP}
+    bad = [k for k, c in cases.items() if c.find("failure") is not None or c.find("error")]
+    assert bad == []
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["cluster"]["exit"] == 0
+    assert summary["cluster"]["counts"] == {
+        "passed": len(everything) - len(emulator_only),
+        "failed": 0,
+        "error": 0,
+        "skipped": len(emulator_only),
+    }
+    assert summary["hosts"] == {}  # --suite cluster: no guest suite ran
+
+    ports = [n.ssh_port for n in cluster.nodes]
+    for i, port in enumerate(ports):
+        preflight = (results / f"127.0.0.1_{port}" / "preflight.txt").read_text()
+        assert "ok   decoder: emulator windows (obmm_emu)" in preflight
+        assert "ok   identity: /sys/devices/ub_bus_controller0/0/ubc: primary_cna" in preflight
+        hostdir = results / "cluster" / f"127.0.0.1_{port}"
+        assert f"obmm-hw-test: begin {summary['run_id']}" in (hostdir / "dmesg.txt").read_text()
+        assert (hostdir / "dmesg-run.txt").is_file()
+        assert summary["cluster"]["kernel_logs"][f"root@127.0.0.1:{port}"] == (
+            "kernel log: clean during the run"
+        )
+        # Nothing left behind and nothing loaded or unloaded: the host's driver is under test.
+        assert xc.run(i, "ls -d /tmp/obmm-xnode.* 2>/dev/null; true").out == ""
+        assert _modules(xc, i) == modules_before[i]
+    assert (Path(results) / "cluster" / "skipped.txt").read_text().count("\n") == len(emulator_only)
