@@ -224,3 +224,28 @@ def test_pool_free_and_node_id(tmp_path: Path) -> None:
     (tmp_path / "node_id").write_text("3\n")
     assert regions.node_id(tmp_path / "node_id") == 3
     assert regions.node_id(tmp_path / "nope") == 0
+
+
+def test_baseline_larger_than_available_memory_is_skipped_not_populated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A 1 GiB export fits the pool, but populating 1 GiB of anonymous memory in a node with
+    # less available would wake the OOM killer: the baselines are skipped with the reason.
+    monkeypatch.setattr(controlpath, "mem_available", lambda: 900 << 20)
+    populated: list[int] = []
+    monkeypatch.setattr(controlpath.mmap, "mmap", lambda *a, **k: populated.append(1))
+    res = measure(FakeDev(), 1 << 30, free=2 << 30)
+    assert populated == []
+    reason = "1GiB does not fit in the node's available memory (900 MiB) with 64 MiB to spare"
+    assert {op: res.skipped[op] for op in controlpath.BASE_OPS} == dict.fromkeys(
+        controlpath.BASE_OPS, reason
+    )
+    assert len(res.samples["export"]) == 3  # the OBMM side is still measured
+    figs = {f.name: f for f in controlpath.figures([res], [0.5])}
+    assert figs["control.base.mmap_populate.1GiB"].skipped == reason
+    assert figs["control.export.1GiB"].ok
+
+
+def test_mem_available_reads_proc_meminfo() -> None:
+    value = controlpath.mem_available()
+    assert value is not None and value > 0

@@ -112,6 +112,7 @@ def test_kvm_uses_host_cpu() -> None:
         ({"memory_mib": 4096}, "memory_mib must be"),
         ({"pool_mib": 3}, "multiple of 2"),
         ({"memory_mib": 256, "pool_mib": 192}, "leaves the guest kernel"),
+        ({"memory_mib": 2048, "pool_mib": 1026}, "RAM at 1022 MiB; memory_mib - pool_mib must"),
         ({"cpus": 0}, "cpus"),
     ],
 )

@@ -86,8 +86,33 @@ def null_syscall_samples(reps: int = NULL_SYSCALL_REPS) -> list[float]:
     return out
 
 
+def mem_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+# Populating a baseline this close to MemAvailable would wake the OOM killer.
+BASELINE_HEADROOM = 64 << 20
+
+
 def _baselines(res: SizeResult) -> None:
     size = res.size
+    available = mem_available()
+    if available is not None and size + BASELINE_HEADROOM > available:
+        reason = (
+            f"{size_label(size)} does not fit in the node's available memory "
+            f"({available >> 20} MiB) with {BASELINE_HEADROOM >> 20} MiB to spare"
+        )
+        for op in BASE_OPS:
+            res.skipped[op] = reason
+        return
     t0 = time.perf_counter_ns()
     m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | MAP_POPULATE)
     t1 = time.perf_counter_ns()

@@ -45,6 +45,11 @@ def _title(source: str) -> str:
     return SOURCE_TITLES.get(source, source)
 
 
+def _short_label(source: str) -> str:
+    """A source title on short lines ("loopback\nimport\nO_SYNC"): tick labels never touch."""
+    return _title(source).replace(", ", "\n").replace(" import", "\nimport")
+
+
 def _size_formatter() -> FuncFormatter:
     return FuncFormatter(lambda x, _pos: size_label(int(x)) if x >= 1 else "")
 
@@ -155,6 +160,7 @@ def plot_data_latency(run: Run, path: Path) -> Path | None:
     if chase:
         ax1.legend(fontsize=8)
     srcs = _sources(loads)
+    ticks = []
     for i, src in enumerate(srcs):
         f = next(f for f in loads if f.params.get("source") == src)
         ax2.bar(i, f.median or 0.0, color=COLORS.get(src), label=_title(src))
@@ -165,20 +171,13 @@ def plot_data_latency(run: Run, path: Path) -> Path | None:
             color="black",
             capsize=4,
         )
+        # The ratio goes under the bar, where the p99 whisker cannot cover it.
         ratio = run.ratio(f)
-        if ratio is not None:
-            ax2.annotate(
-                f"x{ratio:.2f}",
-                (i, f.median or 0.0),
-                ha="center",
-                va="bottom",
-                xytext=(0, 3),
-                textcoords="offset points",
-                fontsize=8,
-            )
-    ax2.set_xticks(range(len(srcs)), [_title(s) for s in srcs], rotation=20, ha="right", fontsize=8)
+        label = _short_label(src)
+        ticks.append(f"{label}\nx{ratio:.2f} local" if ratio is not None else label)
+    ax2.set_xticks(range(len(srcs)), ticks, fontsize=8)
     ax2.set_ylabel("ns (median; bar to p99)")
-    ax2.set_title("Single 4 B load at a random line\n(ratio to local above the bars)")
+    ax2.set_title("Single 4 B load at a random line\n(median ratio to local memory under each bar)")
     ax2.grid(True, axis="y", alpha=0.3)
     fig.suptitle(f"Data path latency: {_subtitle(run)}", fontsize=10)
     return _save(fig, path)
@@ -245,7 +244,12 @@ def plot_engram(run: Run, path: Path) -> Path | None:
     fig, (ax1, ax2) = plt.subplots(
         1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 2]}, sharey=False
     )
-    labels = [f"{_title(str(f.params.get('source')))}\n{f.params.get('param')} tokens" for f in eng]
+    tokens = {f.params.get("param") for f in eng}
+    labels = [_short_label(str(f.params.get("source"))) for f in eng]
+    if len(tokens) > 1:
+        labels = [f"{lab}\n{f.params.get('param')} tokens" for lab, f in zip(labels, eng)]
+    else:
+        ax1.set_xlabel(f"{tokens.pop()}-token prefetch from ...")
     bp = ax1.boxplot([f.samples for f in eng], showfliers=True, patch_artist=True, whis=(1, 99))
     for patch, f in zip(bp["boxes"], eng):
         patch.set_facecolor(COLORS.get(str(f.params.get("source")), "#cccccc"))
@@ -366,10 +370,17 @@ def plot_testbed(run: Run, path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(10, 0.5 * len(figs) + 2))
     ys = range(len(figs))
-    ax.barh(ys, [f.median or 0.0 for f in figs], color="#9467bd")
-    for y, f in zip(ys, figs):
+    # Figures an earlier `make qemu-test` recorded are hatched and say so: not this run.
+    recorded = ["not in this run" in f.note for f in figs]
+    bars = ax.barh(ys, [f.median or 0.0 for f in figs], color="#9467bd")
+    for bar, old in zip(bars, recorded):
+        if old:
+            bar.set_hatch("//")
+            bar.set_facecolor("#c5b0d5")
+    for y, f, old in zip(ys, figs, recorded):
         ax.annotate(
-            f"{f.median:.3g} {f.unit}",
+            f"{f.median:.3g} {f.unit}"
+            + (" (recorded by make qemu-test, not this run)" if old else ""),
             (f.median or 0.0, y),
             va="center",
             xytext=(3, 0),

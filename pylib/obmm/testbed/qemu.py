@@ -34,6 +34,7 @@ RNG_SLOT = 0x05
 MAX_MEMORY_MIB = 2048
 MIN_MEMORY_MIB = 256
 GRANULE_MIB = 2
+RAM_END_ALIGN_MIB = 64
 # Inter-node guest network: node i is FABRIC_NET_PREFIX.(FABRIC_NET_HOST_BASE + i)/16 on the NIC
 # with MAC FABRIC_MAC_PREFIX:<i>; link-local, so nothing outside the cluster is ever addressed.
 FABRIC_NET_PREFIX = "169.254.100"
@@ -80,6 +81,14 @@ class Topology:
             raise TopologyError(
                 f"pool_mib {self.pool_mib} leaves the guest kernel under "
                 f"{MIN_MEMORY_MIB // 2} MiB of {self.memory_mib} MiB"
+            )
+        if self.kernel_mem_mib % RAM_END_ALIGN_MIB:
+            # x86 marks the rest of RAM's last 64 MiB as "RAM buffer" in /proc/iomem, and
+            # obmm_emu cannot claim a pool that starts inside it.
+            raise TopologyError(
+                f"pool_mib {self.pool_mib} ends the guest kernel's RAM at "
+                f"{self.kernel_mem_mib} MiB; memory_mib - pool_mib must be a multiple of "
+                f"{RAM_END_ALIGN_MIB} MiB"
             )
         if self.cpus < 1:
             raise TopologyError(f"cpus must be >= 1, got {self.cpus}")
