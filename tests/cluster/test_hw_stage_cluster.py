@@ -3,8 +3,10 @@
 ``python -m obmm.testbed.hwstage --qemu <this cluster> --suite cluster`` is pointed at the
 session's nodes exactly as at UB hosts (obmm_emu standing in for obmm.ko): strict known_hosts,
 the testbed's key, the nodes' inter-node addresses as ``fabric_addrs``, nothing built or
-loaded.  It runs this very suite in hardware mode, in a subprocess; that run must pass, skip
-exactly the tests ``pytest --collect-only -m emulator_only tests/cluster`` lists (each with the
+loaded, and the decoder hook a site would give: a window table file on every host
+(``--decoder file:...``, written here from the emulator's windows), not the emulator's sysfs.
+It runs this very suite in hardware mode, in a subprocess; that run must pass, skip exactly the
+tests ``pytest --collect-only -m emulator_only tests/cluster`` lists (each with the
 emulator_only reason), collect both nodes' kernel logs and leave nothing on the nodes.
 """
 
@@ -14,7 +16,9 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,8 +65,35 @@ def _modules(xc: ClusterHarness, node: int) -> str:
     return xc.run(node, "cut -d' ' -f1 /proc/modules | sort").out
 
 
+# The site's view of the fabric as a table: node j's memory (UBA = bit 48 | j << 40 | PA, see
+# obmm.decoder) appears at the window's local base.
+WINDOW_TABLE = """
+import json, pathlib, sys
+from obmm import decoder
+doc = {"windows": [
+    {"node": w.node, "base": hex(w.base), "size": hex(w.size),
+     "remote_base": hex(decoder.EMU_UBA_VALID | w.node << decoder.EMU_UBA_NODE_SHIFT)}
+    for w in decoder.EmulatorDecoder().windows()]}
+pathlib.Path(PATH).write_text(json.dumps(doc))
+print(json.dumps(len(doc["windows"])))
+"""
+
+
+@pytest.fixture
+def window_table(xc: ClusterHarness) -> Iterator[str]:
+    """A decoder table at the same path on every node; removed afterwards."""
+    path = f"/tmp/obmm-windows-{uuid.uuid4().hex[:8]}.json"
+    try:
+        for i in range(xc.nodes):
+            assert xc.py_json(i, WINDOW_TABLE.replace("PATH", repr(path))) >= xc.nodes
+        yield path
+    finally:
+        for i in range(xc.nodes):
+            xc.run(i, f"rm -f {path}", check=False)
+
+
 def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
-    cluster: Cluster, xc: ClusterHarness
+    cluster: Cluster, xc: ClusterHarness, window_table: str
 ) -> None:
     everything = _collect()
     emulator_only = _collect("-m", "emulator_only")
@@ -70,7 +101,8 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
     modules_before = [_modules(xc, i) for i in range(xc.nodes)]
     results = repo_results_dir() / "hw-cluster-proof"
     argv = [sys.executable, "-m", "obmm.testbed.hwstage", "--qemu", cluster.name, "--suite",
-            "cluster", "--results", str(results), "--connect-timeout", "90"]  # fmt: skip
+            "cluster", "--results", str(results), "--connect-timeout", "90",
+            "--decoder", f"file:{window_table}"]  # fmt: skip
     proc = subprocess.run(
         argv,
         cwd=repo_root(),
@@ -112,7 +144,7 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
     ports = [n.ssh_port for n in cluster.nodes]
     for i, port in enumerate(ports):
         preflight = (results / f"127.0.0.1_{port}" / "preflight.txt").read_text()
-        assert "ok   decoder: emulator windows (obmm_emu)" in preflight
+        assert f"ok   decoder: file: {window_table} ({xc.nodes} window(s))" in preflight
         assert "ok   identity: /sys/devices/ub_bus_controller0/0/ubc: primary_cna" in preflight
         hostdir = results / "cluster" / f"127.0.0.1_{port}"
         assert f"obmm-hw-test: begin {summary['run_id']}" in (hostdir / "dmesg.txt").read_text()
