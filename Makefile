@@ -40,7 +40,7 @@ lint: setup-python
 	$(VENV)/bin/mypy
 
 host-test: setup-python
-	$(PYTEST) tests/host --junitxml=results/host-junit.xml
+	$(PYTEST) tests/host --timeout=300 --junitxml=results/host-junit.xml
 
 # The guest image (Debian 12, mmdebstrap), cached under ~/.cache/obmm-testbed keyed by recipe hash.
 image: setup-python

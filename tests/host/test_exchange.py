@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import dataclasses
 import logging
+import os
 import re
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +31,6 @@ from obmm.exchange import (
     HandleServer,
     fetch,
     list_names,
-    run_server,
     validate_name,
 )
 from obmm.handle import Handle
@@ -620,32 +623,41 @@ def test_list_from_misbehaving_server(
 # -- run_server (the CLI entry point) ---------------------------------------------------------
 
 
+# run_server is what the CLI runs in its main thread until Ctrl-C.  It runs in a child process
+# here: a real SIGINT to a one-thread process always lands in its main thread, whereas
+# _thread.interrupt_main() from a helper thread can be lost while that thread runs (a hang seen
+# once in CI).
+RUN_SERVER = """
+import sys
+from obmm.exchange import run_server
+from obmm.handle import Handle
+handles = {name: Handle.decode(bytes.fromhex(raw)) for name, raw in
+           (arg.split("=") for arg in sys.argv[1:])}
+run_server("127.0.0.1", 0, handles, read_timeout=0.5,
+           on_ready=lambda addr: print(addr[1], flush=True))
+print("stopped", flush=True)
+"""
+
+
 def test_run_server_serves_until_interrupted() -> None:
-    results: dict[str, object] = {}
-    bound: list[Addr] = []
-    helper: list[threading.Thread] = []
-
-    def client(addr: Addr) -> None:
-        try:
-            results["fetched"] = fetch(*addr, "h2", read_timeout=2.0)
-            results["names"] = list_names(*addr, read_timeout=2.0)
-        except ExchangeError as exc:  # reported by the assertions below
-            results["error"] = exc
-        finally:
-            _thread.interrupt_main()  # what Ctrl-C does to the CLI
-
-    def on_ready(addr: tuple[str, int]) -> None:
-        bound.append(addr)
-        thread = threading.Thread(target=client, args=(addr,), daemon=True)
-        helper.append(thread)
-        thread.start()
-
-    run_server(LOCALHOST, 0, {"h1": H1, "h2": H2}, read_timeout=0.5, on_ready=on_ready)
-    helper[0].join(5.0)
-    assert "error" not in results, results.get("error")
-    assert results["fetched"] == H2
-    assert results["names"] == ["h1", "h2"]
-    host, port = bound[0]
-    assert host == LOCALHOST
+    repo = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen(
+        [sys.executable, "-c", RUN_SERVER, f"h1={H1.encode().hex()}", f"h2={H2.encode().hex()}"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(repo / "pylib")),
+    )
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        assert fetch(LOCALHOST, port, "h2", read_timeout=2.0) == H2
+        assert list_names(LOCALHOST, port, read_timeout=2.0) == ["h1", "h2"]
+        child.send_signal(signal.SIGINT)  # what Ctrl-C does to the CLI
+        assert child.wait(timeout=10) == 0
+        assert child.stdout.read() == "stopped\n"  # run_server returned normally
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
     with pytest.raises(ExchangeConnectionError):  # the port was released on the way out
-        fetch(host, port, "h1", connect_timeout=1.0)
+        fetch(LOCALHOST, port, "h1", connect_timeout=1.0)
