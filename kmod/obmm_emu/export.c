@@ -120,6 +120,33 @@ static int obmm_export_finish(struct obmm_region *r)
 	return 0;
 }
 
+/*
+ * EXPORT and EXPORT_PID after their own argument checks: a new region with
+ * the caller's priv, its vendor info checked, and an id.
+ */
+static struct obmm_region *obmm_export_region_new(const void __user *priv,
+						  u16 priv_len,
+						  const void __user *vendor,
+						  u16 vendor_len)
+{
+	struct obmm_region *r;
+	int ret;
+
+	r = obmm_region_alloc(OBMM_REGION_EXPORT);
+	if (!r)
+		return ERR_PTR(-ENOMEM);
+	ret = obmm_copy_priv(r, priv, priv_len);
+	if (!ret)
+		ret = obmm_check_vendor(vendor, vendor_len);
+	if (!ret)
+		ret = obmm_region_add_id(r);
+	if (ret) {
+		obmm_region_free(r);
+		return ERR_PTR(ret);
+	}
+	return r;
+}
+
 long obmm_export_ioctl(void __user *uarg)
 {
 	struct obmm_cmd_export cmd;
@@ -136,18 +163,10 @@ long obmm_export_ioctl(void __user *uarg)
 	if (cmd.flags & ~OBMM_EXPORT_FLAG_MASK)
 		return -EINVAL;
 
-	r = obmm_region_alloc(OBMM_REGION_EXPORT);
-	if (!r)
-		return -ENOMEM;
-	ret = obmm_copy_priv(r, cmd.priv, cmd.priv_len);
-	if (ret)
-		goto err_free;
-	ret = obmm_check_vendor(cmd.vendor_info, cmd.vendor_len);
-	if (ret)
-		goto err_free;
-	ret = obmm_region_add_id(r);
-	if (ret)
-		goto err_free;
+	r = obmm_export_region_new(cmd.priv, cmd.priv_len, cmd.vendor_info,
+				   cmd.vendor_len);
+	if (IS_ERR(r))
+		return PTR_ERR(r);
 	ret = obmm_export_alloc(r, &cmd, total);
 	if (ret)
 		goto err_id;
@@ -179,7 +198,6 @@ err_pool:
 	obmm_pool_free(r->pa, total);
 err_id:
 	obmm_region_remove_id(r);
-err_free:
 	obmm_region_free(r);
 	return ret;
 }
@@ -417,18 +435,10 @@ long obmm_export_pid_ioctl(void __user *uarg)
 	if (!cmd.length || cmd.length % PMD_SIZE)
 		return -EINVAL;
 
-	r = obmm_region_alloc(OBMM_REGION_EXPORT);
-	if (!r)
-		return -ENOMEM;
-	ret = obmm_copy_priv(r, cmd.priv, cmd.priv_len);
-	if (ret)
-		goto err_free;
-	ret = obmm_check_vendor(cmd.vendor_info, cmd.vendor_len);
-	if (ret)
-		goto err_free;
-	ret = obmm_region_add_id(r);
-	if (ret)
-		goto err_free;
+	r = obmm_export_region_new(cmd.priv, cmd.priv_len, cmd.vendor_info,
+				   cmd.vendor_len);
+	if (IS_ERR(r))
+		return PTR_ERR(r);
 
 	mm = obmm_pid_get_mm(cmd.pid);
 	if (!mm) {
@@ -476,7 +486,6 @@ err_mm:
 	mmdrop(r->mm);
 err_id:
 	obmm_region_remove_id(r);
-err_free:
 	obmm_region_free(r);
 	return ret;
 }
@@ -504,12 +513,9 @@ long obmm_unexport_ioctl(void __user *uarg)
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
 		return -EFAULT;
-	if (cmd.mem_id < OBMM_MIN_VALID_REGIONID ||
-	    cmd.mem_id > OBMM_MAX_VALID_REGIONID)
-		return -ENOENT;
-	if (cmd.flags & ~OBMM_UNEXPORT_FLAG_MASK)
-		return -EINVAL;
-	ret = obmm_region_deactivate(cmd.mem_id, OBMM_REGION_EXPORT, &r);
+	ret = obmm_region_deactivate(cmd.mem_id, cmd.flags,
+				     OBMM_UNEXPORT_FLAG_MASK,
+				     OBMM_REGION_EXPORT, &r);
 	if (ret)
 		return ret;
 	obmm_export_teardown(r);

@@ -360,12 +360,9 @@ long obmm_unimport_ioctl(void __user *uarg)
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
 		return -EFAULT;
-	if (cmd.mem_id < OBMM_MIN_VALID_REGIONID ||
-	    cmd.mem_id > OBMM_MAX_VALID_REGIONID)
-		return -ENOENT;
-	if (cmd.flags & ~OBMM_UNIMPORT_FLAG_MASK)
-		return -EINVAL;
-	ret = obmm_region_deactivate(cmd.mem_id, OBMM_REGION_IMPORT, &r);
+	ret = obmm_region_deactivate(cmd.mem_id, cmd.flags,
+				     OBMM_UNIMPORT_FLAG_MASK,
+				     OBMM_REGION_IMPORT, &r);
 	if (ret)
 		return ret;
 	obmm_shmdev_unpublish(r);

@@ -144,8 +144,8 @@ void obmm_region_free(struct obmm_region *r);
 int obmm_region_add_id(struct obmm_region *r);
 void obmm_region_remove_id(struct obmm_region *r);
 void obmm_region_activate(struct obmm_region *r);
-int obmm_region_deactivate(u64 mem_id, enum obmm_region_type type,
-			   struct obmm_region **out);
+int obmm_region_deactivate(u64 mem_id, u64 flags, u64 valid_flags,
+			   enum obmm_region_type type, struct obmm_region **out);
 void obmm_region_reactivate(struct obmm_region *r);
 struct obmm_region *obmm_region_get_by_id(int id, int *err);
 void obmm_region_put(struct obmm_region *r);

@@ -87,14 +87,20 @@ void obmm_region_reactivate(struct obmm_region *r)
 
 /*
  * UNEXPORT/UNIMPORT: take an active region with no open file out of
- * service.  Check order and errno as the real driver.
+ * service.  Check order and errno as the real driver: id out of range
+ * ENOENT, unknown flags EINVAL, no such region ENOENT, in use EBUSY, other
+ * type EINVAL.
  */
-int obmm_region_deactivate(u64 mem_id, enum obmm_region_type type,
-			   struct obmm_region **out)
+int obmm_region_deactivate(u64 mem_id, u64 flags, u64 valid_flags,
+			   enum obmm_region_type type, struct obmm_region **out)
 {
 	struct obmm_region *r;
 	int ret = 0;
 
+	if (mem_id < OBMM_MIN_VALID_REGIONID || mem_id > OBMM_MAX_VALID_REGIONID)
+		return -ENOENT;
+	if (flags & ~valid_flags)
+		return -EINVAL;
 	mutex_lock(&obmm_region_mutex);
 	r = idr_find(&obmm_region_idr, (unsigned long)mem_id);
 	if (!r) {

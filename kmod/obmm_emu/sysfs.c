@@ -25,6 +25,17 @@
 
 /* ---- per region: /sys/devices/obmm/obmm_shmdev<id>/ ---- */
 
+/* A root-only (0400) attribute printing one value of the region `r`. */
+#define OBMM_REGION_ATTR(_name, _fmt, _value)				\
+static ssize_t _name##_show(struct device *dev,				\
+			    struct device_attribute *attr, char *buf)	\
+{									\
+	const struct obmm_region *r = to_obmm_region(dev);		\
+									\
+	return sysfs_emit(buf, _fmt "\n", _value);			\
+}									\
+static DEVICE_ATTR_ADMIN_RO(_name)
+
 static ssize_t obmm_eid_show(const u8 *eid, char *buf)
 {
 	u64 lo, hi;
@@ -35,13 +46,7 @@ static ssize_t obmm_eid_show(const u8 *eid, char *buf)
 			  le64_to_cpu((__force __le64)lo));
 }
 
-static ssize_t size_show(struct device *dev, struct device_attribute *attr,
-			 char *buf)
-{
-	return sysfs_emit(buf, "0x%llx\n", to_obmm_region(dev)->size);
-}
-
-static DEVICE_ATTR_ADMIN_RO(size);
+OBMM_REGION_ATTR(size, "0x%llx", r->size);
 
 static ssize_t type_show(struct device *dev, struct device_attribute *attr,
 			 char *buf)
@@ -53,21 +58,9 @@ static ssize_t type_show(struct device *dev, struct device_attribute *attr,
 
 static DEVICE_ATTR_ADMIN_RO(type);
 
-static ssize_t priv_len_show(struct device *dev,
-			     struct device_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%u\n", to_obmm_region(dev)->priv_len);
-}
+OBMM_REGION_ATTR(priv_len, "%u", r->priv_len);
 
-static DEVICE_ATTR_ADMIN_RO(priv_len);
-
-static ssize_t allow_mmap_show(struct device *dev,
-			       struct device_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%d\n", to_obmm_region(dev)->allow_mmap);
-}
-
-static DEVICE_ATTR_ADMIN_RO(allow_mmap);
+OBMM_REGION_ATTR(allow_mmap, "%d", r->allow_mmap);
 
 static ssize_t priv_read(struct file *filp, struct kobject *kobj,
 			 struct bin_attribute *attr, char *buf, loff_t off,
@@ -120,29 +113,11 @@ static ssize_t node_mem_size_show(struct device *dev,
 
 static DEVICE_ATTR_ADMIN_RO(node_mem_size);
 
-static ssize_t uba_show(struct device *dev, struct device_attribute *attr,
-			char *buf)
-{
-	return sysfs_emit(buf, "0x%llx\n", to_obmm_region(dev)->uba);
-}
+OBMM_REGION_ATTR(uba, "0x%llx", r->uba);
 
-static DEVICE_ATTR_ADMIN_RO(uba);
+OBMM_REGION_ATTR(tokenid, "0x%x", r->tokenid);
 
-static ssize_t tokenid_show(struct device *dev, struct device_attribute *attr,
-			    char *buf)
-{
-	return sysfs_emit(buf, "0x%x\n", to_obmm_region(dev)->tokenid);
-}
-
-static DEVICE_ATTR_ADMIN_RO(tokenid);
-
-static ssize_t memory_from_user_show(struct device *dev,
-				     struct device_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%d\n", to_obmm_region(dev)->from_user);
-}
-
-static DEVICE_ATTR_ADMIN_RO(memory_from_user);
+OBMM_REGION_ATTR(memory_from_user, "%d", r->from_user);
 
 static ssize_t deid_show(struct device *dev, struct device_attribute *attr,
 			 char *buf)
@@ -166,29 +141,11 @@ static const struct attribute_group obmm_export_info_group = {
 	.attrs = obmm_export_info_attrs,
 };
 
-static ssize_t pa_show(struct device *dev, struct device_attribute *attr,
-		       char *buf)
-{
-	return sysfs_emit(buf, "0x%llx\n", (u64)to_obmm_region(dev)->pa);
-}
+OBMM_REGION_ATTR(pa, "0x%llx", (u64)r->pa);
 
-static DEVICE_ATTR_ADMIN_RO(pa);
+OBMM_REGION_ATTR(dcna, "0x%x", r->dcna);
 
-static ssize_t dcna_show(struct device *dev, struct device_attribute *attr,
-			 char *buf)
-{
-	return sysfs_emit(buf, "0x%x\n", to_obmm_region(dev)->dcna);
-}
-
-static DEVICE_ATTR_ADMIN_RO(dcna);
-
-static ssize_t scna_show(struct device *dev, struct device_attribute *attr,
-			 char *buf)
-{
-	return sysfs_emit(buf, "0x%x\n", to_obmm_region(dev)->scna);
-}
-
-static DEVICE_ATTR_ADMIN_RO(scna);
+OBMM_REGION_ATTR(scna, "0x%x", r->scna);
 
 static ssize_t seid_show(struct device *dev, struct device_attribute *attr,
 			 char *buf)
@@ -198,21 +155,9 @@ static ssize_t seid_show(struct device *dev, struct device_attribute *attr,
 
 static DEVICE_ATTR_ADMIN_RO(seid);
 
-static ssize_t numa_id_show(struct device *dev, struct device_attribute *attr,
-			    char *buf)
-{
-	return sysfs_emit(buf, "%d\n", to_obmm_region(dev)->numa_id);
-}
+OBMM_REGION_ATTR(numa_id, "%d", r->numa_id);
 
-static DEVICE_ATTR_ADMIN_RO(numa_id);
-
-static ssize_t preimport_show(struct device *dev,
-			      struct device_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%d\n", to_obmm_region(dev)->preimport);
-}
-
-static DEVICE_ATTR_ADMIN_RO(preimport);
+OBMM_REGION_ATTR(preimport, "%d", r->preimport);
 
 static struct attribute *obmm_import_info_attrs[] = {
 	&dev_attr_pa.attr,
@@ -381,21 +326,18 @@ static const struct attribute_group *obmm_ubc_groups[] = {
 
 /* ---- /sys/kernel/obmm_emu/ ---- */
 
-static ssize_t node_id_show(struct kobject *kobj, struct kobj_attribute *attr,
-			    char *buf)
-{
-	return sysfs_emit(buf, "%d\n", obmm_emu_node_id);
-}
+/* A world-readable attribute printing one emulator value. */
+#define OBMM_EMU_ATTR(_name, _fmt, _value)				\
+static ssize_t _name##_show(struct kobject *kobj,			\
+			    struct kobj_attribute *attr, char *buf)	\
+{									\
+	return sysfs_emit(buf, _fmt "\n", _value);			\
+}									\
+static struct kobj_attribute obmm_emu_##_name##_attr = __ATTR_RO(_name)
 
-static struct kobj_attribute obmm_emu_node_id_attr = __ATTR_RO(node_id);
+OBMM_EMU_ATTR(node_id, "%d", obmm_emu_node_id);
 
-static ssize_t cna_show(struct kobject *kobj, struct kobj_attribute *attr,
-			char *buf)
-{
-	return sysfs_emit(buf, "0x%x\n", obmm_fabric_cna());
-}
-
-static struct kobj_attribute obmm_emu_cna_attr = __ATTR_RO(cna);
+OBMM_EMU_ATTR(cna, "0x%x", obmm_fabric_cna());
 
 static ssize_t emu_eid_show(struct kobject *kobj, struct kobj_attribute *attr,
 			    char *buf)
@@ -406,29 +348,11 @@ static ssize_t emu_eid_show(struct kobject *kobj, struct kobj_attribute *attr,
 static struct kobj_attribute obmm_emu_eid_attr =
 	__ATTR(eid, 0444, emu_eid_show, NULL);
 
-static ssize_t enabled_show(struct kobject *kobj, struct kobj_attribute *attr,
-			    char *buf)
-{
-	return sysfs_emit(buf, "%d\n", obmm_fabric_enabled());
-}
+OBMM_EMU_ATTR(enabled, "%d", obmm_fabric_enabled());
 
-static struct kobj_attribute obmm_emu_enabled_attr = __ATTR_RO(enabled);
+OBMM_EMU_ATTR(pool_base, "0x%llx", (u64)obmm_pool_base());
 
-static ssize_t pool_base_show(struct kobject *kobj,
-			      struct kobj_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "0x%llx\n", (u64)obmm_pool_base());
-}
-
-static struct kobj_attribute obmm_emu_pool_base_attr = __ATTR_RO(pool_base);
-
-static ssize_t pool_size_show(struct kobject *kobj,
-			      struct kobj_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "0x%llx\n", obmm_pool_size());
-}
-
-static struct kobj_attribute obmm_emu_pool_size_attr = __ATTR_RO(pool_size);
+OBMM_EMU_ATTR(pool_size, "0x%llx", obmm_pool_size());
 
 static ssize_t control_base_show(struct kobject *kobj,
 				 struct kobj_attribute *attr, char *buf)
@@ -456,14 +380,7 @@ static ssize_t revoked_show(struct kobject *kobj, struct kobj_attribute *attr,
 
 static struct kobj_attribute obmm_emu_revoked_attr = __ATTR_RO(revoked);
 
-static ssize_t quarantined_show(struct kobject *kobj,
-				struct kobj_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "0x%llx\n", obmm_pool_quarantined());
-}
-
-static struct kobj_attribute obmm_emu_quarantined_attr =
-	__ATTR_RO(quarantined);
+OBMM_EMU_ATTR(quarantined, "0x%llx", obmm_pool_quarantined());
 
 static struct attribute *obmm_emu_attrs[] = {
 	&obmm_emu_node_id_attr.attr,
