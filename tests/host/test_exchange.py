@@ -623,10 +623,10 @@ def test_list_from_misbehaving_server(
 # -- run_server (the CLI entry point) ---------------------------------------------------------
 
 
-# run_server is what the CLI runs in its main thread until Ctrl-C.  It runs in a child process
-# here: a real SIGINT to a one-thread process always lands in its main thread, whereas
-# _thread.interrupt_main() from a helper thread can be lost while that thread runs (a hang seen
-# once in CI).
+# run_server is what the CLI runs in its main thread until Ctrl-C.  It runs in a child whose
+# SIGINT is reset to the default, as in a terminal: a process that inherited SIGINT ignored (a
+# background job of a non-interactive shell, e.g. `make test &`) gets no KeyboardInterrupt at
+# all, and an in-process _thread.interrupt_main() then does nothing (the suite hung on that).
 RUN_SERVER = """
 import sys
 from obmm.exchange import run_server
@@ -646,6 +646,7 @@ def test_run_server_serves_until_interrupted() -> None:
         stdout=subprocess.PIPE,
         text=True,
         env=dict(os.environ, PYTHONPATH=str(repo / "pylib")),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert child.stdout is not None

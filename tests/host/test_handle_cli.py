@@ -52,6 +52,8 @@ def test_serve_then_fetch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         stdout=subprocess.PIPE,
         text=True,
         env=env,
+        # Ctrl-C works as in a terminal even when this suite inherited SIGINT ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert server.stdout is not None
