@@ -526,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.preflight_only:
         return 0
     ship_tar: Path | None = None
-    if any(r.ship_deps for r in reports):
+    if args.suite != "cluster" and any(r.ship_deps for r in reports):  # guest suite only
         ship_tar = results / "pydeps.tar.gz"
         ship_tar.write_bytes(shipped.tarball())
         print(f"hw: shipping pytest to hosts without it: {shipped.summary()}", flush=True)
