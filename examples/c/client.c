@@ -6,7 +6,7 @@
  *               [--dim D] [--iters N]
  *
  * The seed's cross-node flow (scheme 7 client.c), against uapi/ub/obmm.h and
- * examples/c/obmm_handle.h only:
+ * examples/c/obmm_handle.h and obmm_exchange.h only:
  *
  *   1. GET the handle NAME from HOST:PORT (obmm.exchange protocol version 1)
  *   2. resolve the decoder address: on the emulator, the window onto the
@@ -36,17 +36,17 @@
 
 #include <ub/obmm.h>
 
+#include "obmm_exchange.h"
 #include "obmm_handle.h"
 
-#define DEFAULT_PORT "13857"
+#define STRINGIFY_(x) #x
+#define STRINGIFY(x) STRINGIFY_(x)
 #define DEFAULT_DIM 341
 #define DEFAULT_ITERS 2000
 #define WARMUP 10
 #define SAMPLE_STRIDE 1021
 #define CHECK_ROW 42
 #define TIMEOUT_S 10
-#define PROTO_HEAD 6
-#define MAX_FRAME 65536
 #define EMU_SYSFS "/sys/kernel/obmm_emu"
 #define UBA_VALID (1ULL << 48)
 #define UBA_NODE_SHIFT 40
@@ -64,32 +64,12 @@ static int read_u64(const char *path, unsigned long long *out)
 	return ok ? 0 : -1;
 }
 
-static int io_all(int fd, void *buf, size_t len, int sending)
-{
-	uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = sending ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
-
-		if (n == 0)
-			return -1;
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -1;
-		}
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 static int fetch_handle(const char *host, const char *port, const char *name,
 			struct obmm_handle *h)
 {
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai;
 	struct timeval tv = { .tv_sec = TIMEOUT_S };
-	uint8_t req[4 + PROTO_HEAD + 256], lenbuf[4], resp[MAX_FRAME];
+	uint8_t req[4 + OBMM_EXCHANGE_HEAD + 256], lenbuf[4], resp[OBMM_EXCHANGE_MAX_FRAME];
 	size_t name_len = strlen(name);
 	enum obmm_handle_status st;
 	uint32_t len;
@@ -113,27 +93,26 @@ static int fetch_handle(const char *host, const char *port, const char *name,
 		return -1;
 	}
 	freeaddrinfo(ai);
-	obmm_put_le(req, PROTO_HEAD + name_len, 4);
-	memcpy(req + 4, "OBMX", 4);
-	req[8] = 1;
-	req[9] = 1; /* GET */
-	memcpy(req + 4 + PROTO_HEAD, name, name_len);
-	if (io_all(fd, req, 4 + PROTO_HEAD + name_len, 1) || io_all(fd, lenbuf, 4, 0))
+	obmm_exchange_head(req, name_len, OBMM_EXCHANGE_OP_GET);
+	memcpy(req + 4 + OBMM_EXCHANGE_HEAD, name, name_len);
+	if (obmm_io_all(fd, req, 4 + OBMM_EXCHANGE_HEAD + name_len, 1) ||
+	    obmm_io_all(fd, lenbuf, 4, 0))
 		goto io_err;
 	len = (uint32_t)obmm_get_le(lenbuf, 4);
-	if (len < PROTO_HEAD || len > MAX_FRAME || io_all(fd, resp, len, 0))
+	if (len < OBMM_EXCHANGE_HEAD || len > OBMM_EXCHANGE_MAX_FRAME ||
+	    obmm_io_all(fd, resp, len, 0))
 		goto io_err;
 	close(fd);
-	if (memcmp(resp, "OBMX", 4) || resp[4] != 1) {
+	if (!obmm_exchange_head_ok(resp, len)) {
 		fprintf(stderr, "client: %s:%s is not an obmm exchange server\n", host, port);
 		return -1;
 	}
-	if (resp[5] != 0) {
+	if (resp[5] != OBMM_EXCHANGE_ST_OK) {
 		fprintf(stderr, "client: server answered status %u: %.*s\n", resp[5],
-			(int)(len - PROTO_HEAD), (const char *)resp + PROTO_HEAD);
+			(int)(len - OBMM_EXCHANGE_HEAD), (const char *)resp + OBMM_EXCHANGE_HEAD);
 		return -1;
 	}
-	st = obmm_handle_decode(resp + PROTO_HEAD, len - PROTO_HEAD, h);
+	st = obmm_handle_decode(resp + OBMM_EXCHANGE_HEAD, len - OBMM_EXCHANGE_HEAD, h);
 	if (st != OBMM_HANDLE_OK) {
 		fprintf(stderr, "client: bad handle: %s\n", obmm_handle_strerror(st));
 		return -1;
@@ -207,7 +186,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-	const char *host, *port = DEFAULT_PORT, *name = "region";
+	const char *host, *port = STRINGIFY(OBMM_EXCHANGE_DEFAULT_PORT), *name = "region";
 	unsigned long long addr = 0, cna = 0, eid = 0;
 	unsigned long dim = DEFAULT_DIM, iters = DEFAULT_ITERS;
 	struct obmm_cmd_import imp = { 0 };

@@ -5,7 +5,7 @@
  *   exporter [--bind ADDR] [--port PORT] [--size MIB] [--name NAME]
  *
  * The seed's cross-node flow (scheme 7 server.c), written against
- * uapi/ub/obmm.h and examples/c/obmm_handle.h only:
+ * uapi/ub/obmm.h, examples/c/obmm_handle.h and obmm_exchange.h only:
  *
  *   1. OBMM_CMD_EXPORT (size[0] = size, length = 1, ALLOW_MMAP)
  *   2. mmap /dev/obmm_shmdev<mem_id>, float element i = i * 0.001
@@ -36,19 +36,12 @@
 
 #include <ub/obmm.h>
 
+#include "obmm_exchange.h"
 #include "obmm_handle.h"
 
-#define DEFAULT_PORT 13857
 #define DEFAULT_SIZE_MIB 16
 #define MIB (1024UL * 1024UL)
 #define GRANULE (2 * MIB)
-#define MAX_FRAME 65536
-#define PROTO_HEAD 6
-#define OP_GET 1
-#define OP_LIST 2
-#define ST_OK 0
-#define ST_NOT_FOUND 1
-#define ST_BAD_REQUEST 2
 #define READ_TIMEOUT_S 5
 #define EMU_SYSFS "/sys/kernel/obmm_emu"
 
@@ -73,87 +66,47 @@ static long long read_sysfs(const char *path, long long fallback)
 	return v;
 }
 
-static int send_all(int fd, const void *buf, size_t len)
-{
-	const uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -1;
-		}
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-static int recv_all(int fd, void *buf, size_t len)
-{
-	uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = recv(fd, p, len, 0);
-
-		if (n == 0)
-			return -1;
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -1;
-		}
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 static void reply(int fd, uint8_t status, const void *body, size_t len)
 {
-	uint8_t head[4 + PROTO_HEAD];
+	uint8_t head[4 + OBMM_EXCHANGE_HEAD];
 
-	obmm_put_le(head, PROTO_HEAD + len, 4);
-	memcpy(head + 4, "OBMX", 4);
-	head[8] = 1;
-	head[9] = status;
-	if (send_all(fd, head, sizeof(head)) == 0 && len)
-		send_all(fd, body, len);
+	obmm_exchange_head(head, len, status);
+	if (obmm_send_all(fd, head, sizeof(head)) == 0 && len)
+		obmm_send_all(fd, body, len);
 }
 
 /* One connection: one request, one response. */
 static void serve_one(int fd, const char *name, const uint8_t wire[OBMM_HANDLE_SIZE])
 {
 	struct timeval tv = { .tv_sec = READ_TIMEOUT_S };
-	uint8_t lenbuf[4], req[MAX_FRAME];
+	uint8_t lenbuf[4], req[OBMM_EXCHANGE_MAX_FRAME];
 	uint32_t len;
 	size_t name_len = strlen(name);
 
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	if (recv_all(fd, lenbuf, sizeof(lenbuf)))
+	if (obmm_io_all(fd, lenbuf, sizeof(lenbuf), 0))
 		return;
 	len = (uint32_t)obmm_get_le(lenbuf, 4);
-	if (len > MAX_FRAME) {
-		reply(fd, ST_BAD_REQUEST, "frame too large", 15);
+	if (len > OBMM_EXCHANGE_MAX_FRAME) {
+		reply(fd, OBMM_EXCHANGE_ST_BAD_REQUEST, "frame too large", 15);
 		return;
 	}
-	if (recv_all(fd, req, len))
+	if (obmm_io_all(fd, req, len, 0))
 		return;
-	if (len < PROTO_HEAD || memcmp(req, "OBMX", 4) || req[4] != 1) {
-		reply(fd, ST_BAD_REQUEST, "bad request header", 18);
+	if (!obmm_exchange_head_ok(req, len)) {
+		reply(fd, OBMM_EXCHANGE_ST_BAD_REQUEST, "bad request header", 18);
 		return;
 	}
-	if (req[5] == OP_LIST && len == PROTO_HEAD) {
-		reply(fd, ST_OK, name, name_len);
-	} else if (req[5] == OP_GET) {
-		if (len - PROTO_HEAD == name_len && !memcmp(req + PROTO_HEAD, name, name_len))
-			reply(fd, ST_OK, wire, OBMM_HANDLE_SIZE);
+	if (req[5] == OBMM_EXCHANGE_OP_LIST && len == OBMM_EXCHANGE_HEAD) {
+		reply(fd, OBMM_EXCHANGE_ST_OK, name, name_len);
+	} else if (req[5] == OBMM_EXCHANGE_OP_GET) {
+		if (len - OBMM_EXCHANGE_HEAD == name_len &&
+		    !memcmp(req + OBMM_EXCHANGE_HEAD, name, name_len))
+			reply(fd, OBMM_EXCHANGE_ST_OK, wire, OBMM_HANDLE_SIZE);
 		else
-			reply(fd, ST_NOT_FOUND, "no such handle", 14);
+			reply(fd, OBMM_EXCHANGE_ST_NOT_FOUND, "no such handle", 14);
 	} else {
-		reply(fd, ST_BAD_REQUEST, "unknown op", 10);
+		reply(fd, OBMM_EXCHANGE_ST_BAD_REQUEST, "unknown op", 10);
 	}
 }
 
@@ -168,7 +121,7 @@ int main(int argc, char **argv)
 {
 	const char *bind_addr = "0.0.0.0", *name = "region";
 	unsigned long size = DEFAULT_SIZE_MIB * MIB;
-	int port = DEFAULT_PORT, dev, shm = -1, srv = -1, one = 1, rc = 1;
+	int port = OBMM_EXCHANGE_DEFAULT_PORT, dev, shm = -1, srv = -1, one = 1, rc = 1;
 	long long node_id = read_sysfs(EMU_SYSFS "/node_id", 0);
 	long long cna = read_sysfs(EMU_SYSFS "/cna", 0);
 	uint32_t eid = (uint32_t)read_sysfs(EMU_SYSFS "/eid", 0);

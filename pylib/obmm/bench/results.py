@@ -22,7 +22,7 @@ import platform
 import socket
 import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
@@ -98,17 +98,7 @@ class Environment:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kernel": self.kernel,
-            "accelerator": self.accelerator,
-            "cpu_model": self.cpu_model,
-            "node_count": self.node_count,
-            "git_revision": self.git_revision,
-            "host": self.host,
-            "started": self.started,
-            "finished": self.finished,
-            "extra": dict(self.extra),
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Environment:

@@ -155,16 +155,11 @@ class HwSession:
         self, paths: Sequence[str], ignore: Sequence[str] = (), node: int = 0
     ) -> runner.EventParser:
         self.boot()
-        parser = runner.EventParser()
         args = ["--collect-only", "-q", *[f"--ignore={p}" for p in ignore], *paths]
         with self.connect() as conn:
-            result = conn.run(self.pytest_command(args), timeout=600, on_stdout=parser.feed)
-        if parser.session_exit is None:
-            raise runner.RunnerError(
-                f"{self.name}: pytest collection did not run (exit {result.exit_status}):"
-                f"\n{result.err[-3000:]}"
+            return runner.collect_over(
+                conn, self.pytest_command(args), f"{self.name}:", timeout=600
             )
-        return parser
 
     def start(
         self,

@@ -361,19 +361,12 @@ class GuestSession:
     ) -> EventParser:
         """The guest's view of which tests exist (and which files failed to import)."""
         cluster = self.boot()
-        parser = EventParser()
         args = ["--collect-only", "-q", *[f"--ignore={p}" for p in ignore], *paths]
         cmd = guest_pytest_command(
             args, node=node, nodes=self.topology.nodes, topology=self.topology
         )
         with cluster.connect(node) as conn:
-            result = conn.run(cmd, timeout=300, on_stdout=parser.feed)
-        if parser.session_exit is None:
-            raise RunnerError(
-                f"guest pytest collection did not run (exit {result.exit_status}):"
-                f"\n{result.err[-3000:]}"
-            )
-        return parser
+            return collect_over(conn, cmd, "guest", timeout=300)
 
     def start(
         self,
@@ -384,6 +377,18 @@ class GuestSession:
         suite_timeout: float = 4 * 3600.0,
     ) -> GuestRun:
         return GuestRun(self, list(nodeids), node=node, junit=junit, suite_timeout=suite_timeout)
+
+
+def collect_over(conn: Connection, cmd: str, who: str, *, timeout: float) -> EventParser:
+    """Run a `pytest --collect-only` command on a node; the tests it reported."""
+    parser = EventParser()
+    result = conn.run(cmd, timeout=timeout, on_stdout=parser.feed)
+    if parser.session_exit is None:
+        raise RunnerError(
+            f"{who} pytest collection did not run (exit {result.exit_status}):"
+            f"\n{result.err[-3000:]}"
+        )
+    return parser
 
 
 class GuestRun:
