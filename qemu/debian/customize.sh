@@ -3,6 +3,10 @@
 #   OBMM_AUTHORIZED_KEY  public key allowed to log in as root
 set -eu
 root="$1"
+here=$(dirname "$0")
+
+# The fast-boot init (tini runs it as PID 1's child); see obmm-init and qemu/README.md.
+install -m 0755 "$here/obmm-init" "$root/usr/local/sbin/obmm-init"
 
 # Root login by the cache's key only.
 install -d -m 700 "$root/root/.ssh"

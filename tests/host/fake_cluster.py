@@ -28,6 +28,7 @@ def make_image(base: Path) -> Image:
     )
     (d / "vmlinuz").write_bytes(b"k")
     (d / "initrd.img").write_bytes(b"i")
+    (d / "initrd-fast.img").write_bytes(b"f")
     manifest = {"kernel_release": "6.1.0-0-amd64", "ssh_key": str(d / "key"), "host_key": ""}
     (d / "manifest.json").write_text(json.dumps(manifest))
     return Image.open(d)

@@ -141,3 +141,36 @@ def test_topology_file_with_unknown_key_is_refused(tmp_path: Path) -> None:
     bad.write_text('{"nodes": 2, "memroy_mib": 512}')
     with pytest.raises(qemu.TopologyError, match="memroy_mib"):
         qemu.Topology.load(bad)
+
+
+def test_fast_init_is_tini_running_our_init_with_both_nics_on_the_command_line() -> None:
+    topo = qemu.Topology(nodes=2)
+    words = qemu.kernel_cmdline(topo, 1, ("extra=1",)).split()
+    assert "init=/usr/bin/tini" in words
+    # Everything after "--" is init's argv; the caller's extra words stay kernel parameters.
+    assert words[-2:] == ["--", "/usr/local/sbin/obmm-init"]
+    assert words.index("extra=1") < words.index("--")
+    assert "obmm.hostname=node1" in words
+    assert "obmm.net=0000:00:02.0,10.0.2.15/24" in words
+    assert "obmm.fabric=52:54:00:4f:00:01,169.254.100.11/16" in words
+    assert "obmm.modules=virtio_net,virtio_rng" in words
+    assert not any(w.startswith("systemd.") and w != "systemd.show_status=0" for w in words)
+
+
+def test_single_node_fast_init_has_no_fabric_nic() -> None:
+    words = qemu.kernel_cmdline(qemu.Topology(nodes=1), 0).split()
+    assert not any(w.startswith("obmm.fabric=") for w in words)
+
+
+def test_systemd_init_boots_the_distribution_userland() -> None:
+    words = qemu.kernel_cmdline(qemu.Topology(nodes=2), 0, init=qemu.INIT_SYSTEMD).split()
+    assert "systemd.hostname=node0" in words
+    assert "--" not in words
+    assert not any(w.startswith(("init=", "obmm.")) for w in words)
+    argv = qemu.build_argv(qemu.Topology(), _launch(0, init=qemu.INIT_SYSTEMD))
+    assert "systemd.hostname=node0" in _pairs(argv, "-append")[0].split()
+
+
+def test_unknown_init_mode_is_refused() -> None:
+    with pytest.raises(qemu.TopologyError, match="init must be one of fast, systemd"):
+        qemu.kernel_cmdline(qemu.Topology(), 0, init="upstart")

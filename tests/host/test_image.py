@@ -46,7 +46,15 @@ def test_fingerprint_is_stable_and_covers_recipe_hooks_kernel_and_key(tmp_path: 
     )
     hook = tmp_path / "debian" / "customize.sh"
     hook.write_text(hook.read_text() + "\n# changed\n")
-    assert base != Recipe.load(recipe.path).fingerprint(
+    after_hook = Recipe.load(recipe.path).fingerprint(
+        kernel_release="6.1.0-1-amd64", authorized_key="ssh-ed25519 A"
+    )
+    assert base != after_hook
+    # A file the hooks install (the fast-boot init) is part of the image too.
+    assert "obmm-init" in recipe.files
+    init = tmp_path / "debian" / "obmm-init"
+    init.write_text(init.read_text() + "\n# changed\n")
+    assert after_hook != Recipe.load(recipe.path).fingerprint(
         kernel_release="6.1.0-1-amd64", authorized_key="ssh-ed25519 A"
     )
 

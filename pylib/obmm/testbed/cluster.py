@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -228,6 +229,7 @@ class Cluster:
     topology: qemu.Topology
     accel: str
     image: Image
+    init: str = qemu.INIT_FAST
     nodes: list[Node] = field(default_factory=list)
     owner_pid: int | None = None
     # The inter-node network hub (obmm.testbed.hub) of a multi-node cluster.
@@ -248,6 +250,7 @@ class Cluster:
             "logdir": str(self.logdir),
             "topology": self.topology.to_dict(),
             "accel": self.accel,
+            "init": self.init,
             "image": str(self.image.directory),
             "owner_pid": self.owner_pid,
             "hub_pid": self.hub_pid,
@@ -275,6 +278,7 @@ class Cluster:
             logdir=Path(state["logdir"]),
             topology=qemu.Topology.from_mapping(state["topology"]),
             accel=state["accel"],
+            init=state.get("init", qemu.INIT_SYSTEMD),
             image=Image.open(Path(state["image"])),
             owner_pid=state.get("owner_pid"),
             hub_pid=state.get("hub_pid"),
@@ -298,6 +302,7 @@ class Cluster:
         *,
         name: str = DEFAULT_NAME,
         accel: str = "tcg",
+        init: str = qemu.INIT_FAST,
         logdir: Path | None = None,
         detach: bool = False,
         wait: bool = True,
@@ -320,6 +325,7 @@ class Cluster:
             topology=topology,
             accel=accel,
             image=image,
+            init=init,
             owner_pid=None if detach else os.getpid(),
         )
         try:
@@ -443,25 +449,32 @@ class Cluster:
     def _launch_all(
         self, *, detach: bool, extra_args: Callable[[int], Sequence[str]] | None
     ) -> None:
+        """Start every QEMU at once, then check each bound its port (retry those that lost it)."""
         avoid = _ports_in_use_by_clusters()
         ports = allocate_ports(self.topology.nodes, avoid=sorted(avoid))
-        for i in range(self.topology.nodes):
-            extra = tuple(extra_args(i)) if extra_args else ()
-            for attempt in range(PORT_RETRIES):
-                node = self._launch(i, ports[i], detach=detach, extra=extra)
-                self.nodes.append(node)
-                if self._bound(node):
-                    break
-                self.nodes.pop()
+        extras = [tuple(extra_args(i)) if extra_args else () for i in range(self.topology.nodes)]
+        pending = list(range(self.topology.nodes))
+        started: dict[int, Node] = {}
+        for attempt in range(PORT_RETRIES):
+            for i in pending:
+                started[i] = self._launch(i, ports[i], detach=detach, extra=extras[i])
+            self.nodes = [started[i] for i in sorted(started)]
+            lost = [i for i in pending if not self._bound(started[i])]
+            for i in lost:
                 log.warning(
                     "node%d: port %d taken (attempt %d); retrying", i, ports[i], attempt + 1
                 )
+                del started[i]
                 ports[i] = allocate_ports(1, avoid=sorted(avoid | set(ports)))[0]
-            else:
-                raise ClusterError(
-                    f"node{i}: QEMU failed to start; see {self.logdir / f'node{i}.qemu.log'}:\n"
-                    + _read_tail(self.logdir / f"node{i}.qemu.log")
-                )
+            self.nodes = [started[i] for i in sorted(started)]
+            pending = lost
+            if not pending:
+                return
+        i = pending[0]
+        raise ClusterError(
+            f"node{i}: QEMU failed to start; see {self.logdir / f'node{i}.qemu.log'}:\n"
+            + _read_tail(self.logdir / f"node{i}.qemu.log")
+        )
 
     def _launch(self, i: int, port: int, *, detach: bool, extra: tuple[str, ...]) -> Node:
         console = self.logdir / f"node{i}.console.log"
@@ -476,8 +489,9 @@ class Cluster:
             qmp_socket=self.rundir / f"node{i}.qmp",
             pidfile=self.rundir / f"node{i}.pid",
             kernel=self.image.kernel,
-            initrd=self.image.initrd,
+            initrd=self._initrd(),
             accel=self.accel,
+            init=self.init,
             qemu_binary=os.environ.get("OBMM_TESTBED_QEMU", "qemu-system-x86_64"),
             extra_args=extra,
         )
@@ -508,6 +522,17 @@ class Cluster:
             argv=argv,
             popen=popen,
         )
+
+    def _initrd(self) -> Path:
+        if self.init == qemu.INIT_SYSTEMD:
+            return self.image.initrd
+        fast = self.image.fast_initrd
+        if fast is None:
+            raise ClusterError(
+                f"image {self.image.directory} has no fast-boot initramfs; "
+                "use --init systemd (or OBMM_TESTBED_INIT=systemd) with this recipe"
+            )
+        return fast
 
     def _bound(self, node: Node, timeout: float = 10.0) -> bool:
         """Wait until QEMU is past device setup (its QMP socket exists), or has exited."""
@@ -564,28 +589,50 @@ class Cluster:
         return self.all_alive
 
     def wait_ssh(self, timeout: float, progress: Progress | None = None) -> None:
+        """Wait for every node's sshd at once (nodes boot in parallel; so do the waits)."""
         deadline = time.monotonic() + timeout
-        for node in self.nodes:
-            conn = Connection(self.target(node.index), alive=self.all_alive, name=node.name)
+        errors: dict[int, BaseException] = {}
+
+        def wait_one(node: Node) -> None:
             try:
-                conn.connect(deadline)
-            except GuestGone:
-                conn.close()
-                self.check_alive()
-                raise
-            except Exception as exc:
-                conn.close()
-                raise ClusterError(
-                    f"{node.name}: {exc}\nlast console lines ({node.console_log}):\n"
-                    + node.console_tail()
-                ) from exc
-            try:
-                if self.topology.nodes > 1:
-                    self._configure_fabric_net(conn, node)
-            finally:
-                conn.close()
+                self._wait_node(node, deadline)
+            except BaseException as exc:  # reported below, in node order
+                errors[node.index] = exc
+                return
             if progress is not None:
                 progress.line(f"{node.name}: ssh ready on 127.0.0.1:{node.ssh_port}")
+
+        threads = [
+            threading.Thread(target=wait_one, args=(n,), name=f"wait-{n.name}", daemon=True)
+            for n in self.nodes
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[min(errors)]
+
+    def _wait_node(self, node: Node, deadline: float) -> None:
+        conn = Connection(self.target(node.index), alive=self.all_alive, name=node.name)
+        try:
+            conn.connect(deadline)
+        except GuestGone:
+            conn.close()
+            self.check_alive()
+            raise
+        except Exception as exc:
+            conn.close()
+            raise ClusterError(
+                f"{node.name}: {exc}\nlast console lines ({node.console_log}):\n"
+                + node.console_tail()
+            ) from exc
+        try:
+            # The fast init brings the inter-node NIC up from the kernel command line.
+            if self.topology.nodes > 1 and self.init == qemu.INIT_SYSTEMD:
+                self._configure_fabric_net(conn, node)
+        finally:
+            conn.close()
 
     def _configure_fabric_net(self, conn: Connection, node: Node) -> None:
         """Give the node its link-local address on the inter-node NIC."""

@@ -48,6 +48,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--recipe", default=DEFAULT_RECIPE, help="image recipe (default %(default)s)")
     p.add_argument(
+        "--init",
+        choices=qemu.INIT_MODES,
+        default=os.environ.get("OBMM_TESTBED_INIT", qemu.INIT_FAST),
+        help="node userland: fast (our small init, seconds) or systemd (real-host-like) "
+        "(default: $OBMM_TESTBED_INIT or %(default)s)",
+    )
+    p.add_argument(
         "--kmod",
         action="store_true",
         help="also build kmod/*, copy the package and tests in, and load the modules",
@@ -134,6 +141,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             topology,
             name=args.name,
             accel=accel,
+            init=args.init,
             logdir=args.log_dir,
             detach=True,
             timeout=args.timeout,
@@ -184,7 +192,8 @@ def _print_cluster(cluster: Cluster) -> None:
     t = cluster.topology
     print(
         f"cluster {cluster.name}: {t.nodes} node(s), {t.memory_mib} MiB each "
-        f"(pool {t.pool_mib} MiB), accel {cluster.accel}, run dir {cluster.rundir}"
+        f"(pool {t.pool_mib} MiB), accel {cluster.accel}, init {cluster.init}, "
+        f"run dir {cluster.rundir}"
     )
     for n in cluster.nodes:
         state = "running" if n.alive() else "DEAD"

@@ -32,15 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from obmm.testbed import initramfs
 from obmm.testbed.progress import Progress, StepFailed
 
 log = logging.getLogger(__name__)
 
 # Bump when the build procedure (not the recipe) changes in a way that changes the image.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 DEFAULT_RECIPE = "debian-bookworm"
 OPENEULER_REPO_ENV = "OBMM_OPENEULER_REPO"
 REPO_PROBE_TIMEOUT_S = 10.0
+FAST_INITRD = "initrd-fast.img"
 
 
 class ImageError(RuntimeError):
@@ -83,6 +85,10 @@ class Recipe:
     essential_hook: str | None = None
     customize_hook: str | None = None
     repo_url: str | None = None
+    # Files beside the recipe that its hooks install (e.g. the fast-boot init): hashed too.
+    files: tuple[str, ...] = ()
+    # /init of the fast-boot initramfs (obmm.testbed.initramfs); None: no fast boot.
+    fast_initramfs: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -100,6 +106,8 @@ class Recipe:
             "essential_hook",
             "customize_hook",
             "repo_url",
+            "files",
+            "fast_initramfs",
         }
         return cls(
             name=data["name"],
@@ -114,6 +122,8 @@ class Recipe:
             essential_hook=data.get("essential_hook"),
             customize_hook=data.get("customize_hook"),
             repo_url=data.get("repo_url"),
+            files=tuple(data.get("files", ())),
+            fast_initramfs=data.get("fast_initramfs"),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -121,11 +131,14 @@ class Recipe:
         return None if name is None else self.path.parent / name
 
     def hook_paths(self) -> list[Path]:
-        return [
+        """The hook scripts and the files they install: everything hashed with the recipe."""
+        hooks = [
             p
             for p in (self.hook_path(self.essential_hook), self.hook_path(self.customize_hook))
             if p is not None
         ]
+        files = [*self.files, *([self.fast_initramfs] if self.fast_initramfs else [])]
+        return hooks + [self.path.parent / name for name in files]
 
     def fingerprint(self, *, kernel_release: str, authorized_key: str) -> str:
         """Hash of everything that goes into the image: recipe, hooks, kernel, login key."""
@@ -180,6 +193,12 @@ class Image:
     @property
     def initrd(self) -> Path:
         return self.directory / "initrd.img"
+
+    @property
+    def fast_initrd(self) -> Path | None:
+        """The fast-boot initramfs, if the recipe makes one (obmm.testbed.initramfs)."""
+        path = self.directory / FAST_INITRD
+        return path if path.is_file() else None
 
     @property
     def kernel_release(self) -> str:
@@ -334,6 +353,10 @@ def _build(
             raise ImageError(f"the recipe did not produce {f.relative_to(rootfs)}")
     shutil.copy2(kernel, out / "vmlinuz")
     shutil.copy2(initrd, out / "initrd.img")
+    if recipe.fast_initramfs:
+        initramfs.build(
+            rootfs, release, recipe.path.parent / recipe.fast_initramfs, out / FAST_INITRD
+        )
     host_key_file = rootfs / "etc/ssh/ssh_host_ed25519_key.pub"
     host_key = " ".join(host_key_file.read_text().split()[:2]) if host_key_file.is_file() else ""
 

@@ -43,6 +43,17 @@ FABRIC_NET_PREFIXLEN = 16
 FABRIC_MAC_PREFIX = "52:54:00:4f:00"
 # sun_path holds 108 bytes including the terminating NUL.
 MAX_UNIX_PATH = 107
+# How a node's userland starts.  "fast": tini as PID 1 runs our own small init
+# (qemu/debian/obmm-init: mounts, both NICs from the command line, sshd); "systemd": the
+# distribution's boot, for runs that want a real-host-like userland.
+INIT_FAST = "fast"
+INIT_SYSTEMD = "systemd"
+INIT_MODES = (INIT_FAST, INIT_SYSTEMD)
+FAST_INIT_ARGV = ("/usr/bin/tini", "/usr/local/sbin/obmm-init")
+# User-mode networking's fixed guest address (QEMU's default net 10.0.2.0/24, host 10.0.2.2).
+SSH_NIC_ADDR = "10.0.2.15/24"
+# Loaded by the fast init before sshd: the NICs and the entropy source sshd draws from.
+FAST_INIT_MODULES = ("virtio_net", "virtio_rng")
 
 
 class TopologyError(ValueError):
@@ -159,6 +170,7 @@ class NodeLaunch:
     initrd: Path
     accel: str = "tcg"
     qemu_binary: str = "qemu-system-x86_64"
+    init: str = INIT_FAST
     # Hook for debugging and experiments: appended verbatim.
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     extra_cmdline: tuple[str, ...] = field(default_factory=tuple)
@@ -204,13 +216,19 @@ def control_file(rundir: Path) -> Path:
 BOOT_HUGEPAGES = 4  # 2 MiB each
 
 
-def kernel_cmdline(topology: Topology, index: int, extra: Sequence[str] = ()) -> str:
+def kernel_cmdline(
+    topology: Topology, index: int, extra: Sequence[str] = (), init: str = INIT_FAST
+) -> str:
     """The guest kernel command line.
 
     `panic=-1` reboots at once on panic, and with QEMU's `-no-reboot` that makes QEMU exit, so a
     dead kernel is seen by the host within a second.  Oops and WARN do not panic: they are
-    reported per test by the guest log scanner.
+    reported per test by the guest log scanner.  With the fast init, the `obmm.*` parameters
+    tell qemu/debian/obmm-init the host name and both NICs' addresses, so no SSH round trip
+    configures them.
     """
+    if init not in INIT_MODES:
+        raise TopologyError(f"init must be one of {', '.join(INIT_MODES)}, got {init!r}")
     parts = [
         "console=ttyS0,115200",
         "root=/dev/vda",
@@ -219,7 +237,6 @@ def kernel_cmdline(topology: Topology, index: int, extra: Sequence[str] = ()) ->
         f"mem={topology.kernel_mem_mib}M",
         # EXPORT_PID tests pin hugetlbfs pages; reserved at boot, before memory fragments.
         f"hugepages={BOOT_HUGEPAGES}",
-        f"systemd.hostname=node{index}",
         "loglevel=7",
         "printk.devkmsg=on",
         # The guest has no use for these and they cost seconds of TCG boot time.
@@ -232,7 +249,23 @@ def kernel_cmdline(topology: Topology, index: int, extra: Sequence[str] = ()) ->
         "softlockup_panic=1",
         "hung_task_panic=1",
     ]
+    if init == INIT_SYSTEMD:
+        parts.append(f"systemd.hostname=node{index}")
+    else:
+        parts += [
+            f"init={FAST_INIT_ARGV[0]}",
+            f"obmm.hostname=node{index}",
+            f"obmm.net=0000:00:{NET_SLOT:02x}.0,{SSH_NIC_ADDR}",
+            "obmm.modules=" + ",".join(FAST_INIT_MODULES),
+        ]
+        if topology.nodes > 1:
+            parts.append(
+                f"obmm.fabric={fabric_mac(index)},{fabric_ip(index)}/{FABRIC_NET_PREFIXLEN}"
+            )
     parts.extend(extra)
+    if init == INIT_FAST:
+        # Everything after "--" is init's argv: tini runs our init as its child.
+        parts += ["--", *FAST_INIT_ARGV[1:]]
     return " ".join(parts)
 
 
@@ -265,7 +298,7 @@ def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
         "-initrd",
         str(node.initrd),
         "-append",
-        kernel_cmdline(topology, node.index, node.extra_cmdline),
+        kernel_cmdline(topology, node.index, node.extra_cmdline, node.init),
         "-chardev",
         f"file,id=console,path={node.console_log}",
         "-serial",
