@@ -147,6 +147,22 @@ def test_qemu_that_fails_to_start_leaves_nothing_behind(
     assert (tmp_path / "logs" / "node0.qemu.log").read_text().startswith("$ false ")
 
 
+def test_fast_boot_of_an_image_without_its_initramfs_says_what_to_use_and_leaves_nothing(
+    run_root: Path, fake_image: Image, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("OBMM_TESTBED_QEMU", "false")
+    (fake_image.directory / "initrd-fast.img").unlink()
+    with pytest.raises(cl.ClusterError, match="no fast-boot initramfs; use --init systemd"):
+        cl.Cluster.start(fake_image, qemu.Topology(nodes=2), name="z", logdir=tmp_path / "logs")
+    assert list(run_root.iterdir()) == []
+    # The distribution boot needs only what every image has.
+    with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
+        cl.Cluster.start(
+            fake_image, qemu.Topology(nodes=1), name="z", init="systemd", logdir=tmp_path / "l"
+        )
+    assert "systemd.hostname=node0" in (tmp_path / "l" / "node0.qemu.log").read_text()
+
+
 def test_interrupt_during_boot_kills_every_node_and_removes_files(
     run_root: Path, fake_image: Image, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -205,3 +221,15 @@ def test_stop_does_not_hang_on_a_wedged_monitor(
         mon.close()
     sleeper.wait(timeout=5)
     assert not cl.rundir_for("w").exists()
+
+
+def test_init_mode_comes_from_the_environment_and_bad_values_are_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OBMM_TESTBED_INIT", raising=False)
+    assert cl.default_init() == "fast"
+    monkeypatch.setenv("OBMM_TESTBED_INIT", "systemd")
+    assert cl.default_init() == "systemd"
+    monkeypatch.setenv("OBMM_TESTBED_INIT", "runit")
+    with pytest.raises(cl.ClusterError, match="OBMM_TESTBED_INIT='runit'"):
+        cl.default_init()

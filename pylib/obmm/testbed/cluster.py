@@ -47,6 +47,7 @@ HUB_READY_TIMEOUT_S = 15.0
 CONSOLE_TAIL_LINES = 40
 PR_SET_PDEATHSIG = 1
 DEFAULT_NAME = "default"
+INIT_ENV = "OBMM_TESTBED_INIT"
 _DEATH_MARKERS = ("Kernel panic", "BUG:", "Oops:", "general protection fault")
 
 
@@ -66,6 +67,14 @@ class NodeDied(GuestGone):
 
 def run_root() -> Path:
     return Path(os.environ.get("OBMM_TESTBED_RUN_ROOT", "/dev/shm"))
+
+
+def default_init() -> str:
+    """How nodes boot unless told: $OBMM_TESTBED_INIT (fast or systemd), else fast."""
+    init = os.environ.get(INIT_ENV) or qemu.INIT_FAST
+    if init not in qemu.INIT_MODES:
+        raise ClusterError(f"{INIT_ENV}={init!r}: must be one of {', '.join(qemu.INIT_MODES)}")
+    return init
 
 
 def rundir_for(name: str) -> Path:
@@ -302,7 +311,7 @@ class Cluster:
         *,
         name: str = DEFAULT_NAME,
         accel: str = "tcg",
-        init: str = qemu.INIT_FAST,
+        init: str | None = None,
         logdir: Path | None = None,
         detach: bool = False,
         wait: bool = True,
@@ -325,7 +334,7 @@ class Cluster:
             topology=topology,
             accel=accel,
             image=image,
-            init=init,
+            init=init or default_init(),
             owner_pid=None if detach else os.getpid(),
         )
         try:

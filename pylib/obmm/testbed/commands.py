@@ -50,7 +50,6 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--init",
         choices=qemu.INIT_MODES,
-        default=os.environ.get("OBMM_TESTBED_INIT", qemu.INIT_FAST),
         help="node userland: fast (our small init, seconds) or systemd (real-host-like) "
         "(default: $OBMM_TESTBED_INIT or %(default)s)",
     )
