@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Stage "qemu": boot the cluster under QEMU and run the guest and cluster suites.
+# Stage "qemu": boot the cluster under QEMU and run the guest and cluster suites, then the
+# hardware stage in full against QEMU nodes (hw-proof).
 source "$(dirname "$0")/lib.sh"
 stage qemu
 make setup
 make qemu-test
+make hw-proof

@@ -92,6 +92,7 @@ def window_table(xc: ClusterHarness) -> Iterator[str]:
             xc.run(i, f"rm -f {path}", check=False)
 
 
+@pytest.mark.hw_proof
 def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
     cluster: Cluster, xc: ClusterHarness, window_table: str
 ) -> None:

@@ -17,14 +17,15 @@ import pytest
 from obmm.testbed.cluster import NodeDied
 from obmm.testbed.runner import (
     GUEST_SELFTEST,
-    PING_AFTER_S,
-    PING_TIMEOUT_S,
     GuestSession,
     GuestUnresponsive,
 )
 from obmm.testbed.ssh import GuestGone
 
 PANIC_BUDGET_S = 60.0
+# The frozen-guest test's liveness timers: seconds, not the suite's 30 s + 20 s defaults.
+HANG_PING_AFTER_S = 3.0
+HANG_PING_TIMEOUT_S = 5.0
 
 
 def test_ssh_passes_exit_status_and_both_streams(guest_session: GuestSession) -> None:
@@ -72,7 +73,9 @@ def test_guest_warn_fails_that_test_with_the_warn_text(guest_session: GuestSessi
 def test_guest_that_stops_answering_fails_fast(guest_session: GuestSession) -> None:
     hang = f"{GUEST_SELFTEST}/test_hang.py::test_sleeps_long"
     cluster = guest_session.boot()
-    run = guest_session.start([hang])
+    run = guest_session.start(
+        [hang], ping_after_s=HANG_PING_AFTER_S, ping_timeout_s=HANG_PING_TIMEOUT_S
+    )
     deadline = time.monotonic() + 300
     while run.parser.current != hang:
         assert time.monotonic() < deadline, "the guest test never started"
@@ -83,7 +86,7 @@ def test_guest_that_stops_answering_fails_fast(guest_session: GuestSession) -> N
         start = time.monotonic()
         with pytest.raises(GuestUnresponsive, match="stopped answering"):
             run.wait(hang, timeout=900)
-        assert time.monotonic() - start < PING_AFTER_S + PING_TIMEOUT_S + 15
+        assert time.monotonic() - start < HANG_PING_AFTER_S + HANG_PING_TIMEOUT_S + 15
         # Teardown copes with a frozen QEMU (its monitor never answers) in bounded time.
         start = time.monotonic()
         guest_session.close()

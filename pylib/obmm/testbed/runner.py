@@ -375,8 +375,21 @@ class GuestSession:
         node: int = 0,
         junit: str | None = None,
         suite_timeout: float = 4 * 3600.0,
+        ping_after_s: float = PING_AFTER_S,
+        ping_timeout_s: float = PING_TIMEOUT_S,
     ) -> GuestRun:
-        return GuestRun(self, list(nodeids), node=node, junit=junit, suite_timeout=suite_timeout)
+        """Start guest pytest on `nodeids`.  A guest silent for `ping_after_s` is pinged and
+        declared unresponsive if the ping takes longer than `ping_timeout_s` (the runner's
+        self-test shortens both so that a frozen guest is found in seconds)."""
+        return GuestRun(
+            self,
+            list(nodeids),
+            node=node,
+            junit=junit,
+            suite_timeout=suite_timeout,
+            ping_after_s=ping_after_s,
+            ping_timeout_s=ping_timeout_s,
+        )
 
 
 def collect_over(conn: Connection, cmd: str, who: str, *, timeout: float) -> EventParser:
@@ -402,8 +415,12 @@ class GuestRun:
         node: int,
         junit: str | None,
         suite_timeout: float,
+        ping_after_s: float = PING_AFTER_S,
+        ping_timeout_s: float = PING_TIMEOUT_S,
     ) -> None:
         self.session = session
+        self.ping_after_s = ping_after_s
+        self.ping_timeout_s = ping_timeout_s
         self.cluster = session.boot()
         self.nodeids = nodeids
         self.node = node
@@ -470,8 +487,8 @@ class GuestRun:
             self.cluster.target(self.node), alive=self.cluster.all_alive, name=f"node{self.node}"
         )
         try:
-            conn.connect(time.monotonic() + PING_TIMEOUT_S)
-            conn.run("true", timeout=PING_TIMEOUT_S)
+            conn.connect(time.monotonic() + self.ping_timeout_s)
+            conn.run("true", timeout=self.ping_timeout_s)
         except SshError as exc:
             dead = self._dead()
             if dead is not None:
@@ -541,7 +558,7 @@ class GuestRun:
                     f"{nodeid}: no result after {timeout:.0f} s (running: "
                     f"{current}); guest pytest aborted"
                 )
-            if silent > PING_AFTER_S:
+            if silent > self.ping_after_s:
                 try:
                     self._ping()
                 except GuestUnresponsive:
