@@ -51,3 +51,45 @@ def test_record_command_needs_every_suite_green(
     assert not out.exists()
     assert cluster_hook.main(["record", start, str(green), "--out", str(out)]) == 0
     assert 41 <= json.loads(out.read_text())["warm"]["seconds"] < 60
+
+
+def test_boot_figures_interleave_the_inits_and_compare_fast_with_systemd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from obmm.testbed import cluster as cl
+
+    booted: list[tuple[int, str]] = []
+
+    class FakeCluster:
+        def __enter__(self) -> FakeCluster:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    def fake_start(image: object, topology: object, **kw: object) -> FakeCluster:
+        booted.append((topology.nodes, str(kw["init"])))  # type: ignore[attr-defined]
+        return FakeCluster()
+
+    monkeypatch.setattr(cl.Cluster, "start", staticmethod(fake_start))
+    figures = cluster_hook.boot_figures(
+        object(),  # type: ignore[arg-type]
+        "tcg",
+        [1, 8],
+        ["fast", "systemd"],
+        2,
+        lambda _msg: None,
+    )
+    assert booted == [(n, i) for n in (1, 8) for _ in range(2) for i in ("fast", "systemd")]
+    by_name = {f.name: f for f in figures}
+    assert set(by_name) == {
+        "testbed.boot_to_ssh.fast.1node",
+        "testbed.boot_to_ssh.systemd.1node",
+        "testbed.boot_to_ssh.fast.8nodes",
+        "testbed.boot_to_ssh.systemd.8nodes",
+    }
+    assert by_name["testbed.boot_to_ssh.fast.8nodes"].baseline == (
+        "testbed.boot_to_ssh.systemd.8nodes"
+    )
+    assert by_name["testbed.boot_to_ssh.systemd.1node"].baseline is None
+    assert all(len(f.samples) == 2 for f in figures)

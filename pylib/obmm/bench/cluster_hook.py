@@ -1,7 +1,8 @@
 """`obmm-testbed bench` on a QEMU cluster: the testbed-speed figures and the guest figures.
 
 Steps, each timed: a cold image build into a throw-away cache (unless skipped), the cached
-image lookup, boot-to-SSH of 1, 2 and 4 nodes (the test suites' topologies), then on a pair
+image lookup, boot-to-SSH of 1, 2, 4 and 8 nodes with the fast init and with systemd
+(interleaved, several samples each), then on a pair
 with a 1 GiB export pool per node (``qemu/topologies/bench-pair.json``) the data-path, Engram
 and control-path figures of `obmm.bench.runner.run_cluster_bench`.  Every cluster it boots is
 stopped again, whatever happens.
@@ -15,7 +16,9 @@ import shutil
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from obmm.bench.results import Environment, Figure, Run
 from obmm.bench.runner import (
@@ -25,6 +28,9 @@ from obmm.bench.runner import (
     make_testbed_figure,
     run_cluster_bench,
 )
+
+if TYPE_CHECKING:
+    from obmm.testbed.image import Image
 
 BOOT_SIZES = {1: "single", 2: "pair", 4: "quad"}  # the test suites' topologies
 BENCH_TOPOLOGY = "bench-pair"
@@ -109,6 +115,49 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def boot_figure_name(init: str, nodes: int) -> str:
+    return f"testbed.boot_to_ssh.{init}.{nodes}node{'s' if nodes > 1 else ''}"
+
+
+def boot_figures(
+    image: Image,
+    accel: str,
+    sizes: list[int],
+    inits: list[str],
+    samples: int,
+    say: Callable[[str], None],
+) -> list[Figure]:
+    """Boot-to-SSH of each cluster size with each init, `samples` times, interleaved.
+
+    The boots of one size alternate between the inits (fast, systemd, fast, ...) so that a
+    drift of the machine's speed hits both alike; the fast boot's baseline is the systemd boot
+    of the same size, so the summary shows their ratio.
+    """
+    from obmm.testbed.cluster import Cluster, load_topology
+
+    figures = []
+    for nodes in sizes:
+        topology = load_topology(BOOT_SIZES.get(nodes, "pair")).with_nodes(nodes)
+        times: dict[str, list[float]] = {init: [] for init in inits}
+        for k in range(samples):
+            for init in inits:
+                say(f"boot {nodes} node(s), init {init}, sample {k + 1}/{samples}")
+                start = time.monotonic()
+                with Cluster.start(image, topology, name=f"bench-{nodes}", accel=accel, init=init):
+                    times[init].append(time.monotonic() - start)
+        for init in inits:
+            base = "systemd" if init != "systemd" and "systemd" in inits else None
+            figures.append(
+                make_testbed_figure(
+                    boot_figure_name(init, nodes),
+                    times[init],
+                    baseline=boot_figure_name(base, nodes) if base else None,
+                    note=f"{topology.memory_mib} MiB per node, {accel}",
+                )
+            )
+    return figures
+
+
 def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     from obmm.testbed import accel as accel_mod
     from obmm.testbed.cluster import Cluster, load_topology
@@ -150,20 +199,10 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     accel = accel_mod.choose(getattr(args, "accel", None), image.kernel, cache_dir())
     env = Environment.collect_host(accelerator=accel, node_count=2)
 
-    boot_nodes = [int(n) for n in str(getattr(args, "boot_nodes", "1,2,4")).split(",") if n]
-    for nodes in sorted(set(boot_nodes)):
-        topology = load_topology(BOOT_SIZES.get(nodes, str(nodes)))
-        say(f"booting {nodes} node(s) ({topology.memory_mib} MiB each) to time boot-to-SSH")
-        start = time.monotonic()
-        with Cluster.start(image, topology, name=f"bench-{nodes}", accel=accel):
-            booted = time.monotonic() - start
-        testbed.append(
-            make_testbed_figure(
-                f"testbed.boot_to_ssh.{nodes}node{'s' if nodes > 1 else ''}",
-                [booted],
-                baseline=None if nodes == 1 else "testbed.boot_to_ssh.1node",
-            )
-        )
+    boot_nodes = [int(n) for n in str(getattr(args, "boot_nodes", "1,2,4,8")).split(",") if n]
+    inits = [i for i in str(getattr(args, "boot_inits", "fast,systemd")).split(",") if i]
+    samples = int(getattr(args, "boot_samples", 3))
+    testbed += boot_figures(image, accel, sorted(set(boot_nodes)), inits, samples, say)
     # The measurements get their own pair with a 1 GiB export pool per node (the test topology
     # has 256 MiB), so the control path reaches the 1 GiB size.
     topology = load_topology(BENCH_TOPOLOGY)
@@ -192,8 +231,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--boot-nodes",
-        default="1,2,4",
-        help="cluster sizes whose boot-to-SSH time is measured (default 1,2,4)",
+        default="1,2,4,8",
+        help="cluster sizes whose boot-to-SSH time is measured (default 1,2,4,8)",
+    )
+    p.add_argument(
+        "--boot-inits",
+        default="fast,systemd",
+        help="node inits to boot each size with, interleaved (default fast,systemd)",
+    )
+    p.add_argument(
+        "--boot-samples",
+        type=int,
+        default=3,
+        help="boots per size and init (default 3; min/median/max in the summary)",
     )
     p.add_argument("--accel", choices=("auto", "tcg", "kvm"), default=None)
 

@@ -440,7 +440,8 @@ def make_testbed_figure(
     make_testbed_figure("testbed.boot_to_ssh.2nodes", [41.2, 39.8],
                         baseline="testbed.boot_to_ssh.1node")
     Names the lead's `make bench` should use: testbed.image_build.cold, testbed.image_build.cached
-    (baseline cold), testbed.boot_to_ssh.{1node,2nodes,4nodes} (baseline 1node),
+    (baseline cold), testbed.boot_to_ssh.{fast,systemd}.{1node,2nodes,4nodes,8nodes} (fast's
+    baseline: systemd of the same size),
     testbed.qemu_test.cold, testbed.qemu_test.warm (baseline cold).
     """
     if not name.startswith("testbed."):
