@@ -407,6 +407,11 @@ def collect_over(conn: Connection, cmd: str, who: str, *, timeout: float) -> Eve
 class GuestRun:
     """One guest pytest invocation running in a background thread; results as they come."""
 
+    # Liveness timers (see GuestSession.start); class defaults for subclasses with their own
+    # __init__ (the hardware stage's run).
+    ping_after_s: float = PING_AFTER_S
+    ping_timeout_s: float = PING_TIMEOUT_S
+
     def __init__(
         self,
         session: GuestSession,
