@@ -121,6 +121,23 @@ static int obmm_export_finish(struct obmm_region *r)
 }
 
 /*
+ * The reply of EXPORT and EXPORT_PID: the outputs written into the
+ * caller's copy of the command (of len bytes at cmd) and copied back.  As
+ * the real driver: the region stays exported on a copy fault.
+ */
+static long obmm_export_reply(const struct obmm_region *r, void __user *uarg,
+			      const void *cmd, size_t len, __u64 *mem_id,
+			      __u64 *uba, __u32 *tokenid)
+{
+	*mem_id = r->id;
+	*uba = r->uba;
+	*tokenid = r->tokenid;
+	if (copy_to_user(uarg, cmd, len))
+		return -EFAULT;
+	return 0;
+}
+
+/*
  * EXPORT and EXPORT_PID after their own argument checks: a new region with
  * the caller's priv, its vendor info checked, and an id.
  */
@@ -186,13 +203,8 @@ long obmm_export_ioctl(void __user *uarg)
 	if (ret)
 		goto err_pool;
 
-	cmd.mem_id = r->id;
-	cmd.uba = r->uba;
-	cmd.tokenid = r->tokenid;
-	/* As the real driver: the region stays exported on a copy fault. */
-	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
-		return -EFAULT;
-	return 0;
+	return obmm_export_reply(r, uarg, &cmd, sizeof(cmd), &cmd.mem_id,
+				 &cmd.uba, &cmd.tokenid);
 
 err_pool:
 	obmm_pool_free(r->pa, total);
@@ -471,12 +483,8 @@ long obmm_export_pid_ioctl(void __user *uarg)
 	if (ret)
 		goto err_unpin;
 
-	cmd.mem_id = r->id;
-	cmd.uba = r->uba;
-	cmd.tokenid = r->tokenid;
-	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
-		return -EFAULT;
-	return 0;
+	return obmm_export_reply(r, uarg, &cmd, sizeof(cmd), &cmd.mem_id,
+				 &cmd.uba, &cmd.tokenid);
 
 err_unpin:
 	obmm_pid_unpin(r, r->npages);
@@ -493,6 +501,8 @@ err_id:
 static void obmm_export_teardown(struct obmm_region *r)
 {
 	obmm_ctl_withdraw_export(r);
+	/* Loopback importers of this export need not wait for the scan. */
+	obmm_access_kick();
 	obmm_shmdev_unpublish(r);
 	if (r->from_user) {
 		obmm_pid_quarantine_add(r);

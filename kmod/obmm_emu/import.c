@@ -300,7 +300,8 @@ long obmm_import_ioctl(void __user *uarg)
 			goto err_id;
 		ranged = true;
 	}
-	if (!obmm_fabric_validate_pa(cmd.scna, cmd.addr, cmd.length)) {
+	/* ub_memory_validate_pa(); scna was checked above. */
+	if (obmm_fabric_window_node(cmd.addr, cmd.length, NULL) < 0) {
 		ret = -EINVAL;
 		goto err_range;
 	}
@@ -403,7 +404,7 @@ long obmm_declare_preimport_ioctl(void __user *uarg)
 	mutex_unlock(&obmm_import_mutex);
 	if (ret)
 		return ret;
-	if (!obmm_fabric_validate_pa(cmd.scna, cmd.pa, cmd.length))
+	if (obmm_fabric_window_node(cmd.pa, cmd.length, NULL) < 0)
 		return -EINVAL;
 	/* add_memory_remote(): no numa_remote in this kernel. */
 	return -EOPNOTSUPP;
