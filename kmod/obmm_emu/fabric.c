@@ -364,6 +364,13 @@ static void obmm_fabric_add(struct pci_dev *pdev)
 	if (pci_domain_nr(pdev->bus) || pdev->bus->number ||
 	    PCI_FUNC(pdev->devfn) || !size)
 		return;
+	/* A BAR the PCI core could not place is no window. */
+	if (!base || pci_resource_flags(pdev, OBMM_EMU_IVSHMEM_BAR) &
+	    IORESOURCE_UNSET) {
+		pci_warn(pdev, "BAR%d unassigned: ignored\n",
+			 OBMM_EMU_IVSHMEM_BAR);
+		return;
+	}
 	if (slot == OBMM_EMU_CTL_SLOT && !fab.ctl_pdev) {
 		if (pci_enable_device_mem(pdev))
 			return;
@@ -382,6 +389,7 @@ static void obmm_fabric_add(struct pci_dev *pdev)
 	fab.win[node].present = true;
 	fab.win[node].base = base;
 	fab.win[node].size = size;
+	fab.win[node].res = &pdev->resource[OBMM_EMU_IVSHMEM_BAR];
 }
 
 static void obmm_fabric_put_devices(void)
@@ -395,6 +403,7 @@ static void obmm_fabric_put_devices(void)
 		pci_dev_put(fab.win_pdev[j]);
 		fab.win_pdev[j] = NULL;
 		fab.win[j].present = false;
+		fab.win[j].res = NULL;
 	}
 	if (fab.ctl_pdev) {
 		pci_disable_device(fab.ctl_pdev);

@@ -225,15 +225,21 @@ static int obmm_import_check_range(const struct obmm_cmd_import *cmd)
 
 #define OBMM_DIRECT_IMPORT_NAME	"DIRECT_IMPORT_UBMEM"
 
-/* Steps 9 and 11 of IMPORT: the ubmem and memdev iomem resources. */
-static int obmm_import_claim_iomem(struct obmm_region *r, phys_addr_t start,
+/*
+ * Steps 9 and 11 of IMPORT: the ubmem and memdev iomem resources.  The
+ * ubmem resource is requested as a child of the window's BAR, never
+ * inserted above it: insert_resource() of a range equal to the BAR would
+ * make it the BAR's parent, and releasing it would unlink the BAR too.
+ */
+static int obmm_import_claim_iomem(struct obmm_region *r,
+				   struct resource *window, phys_addr_t start,
 				   u64 len)
 {
 	r->ubmem_res.name = OBMM_DIRECT_IMPORT_NAME;
 	r->ubmem_res.start = start;
 	r->ubmem_res.end = start + len - 1;
 	r->ubmem_res.flags = IORESOURCE_MEM;
-	if (insert_resource(&iomem_resource, &r->ubmem_res))
+	if (request_resource(window, &r->ubmem_res))
 		return -EBUSY;
 	snprintf(r->memid_name, sizeof(r->memid_name), "MEMID_%d", r->id);
 	r->memid_res.name = r->memid_name;
@@ -270,7 +276,7 @@ long obmm_import_ioctl(void __user *uarg)
 	struct obmm_cmd_import cmd;
 	struct obmm_region *r;
 	bool ranged = false;
-	int ret;
+	int node, ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
 		return -EFAULT;
@@ -301,13 +307,15 @@ long obmm_import_ioctl(void __user *uarg)
 		ranged = true;
 	}
 	/* ub_memory_validate_pa(); scna was checked above. */
-	if (obmm_fabric_window_node(cmd.addr, cmd.length, NULL) < 0) {
+	node = obmm_fabric_window_node(cmd.addr, cmd.length, NULL);
+	if (node < 0) {
 		ret = -EINVAL;
 		goto err_range;
 	}
 	r->mem_cap = OBMM_CAP_CACHEABLE | OBMM_CAP_NONCACHEABLE;
 	if (!(cmd.flags & OBMM_IMPORT_FLAG_PREIMPORT)) {
-		ret = obmm_import_claim_iomem(r, cmd.addr, cmd.length);
+		ret = obmm_import_claim_iomem(r, obmm_fabric_window(node)->res,
+					      cmd.addr, cmd.length);
 		if (ret)
 			goto err_range;
 	}

@@ -199,6 +199,7 @@ struct obmm_emu_window {
 	bool present;
 	phys_addr_t base;
 	u64 size;
+	struct resource *res;	/* the BAR in iomem: imports nest under it */
 };
 
 int obmm_fabric_init(void);
