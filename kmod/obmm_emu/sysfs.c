@@ -222,7 +222,17 @@ static struct kobj_attribute obmm_emu_eid_attr =
 
 OBMM_EMU_ATTR(enabled, "%d", obmm_fabric_enabled());
 
-OBMM_EMU_ATTR(pool_base, "0x%llx", (u64)obmm_pool_base());
+/* A root-only attribute: a physical address (like /proc/iomem). */
+#define OBMM_EMU_ADDR_ATTR(_name, _fmt, _value)				\
+static ssize_t _name##_show(struct kobject *kobj,			\
+			    struct kobj_attribute *attr, char *buf)	\
+{									\
+	return sysfs_emit(buf, _fmt "\n", _value);			\
+}									\
+static struct kobj_attribute obmm_emu_##_name##_attr =			\
+	__ATTR_RO_MODE(_name, 0400)
+
+OBMM_EMU_ADDR_ATTR(pool_base, "0x%llx", (u64)obmm_pool_base());
 
 OBMM_EMU_ATTR(pool_size, "0x%llx", obmm_pool_size());
 
@@ -233,7 +243,7 @@ static ssize_t control_base_show(struct kobject *kobj,
 }
 
 static struct kobj_attribute obmm_emu_ctl_base_attr =
-	__ATTR_RO(control_base);
+	__ATTR_RO_MODE(control_base, 0400);
 
 static ssize_t control_size_show(struct kobject *kobj,
 				 struct kobj_attribute *attr, char *buf)
@@ -289,7 +299,7 @@ static ssize_t base_show(struct kobject *kobj, struct kobj_attribute *attr,
 	return w ? sysfs_emit(buf, "0x%llx\n", (u64)w->base) : -ENODEV;
 }
 
-static struct kobj_attribute obmm_win_base_attr = __ATTR_RO(base);
+static struct kobj_attribute obmm_win_base_attr = __ATTR_RO_MODE(base, 0400);
 
 static ssize_t win_size_show(struct kobject *kobj,
 			     struct kobj_attribute *attr, char *buf)
