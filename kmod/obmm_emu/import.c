@@ -143,19 +143,17 @@ void obmm_imports_revoke_scan(void)
 	struct obmm_import_range *ir;
 	struct obmm_region *r;
 	const char *why;
-	bool revoked;
-	unsigned int mapped;
+	bool mapped;
 
 	mutex_lock(&obmm_import_mutex);
 	list_for_each_entry(ir, &obmm_import_ranges, link) {
 		r = ir->region;
 		if (!r->tracked)
 			continue;
-		mutex_lock(&r->mmap_lock);
-		revoked = r->revoked;
-		mapped = r->mmap_count;
-		mutex_unlock(&r->mmap_lock);
-		if (revoked) {
+		if (r->revoked) {
+			mutex_lock(&r->mmap_lock);
+			mapped = r->mmap_count;
+			mutex_unlock(&r->mmap_lock);
 			if (mapped)
 				obmm_shmdev_revoke(r);
 			continue;
@@ -178,7 +176,7 @@ ssize_t obmm_imports_show_revoked(char *buf)
 
 	mutex_lock(&obmm_import_mutex);
 	list_for_each_entry(ir, &obmm_import_ranges, link)
-		if (ir->region->tracked && obmm_shmdev_revoked(ir->region))
+		if (ir->region->tracked && ir->region->revoked)
 			len += sysfs_emit_at(buf, len, "%d ", ir->region->id);
 	mutex_unlock(&obmm_import_mutex);
 	len += sysfs_emit_at(buf, len, "\n");

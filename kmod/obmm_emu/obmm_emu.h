@@ -7,7 +7,6 @@
 
 #include <linux/cdev.h>
 #include <linux/device.h>
-#include <linux/fs.h>
 #include <linux/ioport.h>
 #include <linux/kdev_t.h>
 #include <linux/mm_types.h>
@@ -100,12 +99,8 @@ struct obmm_region {
 	bool ownership_init;
 	/* import only: access revoked, new mmaps fail and PTEs are zapped */
 	bool revoked;
-	/*
-	 * The address_space every open file of the region maps through,
-	 * whichever device node it was opened by: revocation finds every
-	 * mapping with unmap_mapping_range() on it.
-	 */
-	struct address_space mapping;
+	/* inode whose i_mapping every open file of the region uses */
+	struct inode *map_inode;
 
 	/* export */
 	phys_addr_t pa;
@@ -198,8 +193,6 @@ int obmm_shmdev_publish(struct obmm_region *r);
 void obmm_shmdev_unpublish(struct obmm_region *r);
 struct device *obmm_shmdev_root(void);
 void obmm_shmdev_revoke(struct obmm_region *r);
-void obmm_shmdev_init_mapping(struct obmm_region *r);
-bool obmm_shmdev_revoked(struct obmm_region *r);
 
 /* fabric.c */
 struct obmm_emu_window {

@@ -21,6 +21,7 @@ static void obmm_region_release(struct device *dev)
 {
 	struct obmm_region *r = to_obmm_region(dev);
 
+	iput(r->map_inode);
 	mutex_destroy(&r->mmap_lock);
 	kfree(r);
 }
@@ -38,7 +39,6 @@ struct obmm_region *obmm_region_alloc(enum obmm_region_type type)
 	r->numa_id = NUMA_NO_NODE;
 	refcount_set(&r->ref, 0);
 	mutex_init(&r->mmap_lock);
-	obmm_shmdev_init_mapping(r);
 	device_initialize(&r->dev);
 	r->dev.release = obmm_region_release;
 	return r;

@@ -43,22 +43,24 @@ static int obmm_shm_open(struct inode *inode, struct file *file)
 		return -EPERM;
 	}
 	/*
-	 * Every file of the region maps through the region's address_space,
-	 * not that of the inode it was opened by (a device node on any
-	 * filesystem, which may be unmounted while the region lives).
+	 * Every file of the region maps through one address_space (that of
+	 * the first inode it was opened by, held until the region is freed),
+	 * so that revocation finds every mapping with unmap_mapping_range().
 	 */
-	file->f_mapping = &r->mapping;
+	mutex_lock(&r->mmap_lock);
+	if (!r->map_inode)
+		r->map_inode = igrab(inode);
+	if (r->map_inode)
+		file->f_mapping = r->map_inode->i_mapping;
+	else
+		err = -ENXIO;
+	mutex_unlock(&r->mmap_lock);
+	if (err) {
+		obmm_region_put(r);
+		return err;
+	}
 	file->private_data = r;
 	return 0;
-}
-
-/* No page cache: the region's mappings are PFN maps, installed at mmap. */
-static const struct address_space_operations obmm_shm_aops = {};
-
-void obmm_shmdev_init_mapping(struct obmm_region *r)
-{
-	address_space_init_once(&r->mapping);
-	r->mapping.a_ops = &obmm_shm_aops;
 }
 
 /*
@@ -69,21 +71,14 @@ void obmm_shmdev_init_mapping(struct obmm_region *r)
  */
 void obmm_shmdev_revoke(struct obmm_region *r)
 {
+	struct inode *inode;
+
 	mutex_lock(&r->mmap_lock);
 	r->revoked = true;
+	inode = r->map_inode;
 	mutex_unlock(&r->mmap_lock);
-	unmap_mapping_range(&r->mapping, 0, 0, 1);
-}
-
-/* Whether the region was revoked (read under its lock). */
-bool obmm_shmdev_revoked(struct obmm_region *r)
-{
-	bool revoked;
-
-	mutex_lock(&r->mmap_lock);
-	revoked = r->revoked;
-	mutex_unlock(&r->mmap_lock);
-	return revoked;
+	if (inode)
+		unmap_mapping_range(inode->i_mapping, 0, 0, 1);
 }
 
 static int obmm_shm_release(struct inode *inode, struct file *file)

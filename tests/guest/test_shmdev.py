@@ -9,24 +9,17 @@ import ctypes
 import errno
 import fcntl
 import mmap
-import os
 import signal
-import stat
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 from obmm_fixtures import SZ_2M, SZ_4K, ChildResult, expect_errno, exported
 
 import obmm
-from obmm import abi, logscan
+from obmm import abi
 
 pytest_plugins = ["obmm_fixtures"]
-
-if TYPE_CHECKING:
-    from conftest import KernelLog  # the guest suite's conftest, beside this file
 
 RW = obmm.PROT_READ | obmm.PROT_WRITE
 NORMAL = abi.OBMM_SHM_MEM_NORMAL
@@ -354,32 +347,3 @@ def test_unknown_shmdev_ioctl_is_enotty(region: obmm.Export) -> None:
     with obmm.ShmDev(region.mem_id) as shm:
         expect_errno(errno.ENOTTY, fcntl.ioctl, shm.fd, abi.ioc(0, "X", 1, 0), 0)
         expect_errno(errno.ENOTTY, fcntl.ioctl, shm.fd, abi.OBMM_CMD_EXPORT, 0)
-
-
-# ---- the device node a region was first opened by ----
-
-
-def test_region_outlives_the_filesystem_of_its_first_node(
-    region: obmm.Export, tmp_path: Path, kernel_log: KernelLog
-) -> None:
-    """First open through a mknod on a tmpfs, then unmount: no busy inode, the region works.
-
-    Region state used to hang on the inode of its first open (igrab): the
-    unmount then reported "VFS: Busy inodes after unmount" and the unexport
-    dropped an inode of a freed superblock.
-    """
-    node = Path(f"/dev/obmm_shmdev{region.mem_id}")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "none", str(mnt)], check=True)
-    try:
-        os.mknod(mnt / node.name, 0o600 | stat.S_IFCHR, node.stat().st_rdev)
-        with obmm.ShmDev(region.mem_id, dev_dir=str(mnt)) as shm, shm.mmap(SZ_2M) as m:
-            m.write(0, b"tmpfs")
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
-    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
-        assert m.read(0, 5) == b"tmpfs"
-    log = kernel_log.take()
-    assert "Busy inodes" not in log, log
-    assert not logscan.scan(log, allow=()), log
