@@ -61,7 +61,8 @@ struct obmm_peer {
 
 static struct obmm_peer peers[OBMM_EMU_MAX_NODES];
 static DEFINE_MUTEX(peer_lock);
-static struct delayed_work scan_work;
+static void obmm_access_scan_fn(struct work_struct *work);
+static DECLARE_DELAYED_WORK(scan_work, obmm_access_scan_fn);
 static bool scan_running;
 
 unsigned int obmm_access_scan_ms(void)
@@ -219,12 +220,12 @@ void obmm_access_kick(void)
 		mod_delayed_work(system_wq, &scan_work, 0);
 }
 
-void obmm_access_init(void)
+/* Start the revocation scan (the fabric is up). */
+void obmm_access_start(void)
 {
 	revoke_scan_ms = obmm_access_scan_ms();
 	heartbeat_misses = clamp_t(unsigned int, heartbeat_misses,
 				   OBMM_EMU_MIN_MISSES, OBMM_EMU_MAX_MISSES);
-	INIT_DELAYED_WORK(&scan_work, obmm_access_scan_fn);
 	mutex_lock(&peer_lock);
 	obmm_peers_update();
 	mutex_unlock(&peer_lock);
@@ -232,8 +233,10 @@ void obmm_access_init(void)
 	schedule_delayed_work(&scan_work, msecs_to_jiffies(revoke_scan_ms));
 }
 
-void obmm_access_exit(void)
+void obmm_access_stop(void)
 {
+	if (!READ_ONCE(scan_running))
+		return;
 	WRITE_ONCE(scan_running, false);
 	cancel_delayed_work_sync(&scan_work);
 }

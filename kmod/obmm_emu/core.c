@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * obmm_emu: /dev/obmm misc device, ioctl dispatch, module init and exit.
+ *
+ * Bring-up is here and only here, in order (each step unwound in reverse):
+ * regions, /proc/obmm, the fabric (windows, control region), this node's
+ * export pool, the node going online (heartbeat), the revocation scan,
+ * the shmdev class, /sys/kernel/obmm_emu, the UB controller, /dev/obmm.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -68,6 +73,40 @@ static struct miscdevice obmm_misc = {
 	.fops = &obmm_dev_fops,
 };
 
+/*
+ * The fabric, then this node's pool in its own window, then the node goes
+ * online and the revocation scan starts.  Without a usable fabric there is
+ * no pool and no scan, and every ioctl returns -EOPNOTSUPP.
+ */
+static int __init obmm_emu_fabric_up(void)
+{
+	const struct obmm_emu_window *own;
+	int ret;
+
+	ret = obmm_fabric_init();
+	if (ret)
+		return ret;
+	own = obmm_fabric_own_window();
+	if (!own)
+		return 0;
+	ret = obmm_pool_init(own->size, obmm_access_scan_ms());
+	if (ret) {
+		obmm_fabric_exit();
+		return ret;
+	}
+	obmm_fabric_start(obmm_pool_base(), obmm_pool_size());
+	obmm_access_start();
+	return 0;
+}
+
+static void obmm_emu_fabric_down(void)
+{
+	obmm_access_stop();
+	obmm_fabric_stop();
+	obmm_pool_exit();
+	obmm_fabric_exit();
+}
+
 static int __init obmm_emu_init(void)
 {
 	int ret;
@@ -84,7 +123,7 @@ static int __init obmm_emu_init(void)
 	ret = obmm_imports_init();
 	if (ret)
 		return ret;
-	ret = obmm_fabric_init();
+	ret = obmm_emu_fabric_up();
 	if (ret)
 		goto err_imports;
 	ret = obmm_shmdev_init();
@@ -93,22 +132,27 @@ static int __init obmm_emu_init(void)
 	ret = obmm_sysfs_init();
 	if (ret)
 		goto err_shmdev;
+	ret = obmm_ubc_init();
+	if (ret)
+		goto err_sysfs;
 	/* Last: no ioctl may arrive before init is complete. */
 	ret = misc_register(&obmm_misc);
 	if (ret)
-		goto err_sysfs;
+		goto err_ubc;
 
 	pr_info("node %d ready (%s)\n", obmm_emu_node_id,
 		obmm_fabric_enabled() ? "fabric present" :
 		"no fabric: every ioctl returns EOPNOTSUPP");
 	return 0;
 
+err_ubc:
+	obmm_ubc_exit();
 err_sysfs:
 	obmm_sysfs_exit();
 err_shmdev:
 	obmm_shmdev_exit();
 err_fabric:
-	obmm_fabric_exit();
+	obmm_emu_fabric_down();
 err_imports:
 	obmm_imports_exit();
 	return ret;
@@ -117,9 +161,10 @@ err_imports:
 static void __exit obmm_emu_exit(void)
 {
 	misc_deregister(&obmm_misc);
+	obmm_ubc_exit();
 	obmm_sysfs_exit();
 	obmm_shmdev_exit();
-	obmm_fabric_exit();
+	obmm_emu_fabric_down();
 	obmm_imports_exit();
 	obmm_exports_exit();
 	obmm_regions_exit();

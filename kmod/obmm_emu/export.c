@@ -4,6 +4,8 @@
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/capability.h>
+#include <linux/cred.h>
 #include <linux/hugetlb.h>
 #include <linux/io.h>
 #include <linux/jiffies.h>
@@ -15,6 +17,7 @@
 #include <linux/pid_namespace.h>
 #include <linux/random.h>
 #include <linux/sched.h>
+#include <linux/sched/coredump.h>
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/topology.h>
@@ -121,6 +124,23 @@ static int obmm_export_finish(struct obmm_region *r)
 }
 
 /*
+ * The reply of EXPORT and EXPORT_PID: the outputs written into the
+ * caller's copy of the command (of len bytes at cmd) and copied back.  As
+ * the real driver: the region stays exported on a copy fault.
+ */
+static long obmm_export_reply(const struct obmm_region *r, void __user *uarg,
+			      const void *cmd, size_t len, __u64 *mem_id,
+			      __u64 *uba, __u32 *tokenid)
+{
+	*mem_id = r->id;
+	*uba = r->uba;
+	*tokenid = r->tokenid;
+	if (copy_to_user(uarg, cmd, len))
+		return -EFAULT;
+	return 0;
+}
+
+/*
  * EXPORT and EXPORT_PID after their own argument checks: a new region with
  * the caller's priv, its vendor info checked, and an id.
  */
@@ -186,13 +206,8 @@ long obmm_export_ioctl(void __user *uarg)
 	if (ret)
 		goto err_pool;
 
-	cmd.mem_id = r->id;
-	cmd.uba = r->uba;
-	cmd.tokenid = r->tokenid;
-	/* As the real driver: the region stays exported on a copy fault. */
-	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
-		return -EFAULT;
-	return 0;
+	return obmm_export_reply(r, uarg, &cmd, sizeof(cmd), &cmd.mem_id,
+				 &cmd.uba, &cmd.tokenid);
 
 err_pool:
 	obmm_pool_free(r->pa, total);
@@ -211,20 +226,24 @@ static bool obmm_page_is_hugetlb(struct page *page)
 #endif
 }
 
+/*
+ * The pages stay pinned until unexport, for DMA by the (emulated) UMMU:
+ * a long-term pin, which keeps them out of movable zones and CMA.  The
+ * caller holds an mmget() reference of mm.
+ */
 static long obmm_pin_pages(struct mm_struct *mm, unsigned long va,
 			   unsigned long npages, struct page **pages)
 {
+	const unsigned int gup = FOLL_WRITE | FOLL_LONGTERM;
 	long pinned;
 
 	if (mm == current->mm)
-		return pin_user_pages_fast(va, npages, FOLL_WRITE, pages);
+		return pin_user_pages_fast(va, npages, gup, pages);
 	mmap_read_lock(mm);
 #ifdef OBMM_HAVE_PIN_REMOTE_NO_VMAS
-	pinned = pin_user_pages_remote(mm, va, npages, FOLL_WRITE, pages,
-				       NULL);
+	pinned = pin_user_pages_remote(mm, va, npages, gup, pages, NULL);
 #else
-	pinned = pin_user_pages_remote(mm, va, npages, FOLL_WRITE, pages,
-				       NULL, NULL);
+	pinned = pin_user_pages_remote(mm, va, npages, gup, pages, NULL, NULL);
 #endif
 	mmap_read_unlock(mm);
 	return pinned;
@@ -284,14 +303,50 @@ static bool obmm_pid_pages_contig(struct obmm_region *r)
 	return true;
 }
 
-static struct mm_struct *obmm_pid_get_mm(pid_t nr)
+/*
+ * Emulator: whether the caller may pin another process's memory.  The
+ * real driver only resolves the pid; the emulator also asks what
+ * process_vm_readv() would (the credential part of the ptrace access
+ * check): the target runs with the caller's uid and gid and is dumpable,
+ * or the caller has CAP_SYS_PTRACE.
+ */
+static bool obmm_pid_may_access(struct task_struct *task,
+				struct mm_struct *mm)
+{
+	const struct cred *cred = current_cred(), *tcred;
+	bool same;
+
+	if (capable(CAP_SYS_PTRACE))
+		return true;
+	rcu_read_lock();
+	tcred = __task_cred(task);
+	same = uid_eq(cred->uid, tcred->euid) &&
+	       uid_eq(cred->uid, tcred->suid) &&
+	       uid_eq(cred->uid, tcred->uid) &&
+	       gid_eq(cred->gid, tcred->egid) &&
+	       gid_eq(cred->gid, tcred->sgid) &&
+	       gid_eq(cred->gid, tcred->gid);
+	rcu_read_unlock();
+	return same && get_dumpable(mm) == SUID_DUMP_USER;
+}
+
+/*
+ * EXPORT_PID check 4: the mm of the process with global pid nr (0: the
+ * caller), held with mmget() so that it cannot exit under the pin.
+ * -ESRCH without such a process or mm, -EPERM when the caller may not
+ * access it (emulator rule above).
+ */
+static int obmm_pid_get_mm(pid_t nr, struct mm_struct **out)
 {
 	struct task_struct *task;
 	struct mm_struct *mm;
 	struct pid *pid;
+	int ret = 0;
 
-	if (!nr)
-		return get_task_mm(current);
+	if (!nr) {
+		*out = get_task_mm(current);
+		return *out ? 0 : -ESRCH;
+	}
 	rcu_read_lock();
 	pid = find_pid_ns(nr, &init_pid_ns);
 	task = pid ? pid_task(pid, PIDTYPE_PID) : NULL;
@@ -299,10 +354,17 @@ static struct mm_struct *obmm_pid_get_mm(pid_t nr)
 		get_task_struct(task);
 	rcu_read_unlock();
 	if (!task)
-		return NULL;
+		return -ESRCH;
 	mm = get_task_mm(task);
+	if (!mm) {
+		ret = -ESRCH;
+	} else if (mm != current->mm && !obmm_pid_may_access(task, mm)) {
+		mmput(mm);
+		ret = -EPERM;
+	}
 	put_task_struct(task);
-	return mm;
+	*out = ret ? NULL : mm;
+	return ret;
 }
 
 static void obmm_pages_unpin(struct page **pages, unsigned long npinned,
@@ -401,6 +463,18 @@ void obmm_exports_exit(void)
 	obmm_pid_quarantine_run(true);
 }
 
+/*
+ * Emulator: a length beyond the machine's RAM can never be pinned; refuse
+ * it before the page array is sized from it (the real driver allocates
+ * first: a kernel WARN from 1 TiB on, a huge allocation below).
+ */
+static int obmm_pid_check_length(u64 length)
+{
+	if (length >> PAGE_SHIFT > totalram_pages())
+		return -ENOMEM;
+	return 0;
+}
+
 static int obmm_pid_pin(struct obmm_region *r, unsigned long va)
 {
 	long pinned;
@@ -440,19 +514,23 @@ long obmm_export_pid_ioctl(void __user *uarg)
 	if (IS_ERR(r))
 		return PTR_ERR(r);
 
-	mm = obmm_pid_get_mm(cmd.pid);
-	if (!mm) {
-		ret = -ESRCH;
+	ret = obmm_pid_get_mm(cmd.pid, &mm);
+	if (ret)
+		goto err_id;
+	ret = obmm_pid_check_length(cmd.length);
+	if (ret) {
+		mmput(mm);
 		goto err_id;
 	}
-	mmgrab(mm);
-	mmput(mm);
 	r->mm = mm;
 	r->from_user = true;
 	r->size = cmd.length;
 	r->npages = cmd.length >> PAGE_SHIFT;
 	r->pxm_numa = cmd.pxm_numa;
 	ret = obmm_pid_pin(r, (unsigned long)cmd.va);
+	/* Pinned (or not): from now on the region needs the mm_struct only. */
+	mmgrab(mm);
+	mmput(mm);
 	if (ret)
 		goto err_mm;
 	ret = obmm_pid_check_pages(r);
@@ -471,12 +549,8 @@ long obmm_export_pid_ioctl(void __user *uarg)
 	if (ret)
 		goto err_unpin;
 
-	cmd.mem_id = r->id;
-	cmd.uba = r->uba;
-	cmd.tokenid = r->tokenid;
-	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
-		return -EFAULT;
-	return 0;
+	return obmm_export_reply(r, uarg, &cmd, sizeof(cmd), &cmd.mem_id,
+				 &cmd.uba, &cmd.tokenid);
 
 err_unpin:
 	obmm_pid_unpin(r, r->npages);
@@ -493,6 +567,8 @@ err_id:
 static void obmm_export_teardown(struct obmm_region *r)
 {
 	obmm_ctl_withdraw_export(r);
+	/* Loopback importers of this export need not wait for the scan. */
+	obmm_access_kick();
 	obmm_shmdev_unpublish(r);
 	if (r->from_user) {
 		obmm_pid_quarantine_add(r);

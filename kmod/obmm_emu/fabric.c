@@ -52,6 +52,9 @@ struct obmm_fabric {
 	u64 ctl_size;
 	void *ctl;
 	u64 boot_id;
+	/* this node's export pool, published in its node table entry */
+	phys_addr_t pool_base;
+	u64 pool_size;
 	u64 heartbeat;
 	struct delayed_work heartbeat_work;
 	struct mutex rec_lock;	/* protects rec_used and record writes */
@@ -93,28 +96,10 @@ u64 obmm_fabric_ctl_size(void)
 }
 
 /*
- * ub_memory_validate_pa(): the range must lie in one decoder window and
- * the controller must be this node's.
- */
-bool obmm_fabric_validate_pa(u32 scna, phys_addr_t start, u64 len)
-{
-	const struct obmm_emu_window *w;
-	int j;
-
-	if (scna != cna)
-		return false;
-	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
-		w = &fab.win[j];
-		if (w->present && start >= w->base &&
-		    start - w->base < w->size && len <= w->size - (start - w->base))
-			return true;
-	}
-	return false;
-}
-
-/*
- * The node whose window holds all of [start, start + len), and the offset
- * of start in that node's memory; -1 when no single window holds it.
+ * The node whose window holds all of [start, start + len), and (when
+ * offset is not NULL) the offset of start in that node's memory; -1 when
+ * no single window holds it.  This is ub_memory_validate_pa(): a range
+ * is UB memory when it lies in one decoder window.
  */
 int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset)
 {
@@ -126,7 +111,8 @@ int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset)
 		if (w->present && start >= w->base &&
 		    start - w->base < w->size &&
 		    len <= w->size - (start - w->base)) {
-			*offset = start - w->base;
+			if (offset)
+				*offset = start - w->base;
 			return j;
 		}
 	}
@@ -270,8 +256,8 @@ static void obmm_ctl_node_update(u32 state)
 	memset(n->eid, 0, sizeof(n->eid));
 	memcpy(n->eid, &eid_le, sizeof(eid_le));
 	n->boot_id = cpu_to_le64(fab.boot_id);
-	n->pool_base = cpu_to_le64(obmm_pool_base());
-	n->pool_size = cpu_to_le64(obmm_pool_size());
+	n->pool_base = cpu_to_le64(fab.pool_base);
+	n->pool_size = cpu_to_le64(fab.pool_size);
 	n->ram_size = cpu_to_le64(own->size);
 	n->heartbeat_ms = cpu_to_le32(heartbeat_ms);
 	n->heartbeat = cpu_to_le64(fab.heartbeat);
@@ -346,8 +332,6 @@ void obmm_ctl_withdraw_export(struct obmm_region *r)
 	clear_bit(r->record_slot, fab.rec_used);
 	r->record_slot = -1;
 	mutex_unlock(&fab.rec_lock);
-	/* Loopback importers of this export need not wait for the scan. */
-	obmm_access_kick();
 }
 
 /* Withdraw whatever a previous incarnation of this node left behind. */
@@ -380,6 +364,13 @@ static void obmm_fabric_add(struct pci_dev *pdev)
 	if (pci_domain_nr(pdev->bus) || pdev->bus->number ||
 	    PCI_FUNC(pdev->devfn) || !size)
 		return;
+	/* A BAR the PCI core could not place is no window. */
+	if (!base || pci_resource_flags(pdev, OBMM_EMU_IVSHMEM_BAR) &
+	    IORESOURCE_UNSET) {
+		pci_warn(pdev, "BAR%d unassigned: ignored\n",
+			 OBMM_EMU_IVSHMEM_BAR);
+		return;
+	}
 	if (slot == OBMM_EMU_CTL_SLOT && !fab.ctl_pdev) {
 		if (pci_enable_device_mem(pdev))
 			return;
@@ -398,6 +389,7 @@ static void obmm_fabric_add(struct pci_dev *pdev)
 	fab.win[node].present = true;
 	fab.win[node].base = base;
 	fab.win[node].size = size;
+	fab.win[node].res = &pdev->resource[OBMM_EMU_IVSHMEM_BAR];
 }
 
 static void obmm_fabric_put_devices(void)
@@ -411,6 +403,7 @@ static void obmm_fabric_put_devices(void)
 		pci_dev_put(fab.win_pdev[j]);
 		fab.win_pdev[j] = NULL;
 		fab.win[j].present = false;
+		fab.win[j].res = NULL;
 	}
 	if (fab.ctl_pdev) {
 		pci_disable_device(fab.ctl_pdev);
@@ -419,11 +412,14 @@ static void obmm_fabric_put_devices(void)
 	}
 }
 
+/*
+ * Find the windows and the control region and map the region.  Without
+ * this node's own window or the control region the fabric stays disabled
+ * (every ioctl: -EOPNOTSUPP), which is not an error.
+ */
 int obmm_fabric_init(void)
 {
 	struct pci_dev *pdev = NULL;
-	const struct obmm_emu_window *own;
-	int ret;
 
 	if (!cna)
 		cna = obmm_emu_node_id + 1;
@@ -439,8 +435,7 @@ int obmm_fabric_init(void)
 				      OBMM_EMU_IVSHMEM_DEVICE, pdev)))
 		obmm_fabric_add(pdev);
 
-	own = &fab.win[obmm_emu_node_id];
-	if (!own->present || !fab.ctl_pdev ||
+	if (!fab.win[obmm_emu_node_id].present || !fab.ctl_pdev ||
 	    fab.ctl_size < OBMM_EMU_CTL_MIN_SIZE) {
 		pr_warn("own window or control region missing: fabric disabled\n");
 		return 0;
@@ -453,40 +448,48 @@ int obmm_fabric_init(void)
 	 */
 	fab.ctl = memremap(fab.ctl_base, fab.ctl_size, MEMREMAP_WC);
 	if (!fab.ctl) {
-		ret = -ENOMEM;
-		goto err_put;
+		obmm_fabric_put_devices();
+		mutex_destroy(&fab.rec_lock);
+		return -ENOMEM;
 	}
-	ret = obmm_pool_init(own->size);
-	if (ret)
-		goto err_unmap;
-
 	obmm_ctl_init_header();
 	obmm_ctl_clear_own_records();
+	return 0;
+}
+
+/* This node's own window once obmm_fabric_init() mapped the fabric. */
+const struct obmm_emu_window *obmm_fabric_own_window(void)
+{
+	return fab.ctl ? &fab.win[obmm_emu_node_id] : NULL;
+}
+
+/* Go online in the node table (with this node's pool) and beat. */
+void obmm_fabric_start(phys_addr_t pool_base, u64 pool_size)
+{
+	if (!fab.ctl)
+		return;
+	fab.pool_base = pool_base;
+	fab.pool_size = pool_size;
 	obmm_ctl_node_update(OBMM_EMU_NODE_ONLINE);
 	schedule_delayed_work(&fab.heartbeat_work,
 			      msecs_to_jiffies(heartbeat_ms));
 	fab.enabled = true;
-	obmm_access_init();
-	return 0;
+}
 
-err_unmap:
-	memunmap(fab.ctl);
-	fab.ctl = NULL;
-err_put:
-	obmm_fabric_put_devices();
-	return ret;
+void obmm_fabric_stop(void)
+{
+	if (!fab.enabled)
+		return;
+	fab.enabled = false;
+	cancel_delayed_work_sync(&fab.heartbeat_work);
+	obmm_ctl_node_update(OBMM_EMU_NODE_OFFLINE);
 }
 
 void obmm_fabric_exit(void)
 {
-	if (fab.enabled) {
-		obmm_access_exit();
-		cancel_delayed_work_sync(&fab.heartbeat_work);
-		obmm_ctl_node_update(OBMM_EMU_NODE_OFFLINE);
-		obmm_pool_exit();
+	if (fab.ctl) {
 		memunmap(fab.ctl);
 		fab.ctl = NULL;
-		fab.enabled = false;
 	}
 	obmm_fabric_put_devices();
 	mutex_destroy(&fab.rec_lock);

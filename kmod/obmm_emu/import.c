@@ -225,15 +225,21 @@ static int obmm_import_check_range(const struct obmm_cmd_import *cmd)
 
 #define OBMM_DIRECT_IMPORT_NAME	"DIRECT_IMPORT_UBMEM"
 
-/* Steps 9 and 11 of IMPORT: the ubmem and memdev iomem resources. */
-static int obmm_import_claim_iomem(struct obmm_region *r, phys_addr_t start,
+/*
+ * Steps 9 and 11 of IMPORT: the ubmem and memdev iomem resources.  The
+ * ubmem resource is requested as a child of the window's BAR, never
+ * inserted above it: insert_resource() of a range equal to the BAR would
+ * make it the BAR's parent, and releasing it would unlink the BAR too.
+ */
+static int obmm_import_claim_iomem(struct obmm_region *r,
+				   struct resource *window, phys_addr_t start,
 				   u64 len)
 {
 	r->ubmem_res.name = OBMM_DIRECT_IMPORT_NAME;
 	r->ubmem_res.start = start;
 	r->ubmem_res.end = start + len - 1;
 	r->ubmem_res.flags = IORESOURCE_MEM;
-	if (insert_resource(&iomem_resource, &r->ubmem_res))
+	if (request_resource(window, &r->ubmem_res))
 		return -EBUSY;
 	snprintf(r->memid_name, sizeof(r->memid_name), "MEMID_%d", r->id);
 	r->memid_res.name = r->memid_name;
@@ -270,7 +276,7 @@ long obmm_import_ioctl(void __user *uarg)
 	struct obmm_cmd_import cmd;
 	struct obmm_region *r;
 	bool ranged = false;
-	int ret;
+	int node, ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
 		return -EFAULT;
@@ -300,13 +306,16 @@ long obmm_import_ioctl(void __user *uarg)
 			goto err_id;
 		ranged = true;
 	}
-	if (!obmm_fabric_validate_pa(cmd.scna, cmd.addr, cmd.length)) {
+	/* ub_memory_validate_pa(); scna was checked above. */
+	node = obmm_fabric_window_node(cmd.addr, cmd.length, NULL);
+	if (node < 0) {
 		ret = -EINVAL;
 		goto err_range;
 	}
 	r->mem_cap = OBMM_CAP_CACHEABLE | OBMM_CAP_NONCACHEABLE;
 	if (!(cmd.flags & OBMM_IMPORT_FLAG_PREIMPORT)) {
-		ret = obmm_import_claim_iomem(r, cmd.addr, cmd.length);
+		ret = obmm_import_claim_iomem(r, obmm_fabric_window(node)->res,
+					      cmd.addr, cmd.length);
 		if (ret)
 			goto err_range;
 	}
@@ -403,7 +412,7 @@ long obmm_declare_preimport_ioctl(void __user *uarg)
 	mutex_unlock(&obmm_import_mutex);
 	if (ret)
 		return ret;
-	if (!obmm_fabric_validate_pa(cmd.scna, cmd.pa, cmd.length))
+	if (obmm_fabric_window_node(cmd.pa, cmd.length, NULL) < 0)
 		return -EINVAL;
 	/* add_memory_remote(): no numa_remote in this kernel. */
 	return -EOPNOTSUPP;

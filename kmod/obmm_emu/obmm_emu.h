@@ -156,7 +156,7 @@ void obmm_regions_init(void);
 void obmm_regions_exit(void);
 
 /* pool.c */
-int obmm_pool_init(phys_addr_t win_size);
+int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms);
 void obmm_pool_exit(void);
 bool obmm_pool_present(void);
 int obmm_pool_nid(void);
@@ -199,9 +199,13 @@ struct obmm_emu_window {
 	bool present;
 	phys_addr_t base;
 	u64 size;
+	struct resource *res;	/* the BAR in iomem: imports nest under it */
 };
 
 int obmm_fabric_init(void);
+const struct obmm_emu_window *obmm_fabric_own_window(void);
+void obmm_fabric_start(phys_addr_t pool_base, u64 pool_size);
+void obmm_fabric_stop(void);
 void obmm_fabric_exit(void);
 bool obmm_fabric_enabled(void);
 u32 obmm_fabric_cna(void);
@@ -209,7 +213,6 @@ u32 obmm_fabric_eid(void);
 const struct obmm_emu_window *obmm_fabric_window(int node);
 phys_addr_t obmm_fabric_ctl_base(void);
 u64 obmm_fabric_ctl_size(void);
-bool obmm_fabric_validate_pa(u32 scna, phys_addr_t start, u64 len);
 u64 obmm_fabric_make_uba(phys_addr_t pa);
 void obmm_ctl_publish_export(struct obmm_region *r);
 void obmm_ctl_withdraw_export(struct obmm_region *r);
@@ -221,13 +224,17 @@ bool obmm_ctl_read_record(int node, int slot,
 u32 obmm_ctl_record_state(int node, int slot);
 
 /* access.c: emulated UMMU access control and revocation */
-void obmm_access_init(void);
-void obmm_access_exit(void);
+void obmm_access_start(void);
+void obmm_access_stop(void);
 void obmm_access_kick(void);
 unsigned int obmm_access_scan_ms(void);
 int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
 			     struct obmm_export_dep *dep);
 const char *obmm_access_dep_lost(const struct obmm_export_dep *dep);
+
+/* ubc.c: the emulated UB controller's sysfs */
+int obmm_ubc_init(void);
+void obmm_ubc_exit(void);
 
 /* sysfs.c */
 extern const struct attribute_group *obmm_export_groups[];

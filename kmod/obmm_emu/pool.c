@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * obmm_emu: the export the_pool.  The guest kernel is booted with mem= below
- * the end of its RAM; the memory above (up to the end of the node's own
+ * obmm_emu: the export pool, and its counters in
+ * /sys/kernel/obmm_mempool/obmm-<nid>/ (the real driver's names).
+ *
+ * The guest kernel is booted with mem= below the end of its RAM; the
+ * memory above (up to the end of the node's own
  * fabric window) is never used by the kernel and is handed out here in
  * physically contiguous runs of mem_allocator_granu bytes.  Freed memory
  * is zeroed by a background worker; export zeroes any granule that is
@@ -17,8 +20,9 @@
 
 #include <linux/bitmap.h>
 #include <linux/io.h>
-#include <linux/jiffies.h>
 #include <linux/ioport.h>
+#include <linux/jiffies.h>
+#include <linux/kobject.h>
 #include <linux/log2.h>
 #include <linux/minmax.h>
 #include <linux/mm.h>
@@ -28,6 +32,7 @@
 #include <linux/sched.h>
 #include <linux/slab.h>
 #include <linux/string.h>
+#include <linux/sysfs.h>
 #include <linux/workqueue.h>
 
 #include "obmm_emu.h"
@@ -63,6 +68,9 @@ static char *mem_allocator_granu;
 module_param(mem_allocator_granu, charp, 0440);
 MODULE_PARM_DESC(mem_allocator_granu,
 		 "Pool granule (memseg size), power of two >= 2M (default 2M)");
+
+/* Decimal digits of a node id in "obmm-<nid>" */
+#define OBMM_POOL_NID_LEN		8
 
 #define OBMM_EMU_DEFAULT_QUARANTINE_MS	1000
 /* quarantine_ms is raised to at least this many revocation-scan periods */
@@ -325,11 +333,10 @@ void obmm_pool_free(phys_addr_t pa, u64 size)
 			      msecs_to_jiffies(quarantine_ms));
 }
 
+/* quarantine_ms, raised at obmm_pool_init() to its minimum. */
 unsigned long obmm_pool_quarantine_jiffies(void)
 {
-	return msecs_to_jiffies(max(quarantine_ms,
-				    OBMM_EMU_QUARANTINE_MIN_SCANS *
-				    obmm_access_scan_ms()));
+	return msecs_to_jiffies(quarantine_ms);
 }
 
 u64 obmm_pool_quarantined(void)
@@ -360,6 +367,111 @@ void obmm_pool_stats(u64 *total, u64 *used, u64 *cleared, u64 *uncleared)
 	mutex_unlock(&the_pool.lock);
 }
 
+/* ---- /sys/kernel/obmm_mempool/obmm-<nid>/ ---- */
+
+enum obmm_pool_stat {
+	OBMM_POOL_TOTAL,
+	OBMM_POOL_USED,
+	OBMM_POOL_CLEARED,
+	OBMM_POOL_UNCLEARED,
+};
+
+static ssize_t obmm_pool_stat_show(char *buf, enum obmm_pool_stat which)
+{
+	u64 v[] = { 0, 0, 0, 0 };
+
+	obmm_pool_stats(&v[OBMM_POOL_TOTAL], &v[OBMM_POOL_USED],
+			&v[OBMM_POOL_CLEARED], &v[OBMM_POOL_UNCLEARED]);
+	return sysfs_emit(buf, "0x%llx\n", v[which]);
+}
+
+static ssize_t total_show(struct kobject *kobj, struct kobj_attribute *attr,
+			  char *buf)
+{
+	return obmm_pool_stat_show(buf, OBMM_POOL_TOTAL);
+}
+
+static struct kobj_attribute obmm_pool_total_attr = __ATTR_RO_MODE(total, 0400);
+
+static ssize_t used_show(struct kobject *kobj, struct kobj_attribute *attr,
+			 char *buf)
+{
+	return obmm_pool_stat_show(buf, OBMM_POOL_USED);
+}
+
+static struct kobj_attribute obmm_pool_used_attr = __ATTR_RO_MODE(used, 0400);
+
+static ssize_t available_cleared_show(struct kobject *kobj,
+				      struct kobj_attribute *attr, char *buf)
+{
+	return obmm_pool_stat_show(buf, OBMM_POOL_CLEARED);
+}
+
+static struct kobj_attribute obmm_pool_cleared_attr =
+	__ATTR_RO_MODE(available_cleared, 0400);
+
+static ssize_t available_uncleared_show(struct kobject *kobj,
+					struct kobj_attribute *attr, char *buf)
+{
+	return obmm_pool_stat_show(buf, OBMM_POOL_UNCLEARED);
+}
+
+static struct kobj_attribute obmm_pool_uncleared_attr =
+	__ATTR_RO_MODE(available_uncleared, 0400);
+
+static struct attribute *obmm_pool_attrs[] = {
+	&obmm_pool_total_attr.attr,
+	&obmm_pool_used_attr.attr,
+	&obmm_pool_cleared_attr.attr,
+	&obmm_pool_uncleared_attr.attr,
+	NULL,
+};
+
+static const struct attribute_group obmm_pool_group = {
+	.attrs = obmm_pool_attrs,
+};
+
+static struct kobject *obmm_mempool_kobj;
+static struct kobject *obmm_pool_node_kobj;
+
+static int obmm_pool_sysfs_init(void)
+{
+	char name[sizeof("obmm-") + OBMM_POOL_NID_LEN];
+	int ret;
+
+	obmm_mempool_kobj = kobject_create_and_add("obmm_mempool", kernel_kobj);
+	if (!obmm_mempool_kobj)
+		return -ENOMEM;
+	snprintf(name, sizeof(name), "obmm-%d", the_pool.nid);
+	obmm_pool_node_kobj = kobject_create_and_add(name, obmm_mempool_kobj);
+	if (!obmm_pool_node_kobj) {
+		ret = -ENOMEM;
+		goto err_put;
+	}
+	ret = sysfs_create_group(obmm_pool_node_kobj, &obmm_pool_group);
+	if (ret)
+		goto err_node;
+	return 0;
+err_node:
+	kobject_put(obmm_pool_node_kobj);
+	obmm_pool_node_kobj = NULL;
+err_put:
+	kobject_put(obmm_mempool_kobj);
+	obmm_mempool_kobj = NULL;
+	return ret;
+}
+
+static void obmm_pool_sysfs_exit(void)
+{
+	if (obmm_pool_node_kobj) {
+		sysfs_remove_group(obmm_pool_node_kobj, &obmm_pool_group);
+		kobject_put(obmm_pool_node_kobj);
+	}
+	obmm_pool_node_kobj = NULL;
+	kobject_put(obmm_mempool_kobj);
+	obmm_mempool_kobj = NULL;
+}
+
 /* Claim [base, end) or the largest prefix of it that is free in iomem. */
 static int obmm_pool_claim(phys_addr_t base, phys_addr_t end)
 {
@@ -376,7 +488,22 @@ static int obmm_pool_claim(phys_addr_t base, phys_addr_t end)
 	return -EBUSY;
 }
 
-int obmm_pool_init(phys_addr_t win_size)
+static void obmm_pool_free_maps(void)
+{
+	kfree(the_pool.release_at);
+	bitmap_free(the_pool.quarantine_map);
+	bitmap_free(the_pool.used_map);
+	bitmap_free(the_pool.dirty_map);
+	release_mem_region(the_pool.base, the_pool.size);
+	the_pool.res = NULL;
+}
+
+/*
+ * The pool in [RAM end, win_size) of this node, and its sysfs.  No room
+ * for a pool is not an error: EXPORT then fails with -ENODEV.  scan_ms is
+ * the revocation-scan period that quarantine_ms must cover.
+ */
+int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms)
 {
 	phys_addr_t ram_end, base, end;
 	int ret;
@@ -385,8 +512,8 @@ int obmm_pool_init(phys_addr_t win_size)
 	INIT_WORK(&the_pool.zero_work, obmm_pool_zero_work);
 	INIT_DELAYED_WORK(&the_pool.quarantine_work, obmm_pool_quarantine_work);
 	the_pool.nid = first_online_node;
-	quarantine_ms = max(quarantine_ms, OBMM_EMU_QUARANTINE_MIN_SCANS *
-			    obmm_access_scan_ms());
+	quarantine_ms = max(quarantine_ms,
+			    OBMM_EMU_QUARANTINE_MIN_SCANS * scan_ms);
 
 	ram_end = virt_to_phys(high_memory - 1) + 1;
 	base = pool_base ? pool_base : ram_end;
@@ -421,18 +548,16 @@ int obmm_pool_init(phys_addr_t win_size)
 	}
 	/* Nothing is known about the content left by a previous boot. */
 	bitmap_fill(the_pool.dirty_map, the_pool.nr);
+	ret = obmm_pool_sysfs_init();
+	if (ret)
+		goto err;
 	the_pool.present = true;
 	schedule_work(&the_pool.zero_work);
 	pr_info("export pool %pa + 0x%llx, granule 0x%llx, node %d\n",
 		&the_pool.base, the_pool.size, the_pool.granu, the_pool.nid);
 	return 0;
 err:
-	kfree(the_pool.release_at);
-	bitmap_free(the_pool.quarantine_map);
-	bitmap_free(the_pool.used_map);
-	bitmap_free(the_pool.dirty_map);
-	release_mem_region(the_pool.base, the_pool.size);
-	the_pool.res = NULL;
+	obmm_pool_free_maps();
 	return ret;
 }
 
@@ -440,14 +565,10 @@ void obmm_pool_exit(void)
 {
 	if (!the_pool.present)
 		return;
+	obmm_pool_sysfs_exit();
 	cancel_delayed_work_sync(&the_pool.quarantine_work);
 	cancel_work_sync(&the_pool.zero_work);
 	the_pool.present = false;
-	kfree(the_pool.release_at);
-	bitmap_free(the_pool.quarantine_map);
-	bitmap_free(the_pool.used_map);
-	bitmap_free(the_pool.dirty_map);
-	release_mem_region(the_pool.base, the_pool.size);
-	the_pool.res = NULL;
+	obmm_pool_free_maps();
 	mutex_destroy(&the_pool.lock);
 }

@@ -3,9 +3,9 @@
  * obmm_emu: sysfs.
  *
  *   /sys/devices/obmm/obmm_shmdev<id>/          per region (real names)
- *   /sys/kernel/obmm_mempool/obmm-<nid>/        pool counters (real names)
- *   /sys/devices/ub_bus_controller0/0/          what libobmm reads
  *   /sys/kernel/obmm_emu/                       emulator: node, windows
+ *
+ * The pool's counters are in pool.c, the UB controller's in ubc.c.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -18,9 +18,6 @@
 
 #include "obmm_emu.h"
 
-#define OBMM_EMU_UBC_NAME	"ub_bus_controller0"
-#define OBMM_EMU_UBC_CHILD	"0"
-#define OBMM_EMU_UMMU_MAP	0
 #define OBMM_EMU_WIN_NAME_LEN	8
 
 /* ---- per region: /sys/devices/obmm/obmm_shmdev<id>/ ---- */
@@ -199,131 +196,6 @@ const struct attribute_group *obmm_import_groups[] = {
 	NULL,
 };
 
-/* ---- /sys/kernel/obmm_mempool/obmm-<nid>/ ---- */
-
-enum obmm_pool_stat {
-	OBMM_POOL_TOTAL,
-	OBMM_POOL_USED,
-	OBMM_POOL_CLEARED,
-	OBMM_POOL_UNCLEARED,
-};
-
-static ssize_t obmm_pool_stat_show(char *buf, enum obmm_pool_stat which)
-{
-	u64 v[] = { 0, 0, 0, 0 };
-
-	obmm_pool_stats(&v[OBMM_POOL_TOTAL], &v[OBMM_POOL_USED],
-			&v[OBMM_POOL_CLEARED], &v[OBMM_POOL_UNCLEARED]);
-	return sysfs_emit(buf, "0x%llx\n", v[which]);
-}
-
-static ssize_t total_show(struct kobject *kobj, struct kobj_attribute *attr,
-			  char *buf)
-{
-	return obmm_pool_stat_show(buf, OBMM_POOL_TOTAL);
-}
-
-static struct kobj_attribute obmm_pool_total_attr = __ATTR_RO_MODE(total, 0400);
-
-static ssize_t used_show(struct kobject *kobj, struct kobj_attribute *attr,
-			 char *buf)
-{
-	return obmm_pool_stat_show(buf, OBMM_POOL_USED);
-}
-
-static struct kobj_attribute obmm_pool_used_attr = __ATTR_RO_MODE(used, 0400);
-
-static ssize_t available_cleared_show(struct kobject *kobj,
-				      struct kobj_attribute *attr, char *buf)
-{
-	return obmm_pool_stat_show(buf, OBMM_POOL_CLEARED);
-}
-
-static struct kobj_attribute obmm_pool_cleared_attr =
-	__ATTR_RO_MODE(available_cleared, 0400);
-
-static ssize_t available_uncleared_show(struct kobject *kobj,
-					struct kobj_attribute *attr, char *buf)
-{
-	return obmm_pool_stat_show(buf, OBMM_POOL_UNCLEARED);
-}
-
-static struct kobj_attribute obmm_pool_uncleared_attr =
-	__ATTR_RO_MODE(available_uncleared, 0400);
-
-static struct attribute *obmm_pool_attrs[] = {
-	&obmm_pool_total_attr.attr,
-	&obmm_pool_used_attr.attr,
-	&obmm_pool_cleared_attr.attr,
-	&obmm_pool_uncleared_attr.attr,
-	NULL,
-};
-
-static const struct attribute_group obmm_pool_group = {
-	.attrs = obmm_pool_attrs,
-};
-
-/* ---- /sys/devices/ub_bus_controller0/0/ (libobmm's vendor adaptor) ---- */
-
-static ssize_t eid_show(struct device *dev, struct device_attribute *attr,
-			char *buf)
-{
-	return sysfs_emit(buf, "0x%x\n", obmm_fabric_eid());
-}
-
-static DEVICE_ATTR_RO(eid);
-
-static ssize_t primary_cna_show(struct device *dev,
-				struct device_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "0x%x\n", obmm_fabric_cna());
-}
-
-static DEVICE_ATTR_RO(primary_cna);
-
-static ssize_t ummu_map_show(struct device *dev,
-			     struct device_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%d\n", OBMM_EMU_UMMU_MAP);
-}
-
-static DEVICE_ATTR_RO(ummu_map);
-
-static ssize_t numa_show(struct device *dev, struct device_attribute *attr,
-			 char *buf)
-{
-	return sysfs_emit(buf, "%d\n", obmm_pool_nid());
-}
-
-static DEVICE_ATTR_RO(numa);
-
-static struct attribute *obmm_ubc_attrs[] = {
-	&dev_attr_eid.attr,
-	&dev_attr_primary_cna.attr,
-	&dev_attr_ummu_map.attr,
-	&dev_attr_numa.attr,
-	NULL,
-};
-
-/*
- * libobmm globs ub_bus_controller<i>/<x>/ubc and reads the attributes
- * of <x>; they are also provided inside ubc/.
- */
-static const struct attribute_group obmm_ubc_flat_group = {
-	.attrs = obmm_ubc_attrs,
-};
-
-static const struct attribute_group obmm_ubc_group = {
-	.name = "ubc",
-	.attrs = obmm_ubc_attrs,
-};
-
-static const struct attribute_group *obmm_ubc_groups[] = {
-	&obmm_ubc_flat_group,
-	&obmm_ubc_group,
-	NULL,
-};
-
 /* ---- /sys/kernel/obmm_emu/ ---- */
 
 /* A world-readable attribute printing one emulator value. */
@@ -350,7 +222,17 @@ static struct kobj_attribute obmm_emu_eid_attr =
 
 OBMM_EMU_ATTR(enabled, "%d", obmm_fabric_enabled());
 
-OBMM_EMU_ATTR(pool_base, "0x%llx", (u64)obmm_pool_base());
+/* A root-only attribute: a physical address (like /proc/iomem). */
+#define OBMM_EMU_ADDR_ATTR(_name, _fmt, _value)				\
+static ssize_t _name##_show(struct kobject *kobj,			\
+			    struct kobj_attribute *attr, char *buf)	\
+{									\
+	return sysfs_emit(buf, _fmt "\n", _value);			\
+}									\
+static struct kobj_attribute obmm_emu_##_name##_attr =			\
+	__ATTR_RO_MODE(_name, 0400)
+
+OBMM_EMU_ADDR_ATTR(pool_base, "0x%llx", (u64)obmm_pool_base());
 
 OBMM_EMU_ATTR(pool_size, "0x%llx", obmm_pool_size());
 
@@ -361,7 +243,7 @@ static ssize_t control_base_show(struct kobject *kobj,
 }
 
 static struct kobj_attribute obmm_emu_ctl_base_attr =
-	__ATTR_RO(control_base);
+	__ATTR_RO_MODE(control_base, 0400);
 
 static ssize_t control_size_show(struct kobject *kobj,
 				 struct kobj_attribute *attr, char *buf)
@@ -417,7 +299,7 @@ static ssize_t base_show(struct kobject *kobj, struct kobj_attribute *attr,
 	return w ? sysfs_emit(buf, "0x%llx\n", (u64)w->base) : -ENODEV;
 }
 
-static struct kobj_attribute obmm_win_base_attr = __ATTR_RO(base);
+static struct kobj_attribute obmm_win_base_attr = __ATTR_RO_MODE(base, 0400);
 
 static ssize_t win_size_show(struct kobject *kobj,
 			     struct kobj_attribute *attr, char *buf)
@@ -453,102 +335,9 @@ static const struct attribute_group obmm_win_group = {
 	.attrs = obmm_win_attrs,
 };
 
-static struct kobject *obmm_mempool_kobj;
-static struct kobject *obmm_pool_node_kobj;
-static struct device *obmm_ubc_root;
-static struct device *obmm_ubc_dev;
 static struct kobject *obmm_emu_kobj;
 static struct kobject *obmm_windows_kobj;
 static struct kobject *obmm_win_kobj[OBMM_EMU_MAX_NODES];
-
-static void obmm_ubc_release(struct device *dev)
-{
-	kfree(dev);
-}
-
-static int obmm_sysfs_ubc_init(void)
-{
-	int ret;
-
-	obmm_ubc_root = root_device_register(OBMM_EMU_UBC_NAME);
-	if (IS_ERR(obmm_ubc_root)) {
-		ret = PTR_ERR(obmm_ubc_root);
-		obmm_ubc_root = NULL;
-		return ret;
-	}
-	obmm_ubc_dev = kzalloc(sizeof(*obmm_ubc_dev), GFP_KERNEL);
-	if (!obmm_ubc_dev) {
-		ret = -ENOMEM;
-		goto err_root;
-	}
-	device_initialize(obmm_ubc_dev);
-	obmm_ubc_dev->parent = obmm_ubc_root;
-	obmm_ubc_dev->groups = obmm_ubc_groups;
-	obmm_ubc_dev->release = obmm_ubc_release;
-	ret = dev_set_name(obmm_ubc_dev, OBMM_EMU_UBC_CHILD);
-	if (!ret)
-		ret = device_add(obmm_ubc_dev);
-	if (ret) {
-		put_device(obmm_ubc_dev);
-		obmm_ubc_dev = NULL;
-		goto err_root;
-	}
-	return 0;
-err_root:
-	root_device_unregister(obmm_ubc_root);
-	obmm_ubc_root = NULL;
-	return ret;
-}
-
-static void obmm_sysfs_ubc_exit(void)
-{
-	if (obmm_ubc_dev)
-		device_unregister(obmm_ubc_dev);
-	obmm_ubc_dev = NULL;
-	if (obmm_ubc_root)
-		root_device_unregister(obmm_ubc_root);
-	obmm_ubc_root = NULL;
-}
-
-static int obmm_sysfs_pool_init(void)
-{
-	char name[sizeof("obmm-") + OBMM_EMU_WIN_NAME_LEN];
-	int ret;
-
-	if (!obmm_pool_present())
-		return 0;
-	obmm_mempool_kobj = kobject_create_and_add("obmm_mempool", kernel_kobj);
-	if (!obmm_mempool_kobj)
-		return -ENOMEM;
-	snprintf(name, sizeof(name), "obmm-%d", obmm_pool_nid());
-	obmm_pool_node_kobj = kobject_create_and_add(name, obmm_mempool_kobj);
-	if (!obmm_pool_node_kobj) {
-		ret = -ENOMEM;
-		goto err_put;
-	}
-	ret = sysfs_create_group(obmm_pool_node_kobj, &obmm_pool_group);
-	if (ret)
-		goto err_node;
-	return 0;
-err_node:
-	kobject_put(obmm_pool_node_kobj);
-	obmm_pool_node_kobj = NULL;
-err_put:
-	kobject_put(obmm_mempool_kobj);
-	obmm_mempool_kobj = NULL;
-	return ret;
-}
-
-static void obmm_sysfs_pool_exit(void)
-{
-	if (obmm_pool_node_kobj) {
-		sysfs_remove_group(obmm_pool_node_kobj, &obmm_pool_group);
-		kobject_put(obmm_pool_node_kobj);
-	}
-	obmm_pool_node_kobj = NULL;
-	kobject_put(obmm_mempool_kobj);
-	obmm_mempool_kobj = NULL;
-}
 
 static void obmm_sysfs_emu_exit(void)
 {
@@ -613,28 +402,10 @@ err:
 
 int obmm_sysfs_init(void)
 {
-	int ret;
-
-	ret = obmm_sysfs_emu_init();
-	if (ret)
-		return ret;
-	ret = obmm_sysfs_pool_init();
-	if (ret)
-		goto err_emu;
-	ret = obmm_sysfs_ubc_init();
-	if (ret)
-		goto err_pool;
-	return 0;
-err_pool:
-	obmm_sysfs_pool_exit();
-err_emu:
-	obmm_sysfs_emu_exit();
-	return ret;
+	return obmm_sysfs_emu_init();
 }
 
 void obmm_sysfs_exit(void)
 {
-	obmm_sysfs_ubc_exit();
-	obmm_sysfs_pool_exit();
 	obmm_sysfs_emu_exit();
 }

@@ -8,8 +8,10 @@ Load from a conftest with ``pytest_plugins = ["obmm_fixtures"]``.
   on real UB hardware the decoder address of a loopback import comes from
   management software.  Skips when the module is not obmm_emu.
 * ``obmm_leak_check`` (autouse): after every test no region, shmdev node,
-  region sysfs directory or pool usage may be left over.  Leftovers are
-  removed (so one leak does not cascade) and the test fails.
+  region sysfs directory or pool usage may be left over, and /proc/iomem
+  must read as it did before the test (a resource left behind, or one
+  unlinked, fails it).  Leftover regions are removed (so one leak does not
+  cascade) and the test fails.
 * ``export`` / ``imported``: context managers that always clean up.
 * ``run_in_child``: run a snippet in a fresh interpreter, return how it died.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import difflib
 import errno
 import gc
 import mmap
@@ -40,6 +43,7 @@ SZ_2M = 2 << 20
 SZ_128M = 128 << 20
 MAP_HUGETLB = 0x40000
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+PROC_IOMEM = Path("/proc/iomem")
 
 
 def read_int(path: Path) -> int:
@@ -117,6 +121,7 @@ class ObmmState:
     shmdevs: frozenset[str]
     sysfs: frozenset[str]
     pool_used: int
+    iomem: tuple[str, ...]
 
     def region_ids(self) -> set[int]:
         return {int(n.removeprefix("obmm_shmdev")) for n in self.shmdevs | self.sysfs}
@@ -129,7 +134,14 @@ def snapshot() -> ObmmState:
         if SHMDEV_SYSFS.is_dir()
         else frozenset(),
         pool_used=pool_used(),
+        iomem=tuple(PROC_IOMEM.read_text().splitlines()),
     )
+
+
+def iomem_diff(before: tuple[str, ...], after: tuple[str, ...]) -> str:
+    """The /proc/iomem lines a test added (+) or removed (-)."""
+    lines = difflib.unified_diff(before, after, "before", "after", n=0, lineterm="")
+    return "\n".join(ln for ln in lines if ln[:1] in "+-" and ln[:3] not in ("+++", "---"))
 
 
 def _remove_region(dev: obmm.Obmm, mem_id: int) -> str:
@@ -160,9 +172,12 @@ def obmm_leak_check() -> Iterator[None]:
     with obmm.Obmm() as dev:
         for mem_id in sorted(after.region_ids() - before.region_ids()):
             leaked.append(_remove_region(dev, mem_id))
+    iomem = ""
+    if after.iomem != before.iomem:
+        iomem = "; /proc/iomem changed:\n" + iomem_diff(before.iomem, after.iomem)
     pytest.fail(
         f"test leaked OBMM state: regions {leaked or 'none'}; "
-        f"pool used {before.pool_used:#x} -> {after.pool_used:#x}"
+        f"pool used {before.pool_used:#x} -> {after.pool_used:#x}{iomem}"
     )
 
 

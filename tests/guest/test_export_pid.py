@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from obmm_fixtures import (
     SHMDEV_SYSFS,
     SZ_2M,
     SZ_4K,
+    ChildResult,
     aligned_anonymous,
     buffer_address,
     expect_errno,
@@ -139,3 +141,104 @@ def test_unexport_keeps_user_data(dev: obmm.Obmm, hugepages: int) -> None:
         assert buf[:5] == b"hello"
     finally:
         buf.close()
+
+
+# Unprivileged: the caller keeps its /dev/obmm descriptor and drops to nobody.
+NOBODY = 65534
+DROP_AND_EXPORT = """
+import errno, os, sys
+import obmm
+dev = obmm.Obmm()
+os.setgroups([])
+os.setresgid({uid}, {uid}, {uid})
+os.setresuid({uid}, {uid}, {uid})
+try:
+    exp = dev.export_pid({va}, {length}, pid={pid})
+except OSError as exc:
+    print(errno.errorcode.get(exc.errno, exc.errno))
+else:
+    print("exported", exp.mem_id)
+"""
+
+
+@pytest.mark.emulator_only
+def test_other_users_process_is_eperm(child: Callable[..., ChildResult]) -> None:
+    """The caller must be allowed to access the target (emulator: ptrace-like rule).
+
+    The real driver only resolves the pid; the emulator refuses, before
+    pinning anything, a target whose credentials differ from the caller's
+    unless the caller has CAP_SYS_PTRACE (FIDELITY.md).
+    """
+    res = child(DROP_AND_EXPORT.format(uid=NOBODY, va=SZ_2M, length=SZ_2M, pid=1))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["EPERM"]
+
+
+@pytest.mark.emulator_only
+def test_own_process_allowed_after_dropping_privileges(
+    child: Callable[..., ChildResult],
+) -> None:
+    """The access rule lets a caller reach its own memory (pid 0 and its own pid)."""
+    res = child(DROP_AND_EXPORT.format(uid=NOBODY, va=SZ_2M, length=SZ_2M, pid=0))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["EFAULT"]  # unmapped range: the pin's errno
+
+
+def _exiting_target(wfd: int) -> None:
+    """Child: map a hugetlbfs page, report its address, then exit at once."""
+    try:
+        buf = mmap.mmap(-1, SZ_2M, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_HUGETLB)
+        buf[:SZ_4K] = b"\x03" * SZ_4K
+        os.write(wfd, buffer_address(buf).to_bytes(8, "little"))
+    except OSError:
+        os.write(wfd, bytes(8))
+    os._exit(0)
+
+
+def test_export_pid_racing_the_targets_exit(dev: obmm.Obmm, hugepages: int) -> None:
+    """EXPORT_PID of a process that exits meanwhile: success or a clean errno, no report.
+
+    The mm is held (mmget) for the whole pin, so the target's exit cannot tear
+    its address space down under pin_user_pages_remote().
+    """
+    outcomes: set[str] = set()
+    for _ in range(12):
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(rfd)
+            _exiting_target(wfd)
+        os.close(wfd)
+        va = int.from_bytes(os.read(rfd, 8), "little")
+        os.close(rfd)
+        try:
+            if not va:
+                outcomes.add("no hugepage")
+                continue
+            try:
+                exp = dev.export_pid(va, SZ_2M, pid=pid)
+            except OSError as exc:
+                assert exc.errno in (errno.ESRCH, errno.EFAULT, errno.ENOMEM), exc
+                outcomes.add(errno.errorcode[exc.errno or 0])
+            else:
+                outcomes.add("exported")
+                dev.unexport(exp.mem_id)
+        finally:
+            os.waitpid(pid, 0)
+    assert outcomes - {"no hugepage"}, outcomes
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize(
+    "length",
+    [1 << 40, 1 << 39, 1 << 62, (1 << 64) - SZ_2M],
+    ids=["1TiB", "512GiB", "2^62", "max"],
+)
+def test_huge_length_is_enomem_before_allocating(dev: obmm.Obmm, anon: int, length: int) -> None:
+    """A length beyond the machine's RAM can never be pinned: ENOMEM, no allocation.
+
+    The real driver sizes its page array from the length first (a kernel WARN
+    in kvmalloc from 1 TiB on, a huge allocation below); the emulator bounds
+    it by the RAM first (FIDELITY.md).  The kernel log guard fails a WARN.
+    """
+    expect_errno(errno.ENOMEM, dev.export_pid, anon, length)

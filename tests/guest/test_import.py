@@ -225,3 +225,18 @@ def test_import_claims_iomem(dev: obmm.Obmm, fabric: Fabric, target: int, token:
     finally:
         dev.unimport(imp.mem_id)
     assert not any("MEMID_" in ln for ln in iomem_lines())
+
+
+def test_import_of_a_whole_window_keeps_the_window_in_iomem(dev: obmm.Obmm, fabric: Fabric) -> None:
+    """An import range equal to the window BAR nests under it and unwinds exactly.
+
+    No export covers a whole window (the kernel's own RAM is in it), so the
+    emulated UMMU refuses it; the BAR's /proc/iomem line must survive.  The
+    leak check compares the whole of /proc/iomem as well.
+    """
+    base, size = fabric.window_base(), fabric.window_size()
+    bar = f"{base:x}-{base + size - 1:x}"
+    before = iomem_lines()
+    assert any(ln.strip().startswith(f"{bar} : 0000:00:") for ln in before)
+    expect_errno(errno.EACCES, dev.import_, base, size, scna=fabric.cna, tokenid=1)
+    assert iomem_lines() == before

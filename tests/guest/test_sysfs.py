@@ -9,6 +9,7 @@ import glob
 import os
 import re
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -161,3 +162,30 @@ def test_emulator_fabric_sysfs(fabric: Fabric) -> None:
     assert fabric.pool_base % SZ_2M == 0 and fabric.pool_size % SZ_2M == 0
     assert Path("/sys/kernel/obmm_emu/enabled").read_text() == "1\n"
     assert int(Path("/sys/kernel/obmm_emu/control_size").read_text(), 0) >= 2 << 20
+
+
+@pytest.mark.emulator_only
+def test_emulator_physical_addresses_are_root_only(fabric: Fabric) -> None:
+    """Like /proc/iomem, the pool, control-region and window bases are for root only."""
+    emu = Path("/sys/kernel/obmm_emu")
+    secret = [emu / "pool_base", emu / "control_base"]
+    secret += sorted((emu / "windows").glob("*/base"))
+    for path in secret:
+        assert mode(path) == 0o400, path
+    # Not addresses: still world-readable (tools read the node id unprivileged).
+    for name in ("node_id", "cna", "eid", "enabled"):
+        assert mode(emu / name) == 0o444, name
+    code = (
+        "import os, sys\n"
+        "os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)\n"
+        "for p in sys.argv[1:]:\n"
+        "    try:\n"
+        "        open(p).read(); print('read', p)\n"
+        "    except PermissionError:\n"
+        "        pass\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, *map(str, secret)], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == ""
