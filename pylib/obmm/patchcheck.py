@@ -15,7 +15,7 @@ summary line, and exits 1 if anything failed.  Checks:
 * ``base-commit``: the series names its base tree, equal to ``BASE``;
 * ``baseline-apply``: the series applies without fuzz (``git apply``, which
   never fuzzes) to the pinned baseline files listed in ``BASE-FILES``, when
-  they are in the cache (``~/.cache/obmm-testbed/olk-baseline``) or ``--baseline``;
+  they are in the cache (``<cache>/olk-baseline``, see :mod:`obmm.testbed.paths`) or ``--baseline``;
 * ``ksrc-am`` and ``ksrc-build``: with ``--ksrc``, ``git am`` on a worktree of
   that openEuler kernel tree at ``BASE`` and an arm64 build of the touched
   objects.  Without ``--ksrc`` they are reported as NOT RUN.
@@ -34,9 +34,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SERIES = REPO_ROOT / "kmod" / "patches" / "urma-seg-mapped"
-CACHE_ROOT = Path(os.environ.get("OBMM_CACHE", Path.home() / ".cache" / "obmm-testbed"))
+from obmm.testbed import paths
+
+SERIES_NAME = "urma-seg-mapped"
 CHECKPATCH_PKG = "linux-source-6.1"
 CHECKPATCH_FILES = ("checkpatch.pl", "spelling.txt", "const_structs.checkpatch")
 # --no-tree: checkpatch cannot see MAINTAINERS, so it asks about every new file.
@@ -194,7 +194,7 @@ def fetch_checkpatch(cache: Path | None = None) -> Path:
         if not Path(env).is_file():
             raise CheckError(f"OBMM_CHECKPATCH={env} does not exist")
         return Path(env)
-    dest = (cache or CACHE_ROOT) / "checkpatch"
+    dest = (cache or paths.cache_dir()) / "checkpatch"
     script = dest / "checkpatch.pl"
     if all((dest / f).is_file() for f in CHECKPATCH_FILES):
         return script
@@ -381,7 +381,7 @@ def run(series_dir: Path, ksrc: Path | None, baseline: Path | None) -> Report:
 
     if (series_dir / "BASE-FILES").is_file():
         status, detail = check_baseline(
-            series_dir, baseline or CACHE_ROOT / "olk-baseline", patches
+            series_dir, baseline or paths.cache_dir() / "olk-baseline", patches
         )
         report.add(status, "baseline-apply", "series", detail)
     else:
@@ -400,7 +400,7 @@ def run(series_dir: Path, ksrc: Path | None, baseline: Path | None) -> Report:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m obmm.patchcheck", description=__doc__)
-    ap.add_argument("--series-dir", type=Path, default=DEFAULT_SERIES)
+    ap.add_argument("--series-dir", type=Path, default=paths.kmod_dir() / "patches" / SERIES_NAME)
     ap.add_argument("--ksrc", type=Path, help="openEuler kernel git tree (OLK-6.6)")
     ap.add_argument("--baseline", type=Path, help="directory with the BASE-FILES versions")
     args = ap.parse_args(argv)

@@ -45,8 +45,8 @@ from xharness import ClusterHarness, ClusterView
 from obmm.testbed import hwstage
 from obmm.testbed.cluster import Cluster, load_topology
 from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
-from obmm.testbed.image import repo_root
-from obmm.testbed.runner import GuestSession, payload_tar, repo_results_dir
+from obmm.testbed.paths import repo_root, results_dir
+from obmm.testbed.runner import GuestSession, payload_tar
 from obmm.testbed.ssh import SshError
 
 HARDWARE = bool(os.environ.get(hwstage.ENV_CONFIG))
@@ -99,7 +99,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[ClusterView]:
         yield Cluster.attach(attach)
         return
     name = os.environ.get("OBMM_TESTBED_NAME") or f"cluster-test-{os.getpid()}"
-    results = repo_results_dir()
+    results = results_dir()
     topology = load_topology(os.environ.get("OBMM_CLUSTER_TOPOLOGY") or "pair")
     if topology.nodes < 2:
         pytest.exit(f"the cluster suite needs at least 2 nodes, topology has {topology.nodes}")

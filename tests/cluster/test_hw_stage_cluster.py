@@ -26,8 +26,7 @@ from xharness import ClusterHarness
 
 from obmm.testbed.cluster import Cluster
 from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
-from obmm.testbed.image import repo_root
-from obmm.testbed.runner import repo_results_dir
+from obmm.testbed.paths import repo_root, results_dir
 
 # It needs a QEMU cluster to stand in for hosts (and on hardware it would run itself again).
 pytestmark = pytest.mark.emulator_only
@@ -100,7 +99,7 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
     emulator_only = _collect("-m", "emulator_only")
     assert emulator_only and emulator_only < everything
     modules_before = [_modules(xc, i) for i in range(xc.nodes)]
-    results = repo_results_dir() / "hw-cluster-proof"
+    results = results_dir() / "hw-cluster-proof"
     argv = [sys.executable, "-m", "obmm.testbed.hwstage", "--qemu", cluster.name, "--suite",
             "cluster", "--results", str(results), "--connect-timeout", "90",
             "--decoder", f"file:{window_table}"]  # fmt: skip

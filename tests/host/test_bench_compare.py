@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from obmm.bench import compare
-from obmm.bench.results import Environment, Figure, Run, write_run
+from obmm.bench.report import write_run
+from obmm.bench.results import Environment, Figure, Run
 
 
 def make_run(rev: str, load_ns: float, read_gbs: float, *, extra: bool = False) -> Run:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from obmm.bench import controlpath
+from obmm.bench.report import write_run
 from obmm.bench.results import (
     PUBLISHED,
     PUBLISHED_LABEL,
@@ -21,7 +22,6 @@ from obmm.bench.results import (
     percentile,
     size_label,
     summary_markdown,
-    write_run,
 )
 from obmm.bench.runner import make_testbed_figure as tb_fig
 

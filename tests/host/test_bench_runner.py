@@ -18,7 +18,8 @@ import pytest
 
 from obmm.bench import controlpath
 from obmm.bench.probe import ProbeSettings
-from obmm.bench.results import Environment, write_run
+from obmm.bench.report import write_run
+from obmm.bench.results import Environment
 from obmm.bench.runner import BenchConfig, BenchError, run_cluster_bench, run_local_bench
 
 pytestmark = pytest.mark.needs_gcc

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from obmm.testbed import qemu
-from obmm.testbed.image import qemu_dir
+from obmm.testbed.paths import qemu_dir
 
 RUN = Path("/dev/shm/obmm-testbed-t")
 

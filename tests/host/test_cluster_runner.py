@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path, PurePosixPath
 
 from obmm.testbed import qemu, runner
-from obmm.testbed.image import repo_root
+from obmm.testbed.paths import repo_root
 
 
 def _ev(**kw: object) -> bytes:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from obmm import patchcheck
+from obmm.testbed import paths
 
 SERIES = Path(__file__).resolve().parents[2] / "kmod" / "patches" / "urma-seg-mapped"
 FIRST = "0001-"
@@ -162,7 +163,7 @@ def test_baseline_apply(series: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     base = tmp_path / "baseline"
     _, patches = patchcheck.load_series(series)
     # The pinned files are third-party sources kept out of git: use the cache.
-    cache = patchcheck.CACHE_ROOT / "olk-baseline"
+    cache = paths.cache_dir() / "olk-baseline"
     rows = patchcheck.read_base_files(series)
     if not all((cache / r.path).is_file() for r in rows):
         pytest.skip(f"pinned baseline files not in {cache}")

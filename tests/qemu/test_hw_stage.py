@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from obmm.testbed import hwstage
-from obmm.testbed.runner import EventParser, GuestSession, guest_pytest_command, repo_results_dir
+from obmm.testbed.paths import results_dir
+from obmm.testbed.runner import EventParser, GuestSession, guest_pytest_command
 
 EMULATOR_REASON = (
     "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
@@ -132,14 +133,14 @@ def test_hw_preflight_failures_end_in_seconds_with_the_reason(
 def test_hw_stage_on_a_selection_skips_exactly_its_emulator_only_tests(
     guest_session: GuestSession,
 ) -> None:
-    _prove_stage(guest_session, repo_results_dir() / "hw-proof-quick", QUICK_FILES)
+    _prove_stage(guest_session, results_dir() / "hw-proof-quick", QUICK_FILES)
 
 
 @pytest.mark.hw_proof
 def test_hw_stage_against_the_qemu_node_skips_exactly_emulator_only(
     guest_session: GuestSession,
 ) -> None:
-    _prove_stage(guest_session, repo_results_dir() / "hw-proof", ("tests/guest",))
+    _prove_stage(guest_session, results_dir() / "hw-proof", ("tests/guest",))
 
 
 def _select_files(paths: tuple[str, ...]) -> list[str]:

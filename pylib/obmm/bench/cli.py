@@ -19,7 +19,8 @@ from pathlib import Path
 
 from obmm.bench import cluster_hook, compare
 from obmm.bench.probe import ProbeSettings
-from obmm.bench.results import Environment, Run, write_run
+from obmm.bench.report import write_run
+from obmm.bench.results import Environment, Run
 from obmm.bench.runner import BenchConfig, run_local_bench
 
 DEFAULT_OUT = Path("bench-results")

@@ -1,11 +1,9 @@
 """The benchmark result model: a run is an environment plus figures; each figure keeps every sample.
 
     run = Run(env=Environment.collect_host(...), figures=[...])
-    outdir = write_run(run, Path("bench-results"))   # bench-results/<timestamp>/
 
-writes `results.json` (every sample, the environment), `summary.md` (one table of figure,
-value, baseline, ratio; then the published real-hardware figures, clearly separated) and PNG
-plots (`obmm.bench.plots`, matplotlib, only imported when plots are asked for).
+`obmm.bench.report.write_run` writes it out; this module knows nothing of files or plots beyond
+`summary_markdown`, so the plots (`obmm.bench.plots`) and the probe can import it freely.
 
 Naming: `<group>.<what>.<source>[.<param>]`, e.g. `data.chase.cross-node.64MiB`; a figure's
 `baseline` is the name of the figure it is measured against in the same run (usually the same
@@ -17,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 import platform
 import socket
 import subprocess
@@ -511,21 +508,3 @@ def summary_markdown(run: Run, *, plots: Sequence[str] = ()) -> str:
 def timestamp_dirname(when: dt.datetime | None = None) -> str:
     when = when or dt.datetime.now(dt.timezone.utc)
     return when.strftime("%Y%m%dT%H%M%SZ")
-
-
-def write_run(run: Run, root: Path, *, name: str | None = None, plots: bool = True) -> Path:
-    """Write results.json, summary.md and (with `plots`) the PNGs to root/<name or timestamp>/."""
-    outdir = root / (name or timestamp_dirname())
-    outdir.mkdir(parents=True, exist_ok=True)
-    if not run.env.finished:
-        run.env.finished = now_iso()
-    plot_names: list[str] = []
-    if plots:
-        from obmm.bench import plots as plots_mod
-
-        plot_names = [p.name for p in plots_mod.write_plots(run, outdir)]
-    tmp = outdir / "results.json.tmp"
-    tmp.write_text(json.dumps(run.to_dict(), indent=1) + "\n")
-    os.replace(tmp, outdir / "results.json")
-    (outdir / "summary.md").write_text(summary_markdown(run, plots=plot_names))
-    return outdir

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from obmm.testbed import qemu
-from obmm.testbed.image import Image, cache_dir, create_overlay, qemu_dir
+from obmm.testbed.image import Image, create_overlay
+from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import Connection, GuestGone, Target
 
@@ -63,10 +64,6 @@ class NodeDied(GuestGone):
         super().__init__(f"node{node}: QEMU exited{status}; last console lines:\n{console_tail}")
         self.node = node
         self.console_tail = console_tail
-
-
-def run_root() -> Path:
-    return Path(os.environ.get("OBMM_TESTBED_RUN_ROOT", "/dev/shm"))
 
 
 def default_init() -> str:

@@ -128,7 +128,7 @@ def _topology(args: argparse.Namespace) -> qemu.Topology:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from obmm.testbed import accel as accel_mod
-    from obmm.testbed.image import cache_dir
+    from obmm.testbed.paths import cache_dir
 
     start = time.monotonic()
     try:
@@ -159,10 +159,10 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _prepare(cluster: Cluster) -> None:
-    from obmm.testbed.image import repo_root
-    from obmm.testbed.runner import build_modules, module_load_order, prepare_node, repo_results_dir
+    from obmm.testbed.paths import repo_root, results_dir
+    from obmm.testbed.runner import build_modules, module_load_order, prepare_node
 
-    kos = module_load_order(build_modules(cluster.image, repo_results_dir() / "kmod"))
+    kos = module_load_order(build_modules(cluster.image, results_dir() / "kmod"))
     for i in range(cluster.topology.nodes):
         with cluster.connect(i) as conn:
             prepare_node(conn, i, cluster.topology, repo_root(), kos)

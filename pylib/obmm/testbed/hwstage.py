@@ -50,7 +50,7 @@ from obmm.testbed.hwpreflight import (
     format_reports,
     preflight,
 )
-from obmm.testbed.image import repo_root
+from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.ssh import Connection, SshError
 
 log = logging.getLogger(__name__)
@@ -447,9 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--connect-timeout", dest="connect_timeout", help="seconds per SSH login (default 10)"
     )
-    parser.add_argument(
-        "--results", type=Path, default=runner.repo_results_dir() / "hw", help="results dir"
-    )
+    parser.add_argument("--results", type=Path, default=results_dir() / "hw", help="results dir")
     parser.add_argument(
         "--qemu",
         metavar="NAME",

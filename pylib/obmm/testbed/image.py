@@ -1,7 +1,6 @@
 """Guest images: built from a recipe under qemu/, cached by the recipe's hash, never mutated.
 
-Layout of the cache (``$OBMM_TESTBED_CACHE``, else ``$XDG_CACHE_HOME/obmm-testbed``, else
-``~/.cache/obmm-testbed``)::
+Layout of the cache (:func:`obmm.testbed.paths.cache_dir`)::
 
     ssh/id_ed25519[.pub]                 root login key, made once per cache
     images/<name>-<hash16>/disk.qcow2    base image (read-only; nodes boot from overlays)
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from obmm.testbed import initramfs
+from obmm.testbed.paths import cache_dir, qemu_dir
 from obmm.testbed.progress import Progress, StepFailed
 
 log = logging.getLogger(__name__)
@@ -47,26 +47,6 @@ FAST_INITRD = "initrd-fast.img"
 
 class ImageError(RuntimeError):
     """The image cannot be built or is unusable; the message says what to do."""
-
-
-def repo_root() -> Path:
-    """The source tree (recipes live in its qemu/ directory)."""
-    override = os.environ.get("OBMM_TESTBED_ROOT")
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[3]
-
-
-def qemu_dir() -> Path:
-    return repo_root() / "qemu"
-
-
-def cache_dir() -> Path:
-    override = os.environ.get("OBMM_TESTBED_CACHE")
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "obmm-testbed"
 
 
 @dataclass(frozen=True)

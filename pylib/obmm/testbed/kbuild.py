@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from obmm.testbed import paths
+
 log = logging.getLogger(__name__)
 
 DEFAULT_SUITE = "bookworm"
@@ -70,19 +72,6 @@ class DebPackage:
     def spec(self) -> str:
         qualifier = "" if self.arch == "all" else f":{self.arch}"
         return f"{self.name}{qualifier}={self.version}"
-
-
-def _repo_root() -> Path:
-    # pylib/obmm/testbed/kbuild.py -> repository root
-    return Path(__file__).resolve().parents[3]
-
-
-def default_cache_dir() -> Path:
-    """The testbed's cache, shared with the images: ``$OBMM_TESTBED_CACHE``, else
-    ``$XDG_CACHE_HOME/obmm-testbed``, else ``~/.cache/obmm-testbed``."""
-    from obmm.testbed.image import cache_dir
-
-    return cache_dir()
 
 
 def _run(
@@ -326,7 +315,7 @@ def _relocate_makefile(headers: Path, root: Path) -> None:
 
 def headers_dir_for(release: str, cache_dir: Path | None = None) -> Path:
     """Where fetch_headers() puts the headers tree for ``release``."""
-    base = (cache_dir or default_cache_dir() / "kheaders") / release
+    base = (cache_dir or paths.cache_dir() / "kheaders") / release
     return base / "usr" / "src" / f"linux-headers-{release}"
 
 
@@ -344,7 +333,7 @@ def fetch_headers(
     ``~/.cache/obmm-testbed/kheaders``), built in a temp dir and renamed into
     place, so a crash never leaves a half tree that looks complete.
     """
-    cache = cache_dir or default_cache_dir() / "kheaders"
+    cache = cache_dir or paths.cache_dir() / "kheaders"
     final = cache / release
     headers = headers_dir_for(release, cache)
     if (final / _MANIFEST).is_file() and headers.is_dir():
@@ -551,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, help="where the .ko files go (default results/kmod/RELEASE)"
     )
-    parser.add_argument("--kmod", type=Path, default=_repo_root() / "kmod", help="module sources")
+    parser.add_argument("--kmod", type=Path, default=paths.kmod_dir(), help="module sources")
     parser.add_argument(
         "--cache", type=Path, help="headers cache (default ~/.cache/obmm-testbed/kheaders)"
     )
@@ -570,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         release = args.release or debian_kernel_release(args.arch, args.suite)
         headers = fetch_headers(release, args.arch, args.cache, suite=args.suite)
         t1 = time.monotonic()
-        out = args.out or _repo_root() / "results" / "kmod" / release
+        out = args.out or paths.results_dir() / "kmod" / release
         kos = build_modules(
             headers, args.kmod, out, warnings_as_errors=not args.no_werror, modules=args.modules
         )

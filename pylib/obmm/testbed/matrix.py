@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from obmm.testbed import kbuild
+from obmm.testbed import kbuild, paths
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def cell_by_name(name: str) -> Cell:
 
 
 def apt_root(cell: Cell, cache: Path | None = None) -> Path:
-    return (cache or kbuild.default_cache_dir()) / "apt" / f"{cell.suite}-{cell.arch}"
+    return (cache or paths.cache_dir()) / "apt" / f"{cell.suite}-{cell.arch}"
 
 
 def sources_list(suite: str, archs: Sequence[str], mirror: str, security: str) -> str:
@@ -373,7 +373,6 @@ def run_cell(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    repo = Path(__file__).resolve().parents[3]
     parser = argparse.ArgumentParser(
         prog="python -m obmm.testbed.matrix",
         description="Build kmod/* W=1 against each kernel of the matrix; one line per cell.",
@@ -386,9 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run only this cell (repeatable): " + ", ".join(c.name for c in CELLS),
     )
     parser.add_argument("--module", action="append", dest="modules", help="only this module dir")
-    parser.add_argument("--kmod", type=Path, default=repo / "kmod", help="module sources")
+    parser.add_argument("--kmod", type=Path, default=paths.kmod_dir(), help="module sources")
     parser.add_argument(
-        "--out", type=Path, default=repo / "results" / "kmod-matrix", help="build output"
+        "--out", type=Path, default=paths.results_dir() / "kmod-matrix", help="build output"
     )
     parser.add_argument("--cache", type=Path, help="cache root (default ~/.cache/obmm-testbed)")
     parser.add_argument("--json", type=Path, help="write the per-cell results here")

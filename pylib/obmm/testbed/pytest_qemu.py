@@ -30,13 +30,12 @@ from typing import Any
 import pytest
 
 from obmm.testbed.cluster import NodeDied, load_topology
-from obmm.testbed.image import repo_root
+from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.runner import (
     DEFAULT_TEST_TIMEOUT_S,
     GuestRun,
     GuestSession,
     GuestTestResult,
-    repo_results_dir,
 )
 from obmm.testbed.ssh import GuestGone
 
@@ -49,7 +48,7 @@ def session_for(config: pytest.Config) -> GuestSession:
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
         name = os.environ.get("OBMM_TESTBED_NAME") or f"qemu-test-{os.getpid()}"
-        results = repo_results_dir()
+        results = results_dir()
         session = GuestSession(
             topology=load_topology(),
             name=name,

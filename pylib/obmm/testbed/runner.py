@@ -21,7 +21,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import tarfile
 import threading
 import time
@@ -32,7 +31,8 @@ from typing import Any
 
 from obmm.testbed import qemu
 from obmm.testbed.cluster import Cluster, NodeDied
-from obmm.testbed.image import Image, ensure_image, repo_root
+from obmm.testbed.image import Image, ensure_image
+from obmm.testbed.paths import cache_dir, repo_root
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import CommandTimeout, Connection, GuestGone, SshError
 
@@ -318,7 +318,6 @@ class GuestSession:
 
     def _boot(self) -> Cluster:
         from obmm.testbed import accel as accel_mod
-        from obmm.testbed.image import cache_dir
 
         progress = Progress(f"qemu {self.name}")
         t0 = time.monotonic()
@@ -576,7 +575,3 @@ class GuestRun:
     def results_in_order(self) -> Iterator[GuestTestResult]:
         for nodeid in self.nodeids:
             yield self.wait(nodeid)
-
-
-def repo_results_dir() -> Path:
-    return Path(os.environ.get("OBMM_TESTBED_RESULTS", str(repo_root() / "results")))
