@@ -78,11 +78,11 @@ bench: image kmod
 # into ~/.cache), W=1, then the ELF pre-flight of each .ko.
 KBUILD_ARGS ?=
 kmod: setup-python
-	$(PY) -m obmm.testbed.kbuild $(KBUILD_ARGS)
+	$(VENV)/bin/obmm-testbed kmod $(KBUILD_ARGS)
 
 # The URMA_SEG_MAPPED series: format, trailers, checkpatch; KSRC=<OLK-6.6 tree> adds git am + arm64 build.
 patch-check: setup-python
-	$(PY) -m obmm.patchcheck $(if $(KSRC),--ksrc $(KSRC))
+	$(VENV)/bin/obmm-testbed patch-check $(if $(KSRC),--ksrc $(KSRC))
 
 clean:
 	-$(VENV)/bin/obmm-testbed down --all

@@ -16,13 +16,13 @@ HW_OPTS = $(if $(HW_HOSTS),--hosts "$(HW_HOSTS)") $(if $(HW_CONFIG),--config "$(
 	$(if $(HW_SSH_KEY),--key "$(HW_SSH_KEY)") $(if $(HW_QEMU),--qemu "$(HW_QEMU)")
 
 hw-test: setup-python
-	$(PY) -m obmm.testbed.hwstage $(HW_OPTS) $(HW_ARGS)
+	$(VENV)/bin/obmm-testbed hw-test $(HW_OPTS) $(HW_ARGS)
 
 hw-preflight: setup-python
-	$(PY) -m obmm.testbed.hwstage --preflight-only $(HW_OPTS)
+	$(VENV)/bin/obmm-testbed hw-preflight $(HW_OPTS)
 
 # Kernel build matrix: kmod/* W=1 against Debian 12 amd64, Debian 13 amd64, Debian 12 arm64
 # (cross). CELL=<name> for one cell; results/kmod-matrix/matrix.json has every cell's result.
 CELL ?=
 kmod-matrix: setup-python
-	$(PY) -m obmm.testbed.matrix --json results/kmod-matrix/matrix.json $(if $(CELL),--cell $(CELL))
+	$(VENV)/bin/obmm-testbed kmod-matrix --json results/kmod-matrix/matrix.json $(if $(CELL),--cell $(CELL))

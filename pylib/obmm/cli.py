@@ -1,4 +1,8 @@
-"""The `obmm-testbed` command line: one entry point, subcommands registered by the modules."""
+"""The `obmm-testbed` command line: one entry point, subcommands registered by the modules.
+
+A testbed failure (any :class:`obmm.testbed.errors.TestbedError`) ends the command with one line,
+``obmm-testbed: <what failed>``, on stderr and exit status 2; ``-v`` adds the detail.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from obmm import __version__
+from obmm.testbed.errors import EXIT_TESTBED_ERROR, TestbedError
+
+log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,19 +28,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     # Each concern registers its own subcommands; a registrar adds parsers
     # whose defaults carry `func(args) -> int`.
-    from obmm import abi_cli, handle_cli
+    from obmm import abi_cli, handle_cli, patchcheck
     from obmm.bench import cli as bench_cli
-    from obmm.bench import cluster_hook
 
     abi_cli.register(sub)
     handle_cli.register(sub)
-    bench_cli.register(sub, cluster_bench=cluster_hook.cluster_bench)
+    bench_cli.register(sub)
+    patchcheck.register(sub)
     try:
         from obmm.testbed import commands as testbed_commands
+        from obmm.testbed import stage_commands
     except ImportError:  # the testbed needs paramiko; hosts that only use bindings may lack it
         pass
     else:
         testbed_commands.register(sub)
+        stage_commands.register(sub)
     return parser
 
 
@@ -44,7 +53,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except TestbedError as exc:
+        detail = str(exc).strip().splitlines()[1:]
+        if detail:
+            log.debug("%s", "\n".join(detail))
+        print(f"obmm-testbed: {exc.summary}", file=sys.stderr)
+        return EXIT_TESTBED_ERROR
     return result
 
 

@@ -26,6 +26,8 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from obmm.testbed.errors import TestbedError
+
 #: Debian arch (and uname -m spelling) -> ELF e_machine the guest kernel loads.
 MACHINES: Mapping[str, str] = {
     "amd64": "EM_X86_64",
@@ -64,7 +66,7 @@ class Problem:
         return self.message
 
 
-class ModuleCheckError(Exception):
+class ModuleCheckError(TestbedError):
     """Raised by require_loadable(); ``problems`` holds every problem found."""
 
     def __init__(self, ko_path: Path, problems: Iterable[Problem]) -> None:

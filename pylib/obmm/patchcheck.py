@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from obmm.testbed import paths
+from obmm.testbed.errors import TestbedError
 
 SERIES_NAME = "urma-seg-mapped"
 CHECKPATCH_PKG = "linux-source-6.1"
@@ -64,7 +65,7 @@ BUILD_OBJECTS = (
 )
 
 
-class CheckError(Exception):
+class CheckError(TestbedError):
     """A check could not be carried out (tool missing, fetch failed)."""
 
 
@@ -398,12 +399,34 @@ def run(series_dir: Path, ksrc: Path | None, baseline: Path | None) -> Report:
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m obmm.patchcheck", description=__doc__)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of `obmm-testbed patch-check` (and of ``python -m obmm.patchcheck``)."""
     ap.add_argument("--series-dir", type=Path, default=paths.kmod_dir() / "patches" / SERIES_NAME)
     ap.add_argument("--ksrc", type=Path, help="openEuler kernel git tree (OLK-6.6)")
     ap.add_argument("--baseline", type=Path, help="directory with the BASE-FILES versions")
-    args = ap.parse_args(argv)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("patch-check", help="check the URMA_SEG_MAPPED patch series")
+    add_arguments(p)
+    p.set_defaults(func=command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m obmm.patchcheck", description=__doc__)
+    add_arguments(ap)
+    try:
+        return command(ap.parse_args(argv))
+    except CheckError as exc:
+        print(f"patch-check: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def command(args: argparse.Namespace) -> int:
+    """Every check, one line each, and a summary; 1 if a check failed.  A series directory
+    that is not there is a CheckError (there is nothing to check)."""
+    if not args.series_dir.is_dir():
+        raise CheckError(f"{args.series_dir}: no such series directory")
     report = run(args.series_dir, args.ksrc, args.baseline)
     counts = {s: sum(ln.startswith(s) for ln in report.lines) for s in ("PASS", "FAIL", "NOT RUN")}
     print(

@@ -4,9 +4,9 @@
     obmm-testbed bench [--nodes 2] [--quick]                         # needs a cluster hook
     obmm-testbed bench-compare OLD NEW [--threshold 0.10] [--by-ratio]
 
-The cluster mode needs a way to reach the nodes; `register(sub, cluster_bench=FN)` takes
-`FN(args, config) -> Run` (it boots or attaches the cluster, builds run/copy callables and calls
-`obmm.bench.runner.run_cluster_bench`).  Without one, only --local-only works.
+The cluster mode is `obmm.bench.cluster_hook.cluster_bench` (it boots the clusters, builds
+run/copy callables and calls `obmm.bench.runner.run_cluster_bench`); `obmm-testbed bench` and
+`python -m obmm.bench` reach it the same way.
 """
 
 from __future__ import annotations
@@ -14,24 +14,23 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from obmm.bench import cluster_hook, compare
 from obmm.bench.probe import ProbeSettings
 from obmm.bench.report import write_run
-from obmm.bench.results import Environment, Run
+from obmm.bench.results import Environment
 from obmm.bench.runner import BenchConfig, run_local_bench
 
 DEFAULT_OUT = Path("bench-results")
-ClusterBench = Callable[[argparse.Namespace, BenchConfig], Run]
 
 
 def _print_summary(outdir: Path) -> None:
     print(f"results in {outdir}/ (results.json, summary.md, *.png)")
 
 
-def _cmd_bench(args: argparse.Namespace, cluster_bench: ClusterBench | None) -> int:
+def _cmd_bench(args: argparse.Namespace) -> int:
     if args.local_only:
         settings = ProbeSettings() if args.full else ProbeSettings.quick()
         if args.max_seconds is not None:
@@ -39,17 +38,10 @@ def _cmd_bench(args: argparse.Namespace, cluster_bench: ClusterBench | None) -> 
         env = Environment.collect_host(accelerator="host", node_count=1)
         run = run_local_bench(env, settings, say=lambda m: print(f"[bench] {m}", flush=True))
     else:
-        if cluster_bench is None:
-            print(
-                "obmm-testbed bench: the cluster mode is not wired in this build; "
-                "use --local-only for a host run",
-                file=sys.stderr,
-            )
-            return 2
         config = BenchConfig.quick() if args.quick else BenchConfig()
         if args.max_seconds is not None:
             config.probe.max_seconds = args.max_seconds
-        run = cluster_bench(args, config)
+        run = cluster_hook.cluster_bench(args, config)
     outdir = write_run(run, args.out, name=args.name, plots=not args.no_plots)
     _print_summary(outdir)
     if args.print_summary:
@@ -90,13 +82,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     cluster_hook.add_arguments(p)
 
 
-def register(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
-    cluster_bench: ClusterBench | None = None,
-) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="measure control path, data path and Engram prefetch")
     add_bench_arguments(p)
-    p.set_defaults(func=lambda a: _cmd_bench(a, cluster_bench))
+    p.set_defaults(func=_cmd_bench)
     c = sub.add_parser("bench-compare", help="two bench-results folders side by side")
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
@@ -105,13 +94,13 @@ def register(
     c.set_defaults(func=_cmd_compare)
 
 
-def main(argv: Sequence[str] | None = None, cluster_bench: ClusterBench | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """`python -m obmm.bench [bench options]` (the `bench` subcommand's options)."""
     p = argparse.ArgumentParser(prog="python -m obmm.bench")
     add_bench_arguments(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return _cmd_bench(args, cluster_bench)
+    return _cmd_bench(args)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from obmm.bench.probe import (
     source_text,
 )
 from obmm.bench.results import Environment, Figure, Run, cpu_model_from_cpuinfo, now_iso
+from obmm.testbed.errors import TestbedError
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def callables_for(
     return run, copy
 
 
-class BenchError(RuntimeError):
+class BenchError(TestbedError, RuntimeError):
     """A step every measurement depends on failed (compiling memprobe, say)."""
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from obmm.testbed import qemu
+from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image, create_overlay
 from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
@@ -52,7 +53,7 @@ INIT_ENV = "OBMM_TESTBED_INIT"
 _DEATH_MARKERS = ("Kernel panic", "BUG:", "Oops:", "general protection fault")
 
 
-class ClusterError(RuntimeError):
+class ClusterError(TestbedError, RuntimeError):
     """The cluster cannot be started or found."""
 
 

@@ -1,4 +1,8 @@
-"""`obmm-testbed` subcommands for the QEMU testbed: up, down, status, ssh, cp, console, image."""
+"""`obmm-testbed` subcommands for the QEMU testbed: up, down, status, ssh, cp, console, image.
+
+A command that cannot do its job raises a TestbedError; `obmm.cli.main` prints its one line and
+exits 2.  `ssh` keeps ssh(1)'s and timeout(1)'s statuses for a lost guest and a timed-out command.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +24,7 @@ from obmm.testbed.cluster import (
     load_topology,
     stop_all_stale,
 )
-from obmm.testbed.image import DEFAULT_RECIPE, ImageError, ensure_image, find_recipe, list_recipes
-from obmm.testbed.progress import StepFailed
+from obmm.testbed.image import DEFAULT_RECIPE, ensure_image, find_recipe, list_recipes
 from obmm.testbed.ssh import CommandTimeout, SshError
 
 log = logging.getLogger(__name__)
@@ -131,25 +134,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     from obmm.testbed.paths import cache_dir
 
     start = time.monotonic()
-    try:
-        topology = _topology(args)
-        image = ensure_image(find_recipe(args.recipe))
-        accel = accel_mod.choose(args.accel, image.kernel, cache_dir())
-        cluster = Cluster.start(
-            image,
-            topology,
-            name=args.name,
-            accel=accel,
-            init=args.init,
-            logdir=args.log_dir,
-            detach=True,
-            timeout=args.timeout,
-        )
-        if args.kmod:
-            _prepare(cluster)
-    except (ClusterError, ImageError, StepFailed, SshError, ValueError) as exc:
-        log.error("%s", exc)
-        return 1
+    topology = _topology(args)
+    image = ensure_image(find_recipe(args.recipe))
+    accel = accel_mod.choose(args.accel, image.kernel, cache_dir())
+    cluster = Cluster.start(
+        image,
+        topology,
+        name=args.name,
+        accel=accel,
+        init=args.init,
+        logdir=args.log_dir,
+        detach=True,
+        timeout=args.timeout,
+    )
+    if args.kmod:
+        _prepare(cluster)
     print(
         f"cluster {cluster.name}: {topology.nodes} node(s) up in "
         f"{time.monotonic() - start:.0f} s ({cluster.accel})"
@@ -169,22 +168,20 @@ def _prepare(cluster: Cluster) -> None:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    names = Cluster.names() if args.all else [args.name]
-    status = 0
-    for name in names:
+    if not args.all:
+        Cluster.attach(args.name).stop()
+        print(f"cluster {args.name}: down")
+        return 0
+    for name in Cluster.names():
         try:
             cluster = Cluster.attach(name)
-        except ClusterError as exc:
-            if not args.all:
-                log.error("%s", exc)
-                status = 1
-            continue
+        except ClusterError:
+            continue  # half-gone: stop_all_stale below removes what is left of it
         cluster.stop()
         print(f"cluster {name}: down")
-    if args.all:
-        for name in stop_all_stale():
-            print(f"cluster {name}: stale state removed")
-    return status
+    for name in stop_all_stale():
+        print(f"cluster {name}: stale state removed")
+    return 0
 
 
 def _print_cluster(cluster: Cluster) -> None:
@@ -207,7 +204,11 @@ def _print_cluster(cluster: Cluster) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    names = [args.name] if args.name else Cluster.names()
+    if args.name:
+        cluster = Cluster.attach(args.name)
+        _print_cluster(cluster)
+        return 0 if cluster.all_alive() else 1
+    names = Cluster.names()
     if not names:
         print("no clusters")
         return 0
@@ -274,9 +275,6 @@ def cmd_ssh(args: argparse.Namespace) -> int:
                 dead_node.console_tail(),
             )
         return EXIT_GUEST_GONE
-    except ClusterError as exc:
-        log.error("%s", exc)
-        return 1
     return result.exit_status if result.exit_status >= 0 else EXIT_GUEST_GONE
 
 
@@ -290,8 +288,7 @@ def _writer(stream: BinaryIO) -> Callable[[bytes], None]:
 
 def _interactive(cluster: Cluster, index: int) -> int:
     if shutil.which("ssh") is None:
-        log.error("no ssh client for an interactive shell; pass a command after --")
-        return 1
+        raise ClusterError("no ssh client for an interactive shell; pass a command after --")
     target = cluster.target(index)
     known = cluster.rundir / "known_hosts"
     if target.host_key:
@@ -326,29 +323,22 @@ def cmd_cp(args: argparse.Namespace) -> int:
                 conn.get(remote, Path(args.dst))
         else:
             raise ClusterError("one of SRC and DST must be NODE:PATH")
-    except (ClusterError, SshError, OSError) as exc:
-        log.error("%s", exc)
-        return 1
+    except OSError as exc:  # a local path that is not there, or cannot be written
+        raise ClusterError(f"cp: {exc}") from exc
     return 0
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    try:
-        cluster = Cluster.attach(args.name)
-        node = cluster.nodes[_node_index(args.node)]
-    except (ClusterError, IndexError) as exc:
-        log.error("%s", exc)
-        return 1
-    print(node.console_tail(args.lines))
+    cluster = Cluster.attach(args.name)
+    index = _node_index(args.node)
+    if index >= len(cluster.nodes):
+        raise ClusterError(f"cluster {args.name} has no node{index}")
+    print(cluster.nodes[index].console_tail(args.lines))
     return 0
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    try:
-        image = ensure_image(find_recipe(args.recipe), rebuild=args.rebuild)
-    except (ImageError, StepFailed) as exc:
-        log.error("%s", exc)
-        return 1
+    image = ensure_image(find_recipe(args.recipe), rebuild=args.rebuild)
     print(
         f"{image.directory}  (kernel {image.kernel_release}, built "
         f"{image.manifest.get('built_at')} in {image.manifest.get('build_seconds')} s)"

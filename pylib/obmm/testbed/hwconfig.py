@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from obmm.testbed.errors import TestbedError
+
 POLICIES = ("strict", "accept-new", "off")
 SHIP_MODES = ("auto", "always", "never")
 
@@ -52,7 +54,7 @@ ENV_KEYS: Mapping[str, str] = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(TestbedError, ValueError):
     """The hardware stage's configuration is unusable; the message says which key and why."""
 
 

@@ -430,11 +430,11 @@ def qemu_stand_in(name: str, workdir: Path) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m obmm.testbed.hwstage",
-        description="Run the guest suite on each UB host (and the cluster suite across them).",
-    )
+DESCRIPTION = "Run the guest suite on each UB host (and the cluster suite across them)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `obmm-testbed hw-test` / `hw-preflight` (and ``python -m ...hwstage``)."""
     parser.add_argument("--hosts", help="user@host[:port],... (default $HW_HOSTS)")
     parser.add_argument("--config", help="config file (default $HW_CONFIG)")
     parser.add_argument("--key", dest="ssh_key", help="SSH private key (default $HW_SSH_KEY)")
@@ -464,9 +464,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-cluster", action="store_true", help="same as --suite guest")
     parser.add_argument("pytest_args", nargs="*", help="extra host pytest arguments (after --)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m obmm.testbed.hwstage", description=DESCRIPTION)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="hw: %(message)s")
+    try:
+        return command(args)
+    except (ConfigError, ClusterError) as exc:
+        print(f"hw: configuration error: {exc}", file=sys.stderr)
+        return EXIT_PREFLIGHT
 
+
+def command(args: argparse.Namespace) -> int:
+    """Pre-flight, then the suites; the exit status of the stage.  A configuration that cannot
+    be used raises ConfigError (or ClusterError for a missing --qemu stand-in)."""
     env = dict(os.environ)
     if args.config:
         env["HW_CONFIG"] = args.config
@@ -484,16 +498,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "connect_timeout",
         )
     }
-    try:
-        if args.qemu:
-            base = qemu_stand_in(args.qemu, args.results)
-            overrides = {**base, **{k: v for k, v in overrides.items() if v}}
-        if args.suite == "guest" or args.no_cluster:
-            overrides["cluster"] = "off"  # also spares the cross-node pre-flight checks
-        config = load(env, overrides)
-    except (ConfigError, ClusterError) as exc:
-        print(f"hw: configuration error: {exc}", file=sys.stderr)
-        return EXIT_PREFLIGHT
+    if args.qemu:
+        base = qemu_stand_in(args.qemu, args.results)
+        overrides = {**base, **{k: v for k, v in overrides.items() if v}}
+    if args.suite == "guest" or args.no_cluster:
+        overrides["cluster"] = "off"  # also spares the cross-node pre-flight checks
+    config = load(env, overrides)
     results: Path = args.results
     results.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from obmm.testbed import initramfs
+from obmm.testbed.errors import TestbedError
 from obmm.testbed.paths import cache_dir, qemu_dir
 from obmm.testbed.progress import Progress, StepFailed
 
@@ -45,7 +46,7 @@ REPO_PROBE_TIMEOUT_S = 10.0
 FAST_INITRD = "initrd-fast.img"
 
 
-class ImageError(RuntimeError):
+class ImageError(TestbedError, RuntimeError):
     """The image cannot be built or is unusable; the message says what to do."""
 
 

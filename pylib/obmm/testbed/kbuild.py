@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from obmm.testbed import paths
+from obmm.testbed.errors import TestbedError
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ _WARNING_RE = re.compile(r"\bwarning:", re.IGNORECASE)
 _MAKE_CHATTER_RE = re.compile(r"^make(\[\d+\])?: (Entering|Leaving) directory")
 
 
-class KbuildError(RuntimeError):
+class KbuildError(TestbedError, RuntimeError):
     """A kernel headers fetch or module build failed; the message says which step and why."""
 
 
@@ -522,14 +523,11 @@ def _build_locked(
     return built
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: resolve the release, fetch headers, build all modules, pre-flight each .ko."""
-    from obmm import elfcheck  # deferred: the library part must not need pyelftools
+DESCRIPTION = "Build kmod/* against Debian kernel headers and pre-flight the .ko files."
 
-    parser = argparse.ArgumentParser(
-        prog="python -m obmm.testbed.kbuild",
-        description="Build kmod/* against Debian kernel headers and pre-flight the .ko files.",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `obmm-testbed kmod` (and of ``python -m obmm.testbed.kbuild``)."""
     parser.add_argument(
         "--release", help="kernel release (default: what linux-image-ARCH depends on)"
     )
@@ -548,25 +546,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--module", action="append", dest="modules", help="build only this module dir (repeatable)"
     )
     parser.add_argument("--no-werror", action="store_true", help="report warnings but do not fail")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="kbuild: %(message)s"
-    )
 
+
+def command(args: argparse.Namespace) -> int:
+    """Resolve the release, fetch headers, build all modules, pre-flight each .ko.
+
+    Raises KbuildError when a step cannot be done; returns 1 when a .ko fails the pre-flight.
+    """
+    from obmm import elfcheck  # deferred: the library part must not need pyelftools
+
+    t0 = time.monotonic()
+    release = args.release or debian_kernel_release(args.arch, args.suite)
+    headers = fetch_headers(release, args.arch, args.cache, suite=args.suite)
+    t1 = time.monotonic()
+    out = args.out or paths.results_dir() / "kmod" / release
     try:
-        t0 = time.monotonic()
-        release = args.release or debian_kernel_release(args.arch, args.suite)
-        headers = fetch_headers(release, args.arch, args.cache, suite=args.suite)
-        t1 = time.monotonic()
-        out = args.out or paths.results_dir() / "kmod" / release
         kos = build_modules(
             headers, args.kmod, out, warnings_as_errors=not args.no_werror, modules=args.modules
         )
-        t2 = time.monotonic()
-    except KbuildError as exc:
-        print(f"kbuild: error: {exc}", file=sys.stderr)
-        return 1
+    except BuildWarningsError as exc:
+        # The warnings are the command's output; the error that follows is their one-line count.
+        print(exc.output, file=sys.stderr)
+        raise KbuildError(exc.summary) from exc
+    t2 = time.monotonic()
     print(f"kbuild: headers {release} ready in {t1 - t0:.1f}s: {headers}")
     print(f"kbuild: built {len(kos)} module(s) in {t2 - t1:.1f}s into {out}")
 
@@ -587,6 +589,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(f"elfcheck: {ko.name}: ok ({ms:.0f} ms)")
     return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m obmm.testbed.kbuild``: `obmm-testbed kmod` with its own error printing."""
+    parser = argparse.ArgumentParser(prog="python -m obmm.testbed.kbuild", description=DESCRIPTION)
+    add_arguments(parser)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="kbuild: %(message)s"
+    )
+    try:
+        return command(args)
+    except KbuildError as exc:
+        print(f"kbuild: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

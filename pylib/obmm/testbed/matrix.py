@@ -372,11 +372,11 @@ def run_cell(
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m obmm.testbed.matrix",
-        description="Build kmod/* W=1 against each kernel of the matrix; one line per cell.",
-    )
+DESCRIPTION = "Build kmod/* W=1 against each kernel of the matrix; one line per cell."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `obmm-testbed kmod-matrix` (and of ``python -m obmm.testbed.matrix``)."""
     parser.add_argument(
         "--cell",
         action="append",
@@ -392,20 +392,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, help="cache root (default ~/.cache/obmm-testbed)")
     parser.add_argument("--json", type=Path, help="write the per-cell results here")
     parser.add_argument("--list", action="store_true", help="print the cells and exit")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="matrix: %(message)s"
-    )
+
+
+def command(args: argparse.Namespace) -> int:
+    """Every selected cell, one line each; 1 if a cell failed.  An unknown cell is a
+    MatrixError (nothing is built)."""
     if args.list:
         for cell in CELLS:
             print(f"{cell.name}: {cell.suite} {cell.arch} ({cell.description})")
         return 0
-    try:
-        cells = [cell_by_name(n) for n in args.cells] if args.cells else list(CELLS)
-    except MatrixError as exc:
-        print(f"matrix: error: {exc}", file=sys.stderr)
-        return 2
+    cells = [cell_by_name(n) for n in args.cells] if args.cells else list(CELLS)
     results = []
     for cell in cells:
         print(f"matrix: {cell.name}: building ...", flush=True)
@@ -425,6 +421,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
     return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m obmm.testbed.matrix", description=DESCRIPTION)
+    add_arguments(parser)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="matrix: %(message)s"
+    )
+    try:
+        return command(args)
+    except MatrixError as exc:
+        print(f"matrix: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

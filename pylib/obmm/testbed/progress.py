@@ -10,13 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from obmm.testbed.errors import TestbedError
+
 log = logging.getLogger(__name__)
 
 # How often a non-TTY run says it is still alive, so CI logs show a slow step is not hung.
 PLAIN_HEARTBEAT_S = 30.0
 
 
-class StepFailed(RuntimeError):
+class StepFailed(TestbedError, RuntimeError):
     """A subprocess step failed; the message carries the tail of its log."""
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from obmm.testbed.errors import TestbedError
+
 MAX_NODES = 8
 CONTROL_SIZE_MIB = 2
 CONTROL_SLOT = 0x0F
@@ -56,7 +58,7 @@ SSH_NIC_ADDR = "10.0.2.15/24"
 FAST_INIT_MODULES = ("virtio_net", "virtio_rng")
 
 
-class TopologyError(ValueError):
+class TopologyError(TestbedError, ValueError):
     """A topology that the fabric convention cannot express."""
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from obmm.testbed import qemu
 from obmm.testbed.cluster import Cluster, NodeDied
+from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image, ensure_image
 from obmm.testbed.paths import cache_dir, repo_root
 from obmm.testbed.progress import Progress
@@ -49,7 +50,7 @@ GRACE_AFTER_EOF_S = 5.0
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "error", "not run")
 
 
-class RunnerError(RuntimeError):
+class RunnerError(TestbedError, RuntimeError):
     """The guest suite could not be prepared or run."""
 
 

@@ -25,6 +25,8 @@ from pathlib import Path, PurePosixPath
 
 import paramiko
 
+from obmm.testbed.errors import TestbedError
+
 log = logging.getLogger(__name__)
 
 CONNECT_ATTEMPT_TIMEOUT_S = 10.0
@@ -34,7 +36,7 @@ KEEPALIVE_S = 15
 LOST_GRACE_S = 2.0
 
 
-class SshError(RuntimeError):
+class SshError(TestbedError, RuntimeError):
     """Base of the errors this module raises."""
 
 

@@ -1,0 +1,27 @@
+"""`obmm-testbed` subcommands for the stages that build or test outside a booted cluster:
+kmod, kmod-matrix, hw-test, hw-preflight.  Each module keeps its options and its `command`; this
+only names them (``python -m`` on the module runs the same command, for debugging)."""
+
+from __future__ import annotations
+
+import argparse
+
+from obmm.testbed import hwstage, kbuild, matrix
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("kmod", help="build kmod/* against the guest kernel and pre-flight them")
+    kbuild.add_arguments(p)
+    p.set_defaults(func=kbuild.command)
+
+    p = sub.add_parser("kmod-matrix", help="build kmod/* against every kernel of the matrix")
+    matrix.add_arguments(p)
+    p.set_defaults(func=matrix.command)
+
+    p = sub.add_parser("hw-test", help="the guest and cluster suites on real UB hosts over SSH")
+    hwstage.add_arguments(p)
+    p.set_defaults(func=hwstage.command)
+
+    p = sub.add_parser("hw-preflight", help="only the hardware stage's pre-flight checks")
+    hwstage.add_arguments(p)
+    p.set_defaults(func=hwstage.command, preflight_only=True)

@@ -1,0 +1,98 @@
+"""Every `obmm-testbed` testbed subcommand fails the same way: one line on stderr, exit status 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from obmm import cli, elfcheck, patchcheck
+from obmm.bench.runner import BenchError
+from obmm.testbed import errors, hwconfig, image, kbuild, matrix, progress, qemu, runner, ssh
+from obmm.testbed.cluster import ClusterError
+
+# Each one provokes a real failure, cheaply: nothing boots, builds or downloads.
+PROVOKED = {
+    "up": ["up", "--topology", "nosuch"],
+    "down": ["down", "--name", "nosuch"],
+    "status": ["status", "--name", "nosuch"],
+    "ssh": ["ssh", "--name", "nosuch", "0", "--", "true"],
+    "cp": ["cp", "--name", "nosuch", "/etc/hostname", "0:/tmp"],
+    "console": ["console", "--name", "nosuch", "0"],
+    "image": ["image", "--recipe", "nosuch"],
+    "kmod": ["kmod", "--release", "0.0.0-nosuch"],
+    "kmod-matrix": ["kmod-matrix", "--cell", "nosuch"],
+    "hw-test": ["hw-test"],
+    "hw-preflight": ["hw-preflight"],
+    "patch-check": ["patch-check", "--series-dir", "/nonexistent/series"],
+    "bench": ["bench", "--skip-cold-image"],
+}
+EXPECTED = {
+    "up": "cannot read topology",
+    "image": "no recipe named 'nosuch'",
+    "kmod": "0.0.0-nosuch",
+    "kmod-matrix": "unknown matrix cell 'nosuch'",
+    "hw-test": "no hardware hosts",
+    "hw-preflight": "no hardware hosts",
+    "patch-check": "no such series directory",
+    "bench": "no recipe named",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROVOKED))
+def test_a_subcommand_fails_with_one_line_and_status_2(name: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HW_", "OBMM_"))}
+    env.update(OBMM_TESTBED_RUN_ROOT=str(tmp_path / "run"), OBMM_TESTBED_CACHE=str(tmp_path / "c"))
+    if name == "bench":
+        env["OBMM_TESTBED_ROOT"] = str(tmp_path)  # a tree without recipes
+    proc = subprocess.run(
+        [sys.executable, "-m", "obmm.cli", *PROVOKED[name]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("obmm-testbed: ")
+    assert EXPECTED.get(name, "no cluster named 'nosuch'") in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_multi_line_error_prints_its_first_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fail(args: object) -> int:
+        raise kbuild.BuildWarningsError("obmm_emu", ["w1", "w2"], "a.c:1: warning: x\nb.c:2: y")
+
+    monkeypatch.setattr(matrix, "command", fail)
+    assert cli.main(["kmod-matrix"]) == errors.EXIT_TESTBED_ERROR
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["obmm-testbed: obmm_emu: build printed 2 warning(s) (W=1, warnings are errors):"]
+
+
+@pytest.mark.parametrize(
+    ("cls", "older"),
+    [
+        (image.ImageError, RuntimeError),
+        (kbuild.KbuildError, RuntimeError),
+        (matrix.MatrixError, kbuild.KbuildError),
+        (ClusterError, RuntimeError),
+        (progress.StepFailed, RuntimeError),
+        (ssh.SshError, RuntimeError),
+        (runner.RunnerError, RuntimeError),
+        (qemu.TopologyError, ValueError),
+        (hwconfig.ConfigError, ValueError),
+        (BenchError, RuntimeError),
+        (elfcheck.ModuleCheckError, Exception),
+        (patchcheck.CheckError, Exception),
+    ],
+)
+def test_testbed_errors_share_one_base_and_keep_their_old_one(cls: type, older: type) -> None:
+    assert issubclass(cls, errors.TestbedError)
+    assert issubclass(cls, older)
