@@ -46,7 +46,8 @@ from obmm.testbed import hwstage
 from obmm.testbed.cluster import Cluster, load_topology
 from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
 from obmm.testbed.paths import repo_root, results_dir
-from obmm.testbed.runner import GuestSession, payload_tar
+from obmm.testbed.provision import payload_tar
+from obmm.testbed.runner import GuestSession
 from obmm.testbed.ssh import SshError
 
 HARDWARE = bool(os.environ.get(hwstage.ENV_CONFIG))

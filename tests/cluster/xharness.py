@@ -17,7 +17,7 @@ from pathlib import PurePosixPath
 from typing import Any, Protocol
 
 from obmm import logscan
-from obmm.testbed.runner import GUEST_ROOT
+from obmm.testbed.provision import GUEST_ROOT
 from obmm.testbed.ssh import (
     CommandFailed,
     CommandTimeout,

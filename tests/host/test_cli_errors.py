@@ -11,7 +11,18 @@ import pytest
 
 from obmm import cli, elfcheck, patchcheck
 from obmm.bench.runner import BenchError
-from obmm.testbed import errors, hwconfig, image, kbuild, matrix, progress, qemu, runner, ssh
+from obmm.testbed import (
+    errors,
+    hwconfig,
+    image,
+    kbuild,
+    matrix,
+    progress,
+    provision,
+    qemu,
+    runner,
+    ssh,
+)
 from obmm.testbed.cluster import ClusterError
 
 # Each one provokes a real failure, cheaply: nothing boots, builds or downloads.
@@ -86,6 +97,7 @@ def test_a_multi_line_error_prints_its_first_line(
         (progress.StepFailed, RuntimeError),
         (ssh.SshError, RuntimeError),
         (runner.RunnerError, RuntimeError),
+        (provision.ProvisionError, RuntimeError),
         (qemu.TopologyError, ValueError),
         (hwconfig.ConfigError, ValueError),
         (BenchError, RuntimeError),

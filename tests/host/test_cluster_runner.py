@@ -10,7 +10,7 @@ import sys
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from obmm.testbed import qemu, runner
+from obmm.testbed import provision, qemu, runner
 from obmm.testbed.paths import repo_root
 
 
@@ -84,21 +84,21 @@ def test_guest_command_maps_events_to_stdout_and_sets_node_env() -> None:
 def test_insmod_passes_only_the_fabric_parameters_the_module_declares() -> None:
     topo = qemu.Topology(nodes=2, memory_mib=1024, pool_mib=256)
     ko = PurePosixPath("/opt/obmm-testbed/kmod/obmm_emu.ko")
-    assert runner.insmod_command(ko, 1, topo, ["node_id", "debug"]) == f"insmod {ko} node_id=1"
-    full = runner.insmod_command(ko, 0, topo, ["node_id", "pool_base", "pool_size"])
+    assert provision.insmod_command(ko, 1, topo, ["node_id", "debug"]) == f"insmod {ko} node_id=1"
+    full = provision.insmod_command(ko, 0, topo, ["node_id", "pool_base", "pool_size"])
     assert full == f"insmod {ko} node_id=0 pool_base=0x30000000 pool_size=0x10000000"
-    assert runner.insmod_command(ko, 0, topo, []) == f"insmod {ko}"
+    assert provision.insmod_command(ko, 0, topo, []) == f"insmod {ko}"
 
 
 def test_testhook_loads_first() -> None:
-    order = runner.module_load_order([Path("obmm_emu.ko"), Path("obmm_testhook.ko")])
+    order = provision.module_load_order([Path("obmm_emu.ko"), Path("obmm_testhook.ko")])
     assert [p.name for p in order] == ["obmm_testhook.ko", "obmm_emu.ko"]
 
 
 def test_payload_has_package_tests_selftests_and_modules(tmp_path: Path) -> None:
     ko = tmp_path / "obmm_testhook.ko"
     ko.write_bytes(b"\x7fELF")
-    data = runner.payload_tar(repo_root(), [ko])
+    data = provision.payload_tar(repo_root(), [ko])
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         names = set(tar.getnames())
     assert "pylib/obmm/__init__.py" in names

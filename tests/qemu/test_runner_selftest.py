@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from obmm.testbed.cluster import NodeDied
+from obmm.testbed.provision import GUEST_SELFTEST
 from obmm.testbed.runner import (
-    GUEST_SELFTEST,
     GuestSession,
     GuestUnresponsive,
 )

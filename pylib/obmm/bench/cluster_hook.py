@@ -164,7 +164,7 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     from obmm.testbed.image import ensure_image, find_recipe
     from obmm.testbed.paths import cache_dir, repo_root, results_dir
     from obmm.testbed.progress import Progress
-    from obmm.testbed.runner import build_modules, module_load_order, prepare_node
+    from obmm.testbed.provision import build_guest_modules, module_load_order, prepare_node
 
     progress = Progress("bench")
     say = progress.line
@@ -204,7 +204,7 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     topology = load_topology(BENCH_TOPOLOGY)
     say(f"booting the benchmark pair ({BENCH_TOPOLOGY}: {topology.pool_mib} MiB pool per node)")
     with Cluster.start(image, topology, name="bench-data", accel=accel) as cluster:
-        kos = module_load_order(build_modules(image, results_dir() / "kmod"))
+        kos = module_load_order(build_guest_modules(image, results_dir() / "kmod"))
         conns = {i: cluster.connect(i) for i in range(topology.nodes)}
         try:
             for i, conn in conns.items():

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from obmm.testbed import runner
+from obmm.testbed import provision, runner
 from obmm.testbed.cluster import ClusterError
 from obmm.testbed.hwconfig import ConfigError, HwConfig, HwHost, load
 from obmm.testbed.hwpreflight import (
@@ -115,7 +115,7 @@ class HwSession:
 
     def _prepare(self) -> None:
         self.results.mkdir(parents=True, exist_ok=True)
-        payload = runner.payload_tar(repo_root())
+        payload = provision.payload_tar(repo_root())
         with self.connect() as conn:
             parent = self.config.remote_tmp
             made = conn.run(f"mktemp -d {runner._q(parent)}/obmm-hw.XXXXXX", timeout=60, check=True)

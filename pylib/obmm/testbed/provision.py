@@ -1,0 +1,124 @@
+"""What goes into a node before its first test: the payload, the modules, and their loading.
+
+* :func:`payload_tar`: the package, uapi header, guest tests and modules, as one tarball that
+  unpacks under :data:`GUEST_ROOT` (one SSH round trip);
+* :func:`build_guest_modules`: kmod/* built against the guest kernel's headers, each .ko
+  pre-flighted on the host so a bad module fails here, not as an insmod error in the guest;
+* :func:`module_load_order` and :func:`insmod_command`: which module first, with which fabric
+  parameters;
+* :func:`prepare_node`: all of it on one node.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import tarfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path, PurePosixPath
+
+from obmm.testbed import qemu
+from obmm.testbed.errors import TestbedError
+from obmm.testbed.image import Image
+from obmm.testbed.paths import kmod_dir
+from obmm.testbed.ssh import Connection
+
+log = logging.getLogger(__name__)
+
+GUEST_ROOT = PurePosixPath("/opt/obmm-testbed")
+# Inside tests/guest so the guest conftest (kernel-log scan) applies to it too.
+GUEST_SELFTEST = "tests/guest/_selftest"
+
+
+class ProvisionError(TestbedError, RuntimeError):
+    """A node could not be prepared (a module did not load)."""
+
+
+def payload_tar(root: Path, modules: Sequence[Path] = ()) -> bytes:
+    """The files a guest needs, as a gzip tarball (one SSH round trip to unpack)."""
+    buf = io.BytesIO()
+
+    def skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        name = info.name.rsplit("/", 1)[-1]
+        if name in ("__pycache__", ".pytest_cache", ".mypy_cache") or name.endswith(".pyc"):
+            return None
+        return info
+
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel in ("pyproject.toml", "pylib/obmm", "uapi", "tests/guest", "tests/c"):
+            path = root / rel
+            if path.exists():
+                tar.add(path, arcname=rel, filter=skip)
+        for conftest in ("tests/conftest.py", "tests/__init__.py"):
+            if (root / conftest).exists():
+                tar.add(root / conftest, arcname=conftest, filter=skip)
+        selftest = root / "tests" / "guest_selftest"
+        if selftest.is_dir():
+            # Inside tests/guest so the guest conftest (kernel-log scan) applies to it too;
+            # the normal suite run ignores this directory.
+            tar.add(selftest, arcname=GUEST_SELFTEST, filter=skip)
+        for ko in modules:
+            tar.add(ko, arcname=f"kmod/{ko.name}")
+    return buf.getvalue()
+
+
+def build_guest_modules(image: Image, out: Path) -> list[Path]:
+    """Build kmod/* against the guest kernel's headers and pre-flight each .ko on the host
+    (:func:`obmm.testbed.kbuild.build_modules` plus the ELF checks)."""
+    from obmm import elfcheck
+    from obmm.testbed import kbuild
+
+    release = image.kernel_release
+    headers = kbuild.fetch_headers(release)
+    kos = kbuild.build_modules(headers, kmod_dir(), out / release)
+    symvers = elfcheck.Symvers.load(headers / "Module.symvers")
+    exports = {sym for ko in kos for sym in elfcheck.module_exports(ko)}
+    for ko in kos:
+        elfcheck.require_loadable(
+            ko, kernel_release=release, arch="x86_64", symvers_path=symvers, extra_exports=exports
+        )
+    return kos
+
+
+def module_load_order(kos: Iterable[Path]) -> list[Path]:
+    # The placeholder first: if the emulated driver's load splats, the testhook is already
+    # there for the log-scanner tests.
+    return sorted(kos, key=lambda p: (p.stem != "obmm_testhook", p.stem))
+
+
+def insmod_command(
+    ko: PurePosixPath, node: int, topology: qemu.Topology, params: Iterable[str]
+) -> str:
+    """insmod with the fabric parameters the module declares (see qemu/README.md)."""
+    wanted = {
+        "node_id": str(node),
+        "nr_nodes": str(topology.nodes),
+        "nodes": str(topology.nodes),
+        "pool_base": hex(topology.pool_base),
+        "pool_size": hex(topology.pool_size),
+    }
+    declared = set(params)
+    args = [f"{k}={v}" for k, v in wanted.items() if k in declared]
+    return " ".join(["insmod", str(ko), *args])
+
+
+def prepare_node(
+    conn: Connection, node: int, topology: qemu.Topology, root: Path, modules: Sequence[Path]
+) -> None:
+    """Copy the package, tests and modules into a guest and load the modules."""
+    payload = payload_tar(root, modules)
+    conn.run(
+        f"rm -rf {GUEST_ROOT} && mkdir -p {GUEST_ROOT} && tar -xzf - -C {GUEST_ROOT}",
+        timeout=120,
+        check=True,
+        stdin=payload,
+    )
+    for ko in modules:
+        remote = GUEST_ROOT / "kmod" / ko.name
+        params = conn.run(f"modinfo -F parm {remote} | cut -d: -f1", timeout=60, check=True)
+        cmd = insmod_command(remote, node, topology, params.out.split())
+        result = conn.run(cmd, timeout=120)
+        if not result.ok:
+            dmesg = conn.run("dmesg | tail -n 30", timeout=30).out
+            raise ProvisionError(f"node{node}: `{cmd}` failed: {result.err.strip()}\n{dmesg}")
+        log.info("node%d: %s", node, cmd)
