@@ -18,7 +18,7 @@ import sys
 import time
 
 import obmm
-from obmm import decoder, exchange
+from obmm import decoder, exchange, identity
 
 SAMPLE_STRIDE = 1021
 CHECK_ROW = 42
@@ -47,7 +47,7 @@ def main() -> int:
         imp = dev.import_(
             addr,
             handle.length,
-            scna=decoder.local_cna(),
+            scna=identity.local_cna(),
             dcna=handle.scna,
             tokenid=handle.tokenid,
             deid=handle.seid,

@@ -16,24 +16,16 @@ import signal
 import sys
 import time
 from array import array
-from pathlib import Path
 from types import FrameType
 
 import obmm
 from obmm import exchange
 from obmm.handle import Handle
+from obmm.identity import NodeIdentity
 
-EMU_SYSFS = Path("/sys/kernel/obmm_emu")
 MIB = 1 << 20
 GRANULE = 2 * MIB
 CHUNK = 1 << 16  # floats generated per step, to keep memory flat
-
-
-def sysfs_int(name: str, default: int) -> int:
-    try:
-        return int((EMU_SYSFS / name).read_text().strip(), 0)
-    except (OSError, ValueError):
-        return default
 
 
 def fill_floats(buf: memoryview, size: int) -> None:
@@ -51,10 +43,18 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=exchange.DEFAULT_PORT)
     parser.add_argument("--size", type=int, default=4, help="MiB to export (default 4)")
     parser.add_argument("--name", default="region", help="handle name (default region)")
-    parser.add_argument("--node-id", type=int, default=sysfs_int("node_id", 0))
-    parser.add_argument("--cna", type=lambda s: int(s, 0), default=sysfs_int("cna", 0))
-    parser.add_argument("--eid", type=lambda s: int(s, 0), default=sysfs_int("eid", 0))
+    # This node's identity comes from obmm.identity (as libobmm reads it); these override it.
+    parser.add_argument("--node-id", type=int, default=None)
+    parser.add_argument("--cna", type=lambda s: int(s, 0), default=None)
+    parser.add_argument("--eid", type=lambda s: int(s, 0), default=None)
     args = parser.parse_args()
+    me = NodeIdentity.local()
+    me = NodeIdentity(
+        node_id=me.node_id if args.node_id is None else args.node_id,
+        cna=me.cna if args.cna is None else args.cna,
+        # The EID as libobmm builds it: the first 32 bits, native byte order.
+        eid=me.eid if args.eid is None else args.eid.to_bytes(4, sys.byteorder).ljust(16, b"\0"),
+    )
     size = -(-args.size * MIB // GRANULE) * GRANULE
 
     with obmm.Obmm() as dev:
@@ -66,20 +66,7 @@ def main() -> int:
             with obmm.ShmDev(exp.mem_id) as shm, shm.mmap(size) as m:
                 fill_floats(m.buf, size)
             print(f"filled {size // 4} floats in {time.monotonic() - start:.1f} s", flush=True)
-            handle = Handle(
-                mem_id=exp.mem_id,
-                tokenid=exp.tokenid,
-                length=size,
-                uba=exp.uba,
-                # The EID as libobmm builds it: the first 32 bits, native byte order.
-                seid=args.eid.to_bytes(4, sys.byteorder).ljust(16, b"\0"),
-                deid=bytes(16),
-                scna=args.cna,
-                dcna=0,
-                pxm_numa=-1,
-                base_dist=0,
-                node_id=args.node_id,
-            )
+            handle = Handle.from_export(exp, me)
             server = exchange.HandleServer(args.bind, args.port)
             server.publish(args.name, handle)
 
@@ -90,7 +77,7 @@ def main() -> int:
 
             def ready(addr: tuple[str, int]) -> None:
                 print(f"serving handle '{args.name}' on {addr[0]}:{addr[1]} (node "
-                      f"{args.node_id}, element i = i * 0.001)", flush=True)  # fmt: skip
+                      f"{me.node_id}, element i = i * 0.001)", flush=True)  # fmt: skip
 
             try:
                 server.serve_forever(on_ready=ready)

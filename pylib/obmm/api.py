@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 from obmm import abi
 from obmm.abi import ffi
 from obmm.errors import ObmmError
+from obmm.identity import EID_SIZE
 
 DEFAULT_DEVICE = "/dev/obmm"
 SHMDEV_DIR = "/dev"
 SHMDEV_SYSFS = "/sys/devices/obmm"
-EID_LEN = 16
 
 _Self = TypeVar("_Self", bound="_Closable")
 
@@ -42,7 +42,7 @@ class Export:
     mem_id: int
     tokenid: int
     uba: int
-    size: int
+    length: int  # bytes, as Handle.length and Import.length
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,9 @@ class Import:
 
 
 def _eid(value: bytes, name: str) -> bytes:
-    if len(value) > EID_LEN:
-        raise ValueError(f"{name} is {len(value)} bytes; an EID has at most {EID_LEN}")
-    return value.ljust(EID_LEN, b"\0")
+    if len(value) > EID_SIZE:
+        raise ValueError(f"{name} is {len(value)} bytes; an EID has at most {EID_SIZE}")
+    return value.ljust(EID_SIZE, b"\0")
 
 
 class _Closable:
@@ -151,7 +151,7 @@ class Obmm(_Closable):
         cmd.vendor_info = blobs.pointer(vendor_info)
         self.ioctl("OBMM_CMD_EXPORT", cmd)
         return Export(
-            mem_id=int(cmd.mem_id), tokenid=int(cmd.tokenid), uba=int(cmd.uba), size=sum(sizes)
+            mem_id=int(cmd.mem_id), tokenid=int(cmd.tokenid), uba=int(cmd.uba), length=sum(sizes)
         )
 
     def export_pid(
@@ -183,7 +183,7 @@ class Obmm(_Closable):
         cmd.vendor_info = blobs.pointer(vendor_info)
         self.ioctl("OBMM_CMD_EXPORT_PID", cmd)
         return Export(
-            mem_id=int(cmd.mem_id), tokenid=int(cmd.tokenid), uba=int(cmd.uba), size=length
+            mem_id=int(cmd.mem_id), tokenid=int(cmd.tokenid), uba=int(cmd.uba), length=length
         )
 
     def unexport(self, mem_id: int, flags: int = 0) -> None:

@@ -14,7 +14,8 @@ step:
 * `TableDecoder` reads a JSON file of decoder windows the site provides.
 
 `decoder_from_spec("emulator" | "cmd:PROGRAM ARGS" | "file:PATH")` picks one;
-`default_decoder()` reads the spec from $OBMM_DECODER, else the emulator.
+`default_decoder()` reads the spec from $OBMM_DECODER, else the emulator.  This node's own
+identity (node number, CNA, EID) is :mod:`obmm.identity`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +65,8 @@ class Window:
         return None
 
 
-def _read_int(path: Path) -> int:
+def read_sysfs_int(path: Path) -> int:
+    """A sysfs attribute as an integer (decimal or 0x-hex); DecoderError naming the file."""
     try:
         return int(path.read_text().strip(), 0)
     except (OSError, ValueError) as exc:
@@ -97,9 +98,9 @@ class EmulatorDecoder:
             if (entry / "base").exists():
                 found.append(
                     Window(
-                        node=_read_int(entry / "node"),
-                        base=_read_int(entry / "base"),
-                        size=_read_int(entry / "size"),
+                        node=read_sysfs_int(entry / "node"),
+                        base=read_sysfs_int(entry / "base"),
+                        size=read_sysfs_int(entry / "size"),
                     )
                 )
         return found
@@ -205,46 +206,3 @@ def decoder_from_spec(spec: str) -> Decoder:
 
 def default_decoder() -> Decoder:
     return decoder_from_spec(os.environ.get(ENV_SPEC, "emulator"))
-
-
-# -- this node's fabric identity (what an exporter writes into a handle) -------------------
-
-ENV_NODE_ID = "OBMM_NODE_ID"
-
-
-def _controller(sysfs: str) -> Path:
-    """The first UB controller's ``ubc`` directory, found as libobmm's vendor adaptor does."""
-    for path in sorted(Path(sysfs).glob("ub_bus_controller*/*/ubc/primary_cna")):
-        return path.parent
-    raise DecoderError(f"no {sysfs}/ub_bus_controller*/*/ubc/primary_cna: no UB controller")
-
-
-def local_cna(sysfs: str = "/sys/devices") -> int:
-    """This node's primary CNA, as libobmm reads it (ub_bus_controller<i>/*/ubc/primary_cna)."""
-    return _read_int(_controller(sysfs) / "primary_cna")
-
-
-def local_eid(sysfs: str = "/sys/devices") -> bytes:
-    """The 16-byte EID of this node's controller as libobmm builds it: the sysfs ``eid`` as
-    the first 4 bytes (host order), the rest zero."""
-    value = _read_int(_controller(sysfs) / "eid")
-    if not 0 < value < 1 << 32:
-        raise DecoderError(f"controller eid {value:#x} is not a non-zero 32-bit value")
-    return value.to_bytes(4, sys.byteorder).ljust(16, b"\0")
-
-
-def local_node_id(emu_sysfs: str = EMU_SYSFS) -> int:
-    """The node index handles carry and decoders resolve: obmm_emu's ``node_id``, else
-    ``$OBMM_NODE_ID`` (on hardware the site numbers its hosts; the hardware stage sets it to the
-    host's position in its host list)."""
-    path = Path(emu_sysfs) / "node_id"
-    if path.exists():
-        return _read_int(path)
-    text = os.environ.get(ENV_NODE_ID, "")
-    try:
-        return int(text, 0)
-    except ValueError:
-        raise DecoderError(
-            f"{path} does not exist (not obmm_emu) and ${ENV_NODE_ID} is "
-            f"{'unset' if not text else repr(text)}: set it to this host's node number"
-        ) from None

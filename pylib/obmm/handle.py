@@ -42,7 +42,12 @@ import json
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from obmm.identity import EID_SIZE
+
+if TYPE_CHECKING:
+    from obmm.identity import NodeIdentity
 
 __all__ = [
     "EID_SIZE",
@@ -55,7 +60,6 @@ __all__ = [
 
 HANDLE_MAGIC = b"OBMH"
 HANDLE_VERSION = 1
-EID_SIZE = 16
 
 _HEADER = struct.Struct("<4sHH")
 # Fields after the header, up to (not including) the CRC. The last "B" is the reserved byte,
@@ -97,6 +101,19 @@ def _check_eid(name: str, value: object) -> None:
         raise ValueError(f"Handle.{name} must be exactly {EID_SIZE} bytes, got {len(value)}")
 
 
+class ExportLike(Protocol):
+    """What :meth:`Handle.from_export` reads of an export (`obmm.Export` has it)."""
+
+    @property
+    def mem_id(self) -> int: ...
+    @property
+    def tokenid(self) -> int: ...
+    @property
+    def uba(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class Handle:
     """One exported region, as published by its exporter (see the module docstring)."""
@@ -124,6 +141,26 @@ class Handle:
         ("base_dist", 0, _U8_MAX),
         ("node_id", 0, _U16_MAX),
     )
+
+    @classmethod
+    def from_export(
+        cls, export: ExportLike, identity: NodeIdentity, *, pxm_numa: int = -1, base_dist: int = 0
+    ) -> Handle:
+        """The handle an exporter publishes for `export`: the source fields are this node's
+        `identity`, the destination fields zero (any importer may use it)."""
+        return cls(
+            mem_id=export.mem_id,
+            tokenid=export.tokenid,
+            length=export.length,
+            uba=export.uba,
+            seid=identity.eid,
+            deid=bytes(EID_SIZE),
+            scna=identity.cna,
+            dcna=0,
+            pxm_numa=pxm_numa,
+            base_dist=base_dist,
+            node_id=identity.node_id,
+        )
 
     def __post_init__(self) -> None:
         for name, lo, hi in self._INT_RANGES:

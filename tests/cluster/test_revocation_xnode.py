@@ -40,12 +40,12 @@ PATTERN = bytes(range(64))
 IMPORTER = r"""
 import errno, json, mmap, os, struct, subprocess, sys, time
 import obmm
-from obmm import decoder
+from obmm import decoder, identity
 node, uba, size, tokenid, exp_id = (int(a, 0) for a in sys.argv[1:6])
 pattern = bytes.fromhex(sys.argv[6])
 dev = obmm.Obmm()
 addr = decoder.default_decoder().resolve(node, uba, size)
-cna = decoder.local_cna()
+cna = identity.local_cna()
 out = {}
 try:
     dev.import_(addr, size, scna=cna, tokenid=tokenid ^ 1)

@@ -79,7 +79,7 @@ class Fabric:
     def import_loopback(self, dev: obmm.Obmm, exp: obmm.Export, **kw: object) -> obmm.Import:
         return dev.import_(
             self.loopback_addr(dev, exp.mem_id),
-            exp.size,
+            exp.length,
             scna=self.cna,
             tokenid=exp.tokenid,
             **kw,  # type: ignore[arg-type]

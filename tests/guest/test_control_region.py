@@ -126,7 +126,7 @@ def test_export_record_published_and_withdrawn(
         assert rec is not None, "no live record for the export"
         _seq, _state, gen, boot_id, mem_id, uba, pa, size, tokenid, flags, rdeid, _pxm = rec
         assert boot_id == ctl.node(fabric.node_id)[6]
-        assert (mem_id, uba, size, tokenid) == (exp.mem_id, exp.uba, exp.size, exp.tokenid)
+        assert (mem_id, uba, size, tokenid) == (exp.mem_id, exp.uba, exp.length, exp.tokenid)
         assert pa == dev.query_pa_by_memid(exp.mem_id)
         assert flags & 0xFFFF == abi.OBMM_EXPORT_FLAG_ALLOW_MMAP
         assert rdeid == deid

@@ -55,7 +55,7 @@ def _view(struct: str, raw: bytes) -> Any:
 def test_export_fills_struct(dev: Any) -> None:
     d, fake = dev
     exp = d.export([2 << 20, 4 << 20], pxm_numa=1, deid=b"\x01\x02", priv=b"hello")
-    assert exp == obmm.Export(mem_id=7, tokenid=0x1234, uba=0xABC000, size=6 << 20)
+    assert exp == obmm.Export(mem_id=7, tokenid=0x1234, uba=0xABC000, length=6 << 20)
     name, raw = fake.calls[0]
     assert name == "OBMM_CMD_EXPORT"
     cmd, _keep = _view("struct obmm_cmd_export", raw)

@@ -37,7 +37,7 @@ class FakeDev:
             raise ObmmError("EXPORT", errno.ENOMEM, "pool exhausted")
         mem_id = self._new("export")
         uba = decoder_mod.EMU_UBA_VALID | (mem_id << 21)
-        return obmm.Export(mem_id=mem_id, tokenid=9, uba=uba, size=size)
+        return obmm.Export(mem_id=mem_id, tokenid=9, uba=uba, length=size)
 
     def import_(self, addr: int, length: int, *, scna: int, tokenid: int) -> obmm.Import:
         self.calls.append("import")

@@ -16,10 +16,8 @@ from obmm.decoder import (
     TableDecoder,
     decoder_from_spec,
     emulator_uba_split,
-    local_cna,
-    local_eid,
-    local_node_id,
 )
+from obmm.identity import local_cna, local_eid, local_node_id
 
 GIB = 1 << 30
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import obmm
 from obmm import decoder as decoder_mod
+from obmm import identity
 from obmm.bench.regions import node_id, pool_free
 from obmm.bench.results import Figure, size_label
 from obmm.errors import ObmmError
@@ -261,7 +262,7 @@ def run(
     decoder = decoder or decoder_mod.default_decoder()
     node = node_id() if node is None else node
     try:
-        scna: int | None = decoder_mod.local_cna()
+        scna: int | None = identity.local_cna()
     except decoder_mod.DecoderError:
         scna = None
     results = []

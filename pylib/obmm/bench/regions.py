@@ -26,6 +26,7 @@ from typing import Any
 
 import obmm
 from obmm import decoder as decoder_mod
+from obmm import identity
 from obmm.errors import ObmmError
 
 MEMPOOL_SYSFS = Path("/sys/kernel/obmm_mempool")
@@ -61,14 +62,14 @@ def do_export(size: int) -> dict[str, Any]:
         "mem_id": exp.mem_id,
         "tokenid": exp.tokenid,
         "uba": exp.uba,
-        "size": exp.size,
+        "size": exp.length,
         "node": node_id(),
     }
 
 
 def do_import(exporter_node: int, uba: int, size: int, tokenid: int) -> dict[str, Any]:
     addr = decoder_mod.default_decoder().resolve(exporter_node, uba, size)
-    scna = decoder_mod.local_cna()
+    scna = identity.local_cna()
     with obmm.Obmm() as dev:
         imp = dev.import_(addr, size, scna=scna, tokenid=tokenid)
     return {"mem_id": imp.mem_id, "addr": addr, "length": size, "numa_id": imp.numa_id}

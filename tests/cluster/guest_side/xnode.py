@@ -25,14 +25,9 @@ from typing import Any
 import obmm
 from obmm import decoder, exchange
 from obmm.handle import Handle
+from obmm.identity import NodeIdentity, local_cna, local_eid
 
 SZ_2M = 2 << 20
-
-# This node's identity as handles carry it: obmm_emu's sysfs, or on hardware the UB controller's
-# sysfs (as libobmm reads it) and $OBMM_NODE_ID.
-node_id = decoder.local_node_id
-local_cna = decoder.local_cna
-local_eid = decoder.local_eid
 
 
 def pattern(seed: int, size: int, offset: int = 0) -> bytes:
@@ -41,19 +36,9 @@ def pattern(seed: int, size: int, offset: int = 0) -> bytes:
 
 
 def handle_for(exp: obmm.Export) -> Handle:
-    return Handle(
-        mem_id=exp.mem_id,
-        tokenid=exp.tokenid,
-        length=exp.size,
-        uba=exp.uba,
-        seid=local_eid(),
-        deid=bytes(16),
-        scna=local_cna(),
-        dcna=0,
-        pxm_numa=-1,
-        base_dist=0,
-        node_id=node_id(),
-    )
+    # This node's identity as handles carry it (obmm.identity: the UB controller's sysfs, as
+    # libobmm reads it, and obmm_emu's node_id or $OBMM_NODE_ID).
+    return Handle.from_export(exp, NodeIdentity.local())
 
 
 def emit(doc: dict[str, Any]) -> None:
