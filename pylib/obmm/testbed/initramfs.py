@@ -20,6 +20,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from obmm.testbed.errors import TestbedError
+
 log = logging.getLogger(__name__)
 
 # What mounting /dev/vda (virtio-blk, ext4) needs; ext4 asks the crypto API for crc32c.
@@ -27,7 +29,7 @@ ROOT_MODULES = ("virtio_pci", "virtio_blk", "crc32c_generic", "ext4")
 BUSYBOX = "bin/busybox"
 
 
-class InitramfsError(RuntimeError):
+class InitramfsError(TestbedError, RuntimeError):
     """The image lacks something the fast-boot initramfs needs."""
 
 
