@@ -10,7 +10,7 @@ Handles travel as in production: the exporter guest publishes them with ``obmm.e
 to its link-local address on the inter-node network, the importer guest fetches them from there.
 
 Kernel-log guard: before each test a marker is written into every node's kernel log; after it,
-each node that is still alive has its messages since the marker scanned with ``obmm.logscan``
+each node that is still alive has its messages since the marker scanned with ``obmm.tools.logscan``
 (and its taint mask compared); a report fails the test with the excerpt.
 
 Tests marked ``destroys_cluster`` (killing a node) run last.  Every wait is bounded.

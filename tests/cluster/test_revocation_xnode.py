@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from obmm import logscan
 from obmm.testbed.cluster import Cluster
 from obmm.testbed.ssh import Connection
+from obmm.tools import logscan
 
 pytestmark = pytest.mark.emulator_only
 

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any, Protocol
 
-from obmm import logscan
 from obmm.testbed.provision import GUEST_ROOT
 from obmm.testbed.ssh import (
     CommandFailed,
@@ -26,6 +25,7 @@ from obmm.testbed.ssh import (
     Result,
     SshError,
 )
+from obmm.tools import logscan
 
 MARKER = "obmm-cluster-test"
 AGENT_START_S = 120.0

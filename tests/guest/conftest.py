@@ -2,7 +2,7 @@
 
 Before each test the kernel log is marked (everything already logged is set
 aside); after each phase (setup, call, teardown) the messages logged during
-it are scanned with obmm.logscan, and /proc/sys/kernel/tainted is compared.
+it are scanned with obmm.tools.logscan, and /proc/sys/kernel/tainted is compared.
 A WARN, BUG, oops, KASAN, lockdep, stall, hung-task or panic report, or a
 new non-benign taint flag, turns that phase's report into a failure that
 shows the excerpt.  Messages logged between tests and growth of the taint
@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from obmm import logscan
 from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
+from obmm.tools import logscan
 
 # The OBMM fixtures (dev, fabric, leak check) live beside this file; a copy of
 # this conftest on its own (the guard's host test) runs without them.

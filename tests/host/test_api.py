@@ -220,7 +220,7 @@ def test_import_obmm_needs_no_testbed_dependencies() -> None:
 
     code = (
         "import sys; sys.modules['paramiko'] = None; sys.modules['elftools'] = None\n"
-        "import obmm, obmm.handle, obmm.logscan\n"
+        "import obmm, obmm.handle, obmm.tools.logscan\n"
         "print(obmm.abi.OBMM_CMD_EXPORT)"
     )
     env = dict(os.environ, PYTHONPATH=str(Path(obmm.__file__).parents[1]))

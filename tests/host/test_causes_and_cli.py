@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from obmm.causes import CAUSES, causes, render_markdown
-from obmm.cli import main
 from obmm.errors import ObmmError, errno_name
+from obmm.tools.cli import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from obmm import cli, elfcheck, patchcheck
 from obmm.bench.runner import BenchError
 from obmm.testbed import (
     errors,
@@ -24,6 +23,7 @@ from obmm.testbed import (
     ssh,
 )
 from obmm.testbed.cluster import ClusterError
+from obmm.tools import cli, elfcheck, patchcheck
 
 # Each one provokes a real failure, cheaply: nothing boots, builds or downloads.
 PROVOKED = {
@@ -60,7 +60,7 @@ def test_a_subcommand_fails_with_one_line_and_status_2(name: str, tmp_path: Path
     if name == "bench":
         env["OBMM_TESTBED_ROOT"] = str(tmp_path)  # a tree without recipes
     proc = subprocess.run(
-        [sys.executable, "-m", "obmm.cli", *PROVOKED[name]],
+        [sys.executable, "-m", "obmm.tools.cli", *PROVOKED[name]],
         capture_output=True,
         text=True,
         env=env,

@@ -138,8 +138,8 @@ def test_guest_plugin_streams_events_from_a_real_pytest(tmp_path: Path) -> None:
 
 
 def test_ssh_cli_accepts_options_before_or_after_the_node() -> None:
-    from obmm import cli
     from obmm.testbed.commands import split_ssh_args
+    from obmm.tools import cli
 
     parser = cli.build_parser()
     for argv in (

@@ -1,4 +1,4 @@
-"""obmm.elfcheck on real .ko files built from kmod/obmm_testhook, and doctored copies.
+"""obmm.tools.elfcheck on real .ko files built from kmod/obmm_testhook, and doctored copies.
 
 The first run downloads the guest kernel's headers from Debian's mirror
 (~15 MB, into ~/.cache/obmm-testbed/kheaders); later runs use the cache.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from obmm import elfcheck
 from obmm.testbed import kbuild
+from obmm.tools import elfcheck
 
 REPO = Path(__file__).resolve().parents[2]
 ARCH = "amd64"

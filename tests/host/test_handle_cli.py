@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from obmm.cli import main
 from obmm.handle import Handle
+from obmm.tools.cli import main
 
 HANDLE = Handle(
     mem_id=3, tokenid=0xBEEF, length=4 << 20, uba=0x1_0000_0000, seid=b"\x01" * 16,
@@ -48,7 +48,16 @@ def test_serve_then_fetch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     path.write_text(HANDLE.to_json())
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "pylib"))
     server = subprocess.Popen(
-        [sys.executable, "-m", "obmm.cli", "handle", "serve", f"region={path}", "--port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "obmm.tools.cli",
+            "handle",
+            "serve",
+            f"region={path}",
+            "--port",
+            "0",
+        ],
         stdout=subprocess.PIPE,
         text=True,
         env=env,

@@ -1,4 +1,4 @@
-"""obmm.logscan on sample kernel logs, and /dev/kmsg record parsing on canned records."""
+"""obmm.tools.logscan on sample kernel logs, and /dev/kmsg record parsing on canned records."""
 # ruff: noqa: E501  (kernel log samples are kept verbatim, long lines included)
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from obmm import logscan
-from obmm.logscan import AllowRule, Kind
+from obmm.tools import logscan
+from obmm.tools.logscan import AllowRule, Kind
 
 BOOT = """\
 [    0.000000] Linux version 6.1.0-57-amd64 (debian-kernel@lists.debian.org) #1 SMP PREEMPT_DYNAMIC Debian 6.1.192-3

@@ -1,4 +1,4 @@
-"""Host tests for obmm.patchcheck (the ``make patch-check`` checks)."""
+"""Host tests for obmm.tools.patchcheck (the ``make patch-check`` checks)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from obmm import patchcheck
 from obmm.testbed import paths
+from obmm.tools import patchcheck
 
 SERIES = Path(__file__).resolve().parents[2] / "kmod" / "patches" / "urma-seg-mapped"
 FIRST = "0001-"

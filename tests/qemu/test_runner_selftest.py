@@ -139,7 +139,7 @@ def test_copy_a_tree_in_and_a_file_out(guest_session: GuestSession, tmp_path: Pa
 def test_cli_finds_the_cluster_and_passes_exit_status_through(
     guest_session: GuestSession, capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from obmm import cli
+    from obmm.tools import cli
 
     name = guest_session.boot().name
     assert cli.main(["status", "--name", name]) == 0

@@ -1,7 +1,8 @@
 """`obmm-testbed` subcommands for the QEMU testbed: up, down, status, ssh, cp, console, image.
 
-A command that cannot do its job raises a TestbedError; `obmm.cli.main` prints its one line and
-exits 2.  `ssh` keeps ssh(1)'s and timeout(1)'s statuses for a lost guest and a timed-out command.
+A command that cannot do its job raises a TestbedError; `obmm.tools.cli.main` prints its one
+line and exits 2.  `ssh` keeps ssh(1)'s and timeout(1)'s statuses for a lost guest and a
+timed-out command.
 """
 
 from __future__ import annotations

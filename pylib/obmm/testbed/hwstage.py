@@ -325,8 +325,8 @@ class JunitSummary:
 
 
 def collect_kernel_log(host: HwHost, config: HwConfig, outdir: Path, run_id: str) -> str:
-    """dmesg of the host into outdir; returns a one-line verdict from obmm.logscan."""
-    from obmm import logscan
+    """dmesg of the host into outdir; returns a one-line verdict from obmm.tools.logscan."""
+    from obmm.tools import logscan
 
     try:
         with connect(host, config) as conn:

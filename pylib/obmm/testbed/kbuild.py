@@ -553,7 +553,7 @@ def command(args: argparse.Namespace) -> int:
 
     Raises KbuildError when a step cannot be done; returns 1 when a .ko fails the pre-flight.
     """
-    from obmm import elfcheck  # deferred: the library part must not need pyelftools
+    from obmm.tools import elfcheck  # deferred: the library part must not need pyelftools
 
     t0 = time.monotonic()
     release = args.release or debian_kernel_release(args.arch, args.suite)

@@ -11,7 +11,7 @@ Each cell resolves the kernel release that ``linux-image-<arch>`` of its suite d
 that kernel's headers with :mod:`obmm.testbed.kbuild` (``apt-get download``, unpacked into
 ``~/.cache/obmm-testbed/kheaders/<release>/``, never over the host's ``/usr/src``), builds every
 module with ``W=1`` (any warning fails the cell) and runs the ELF pre-flight
-(:mod:`obmm.elfcheck`) on each ``.ko``.  Cells other than the host's own suite/arch read a
+(:mod:`obmm.tools.elfcheck`) on each ``.ko``.  Cells other than the host's own suite/arch read a
 private apt configuration under ``~/.cache/obmm-testbed/apt/<suite>-<arch>/`` (own
 ``sources.list``, lists, archives and an empty dpkg status), refreshed with ``apt-get update``
 when older than a day; the host's apt configuration is never modified.  Only the Debian mirror
@@ -321,7 +321,7 @@ def run_cell(
     modules: Sequence[str] | None = None,
 ) -> CellResult:
     """Build every module against the cell's kernel; never raises for a failing build."""
-    from obmm import elfcheck
+    from obmm.tools import elfcheck
 
     result = CellResult(cell.name, ok=False)
     t = time.monotonic()

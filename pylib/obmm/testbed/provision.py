@@ -65,8 +65,8 @@ def payload_tar(root: Path, modules: Sequence[Path] = ()) -> bytes:
 def build_guest_modules(image: Image, out: Path) -> list[Path]:
     """Build kmod/* against the guest kernel's headers and pre-flight each .ko on the host
     (:func:`obmm.testbed.kbuild.build_modules` plus the ELF checks)."""
-    from obmm import elfcheck
     from obmm.testbed import kbuild
+    from obmm.tools import elfcheck
 
     release = image.kernel_release
     headers = kbuild.fetch_headers(release)

@@ -1,6 +1,6 @@
 """Checks for the URMA_SEG_MAPPED kernel patch series (``make patch-check``).
 
-Run as ``python -m obmm.patchcheck [--series-dir DIR] [--ksrc DIR] [--baseline DIR]``.
+Run as ``python -m obmm.tools.patchcheck [--series-dir DIR] [--ksrc DIR] [--baseline DIR]``.
 Prints one line per check and patch: ``PASS``, ``FAIL`` or ``NOT RUN``, then a
 summary line, and exits 1 if anything failed.  Checks:
 
@@ -400,7 +400,7 @@ def run(series_dir: Path, ksrc: Path | None, baseline: Path | None) -> Report:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """The options of `obmm-testbed patch-check` (and of ``python -m obmm.patchcheck``)."""
+    """The options of `obmm-testbed patch-check` (and of ``python -m obmm.tools.patchcheck``)."""
     ap.add_argument("--series-dir", type=Path, default=paths.kmod_dir() / "patches" / SERIES_NAME)
     ap.add_argument("--ksrc", type=Path, help="openEuler kernel git tree (OLK-6.6)")
     ap.add_argument("--baseline", type=Path, help="directory with the BASE-FILES versions")
@@ -413,7 +413,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m obmm.patchcheck", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m obmm.tools.patchcheck", description=__doc__)
     add_arguments(ap)
     try:
         return command(ap.parse_args(argv))

@@ -28,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     # Each concern registers its own subcommands; a registrar adds parsers
     # whose defaults carry `func(args) -> int`.
-    from obmm import abi_cli, handle_cli, patchcheck
     from obmm.bench import cli as bench_cli
+    from obmm.tools import abi_cli, handle_cli, patchcheck
 
     abi_cli.register(sub)
     handle_cli.register(sub)
