@@ -4,7 +4,7 @@
 #   make hw-test HW_HOSTS=root@ub1,root@ub2:2222 [HW_SSH_KEY=~/.ssh/ub] [HW_CONFIG=hw.toml]
 #   make hw-test HW_QEMU=<cluster>   # a running `obmm-testbed up --kmod` cluster stands in
 # Other settings from the environment: HW_KNOWN_HOSTS, HW_HOST_KEY_POLICY, HW_PYTHON,
-# HW_SHIP_DEPS, HW_REMOTE_TMP, HW_CLUSTER, OBMM_DECODER (see pylib/obmm/testbed/hwconfig.py).
+# HW_SHIP_DEPS, HW_REMOTE_TMP, HW_CLUSTER, OBMM_DECODER (see pylib/obmm/testbed/hw/config.py).
 HW_HOSTS ?=
 HW_CONFIG ?=
 HW_SSH_KEY ?=

@@ -22,7 +22,7 @@ Environment: ``OBMM_CLUSTER_TOPOLOGY`` (default ``pair``), ``OBMM_TESTBED_ACCEL`
 the node-killing test kills its node 0).
 
 Hardware mode: when ``$OBMM_HW_CONFIG_JSON`` is set (the hardware stage, ``make hw-test``, sets
-it) the nodes are the stage's hosts (:func:`obmm.testbed.hwstage.cluster_from_env`): nothing is
+it) the nodes are the stage's hosts (:func:`obmm.testbed.hw.stage.cluster_from_env`): nothing is
 booted, built or loaded; the package and helpers go to a fresh directory under the stage's
 ``remote_tmp`` on every host (removed at the end unless ``HW_KEEP=1``); each host's processes get
 ``OBMM_NODE_ID`` (its position in the host list) and ``OBMM_DECODER``; tests marked
@@ -40,11 +40,12 @@ from pathlib import Path, PurePosixPath
 from types import FrameType
 
 import pytest
-from xharness import ClusterHarness, ClusterView
+from xharness import ClusterHarness
 
-from obmm.testbed import hwstage
 from obmm.testbed.cluster import Cluster, load_topology
 from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
+from obmm.testbed.hw import stage as hwstage
+from obmm.testbed.node import NodeSet
 from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.provision import payload_tar
 from obmm.testbed.runner import GuestSession
@@ -87,7 +88,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster(request: pytest.FixtureRequest) -> Iterator[ClusterView]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[NodeSet]:
     """The booted, prepared cluster: a new one, the one named by $OBMM_CLUSTER_ATTACH, or the
     hardware stage's hosts."""
     hardware = hwstage.cluster_from_env()
@@ -124,7 +125,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[ClusterView]:
 
 
 @pytest.fixture(scope="session")
-def xc(cluster: ClusterView) -> Iterator[ClusterHarness]:
+def xc(cluster: NodeSet) -> Iterator[ClusterHarness]:
     """The harness: the cluster with the helpers and examples copied in (and on hardware hosts
     the package, into a per-run directory)."""
     if isinstance(cluster, hwstage.HwCluster):

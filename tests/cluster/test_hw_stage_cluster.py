@@ -1,6 +1,6 @@
 """The hardware stage's cluster step, proven against this suite's own 2-node QEMU cluster.
 
-``python -m obmm.testbed.hwstage --qemu <this cluster> --suite cluster`` is pointed at the
+``python -m obmm.testbed.hw.stage --qemu <this cluster> --suite cluster`` is pointed at the
 session's nodes exactly as at UB hosts (obmm_emu standing in for obmm.ko): strict known_hosts,
 the testbed's key, the nodes' inter-node addresses as ``fabric_addrs``, nothing built or
 loaded, and the decoder hook a site would give: a window table file on every host
@@ -100,7 +100,7 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
     assert emulator_only and emulator_only < everything
     modules_before = [_modules(xc, i) for i in range(xc.nodes)]
     results = results_dir() / "hw-cluster-proof"
-    argv = [sys.executable, "-m", "obmm.testbed.hwstage", "--qemu", cluster.name, "--suite",
+    argv = [sys.executable, "-m", "obmm.testbed.hw.stage", "--qemu", cluster.name, "--suite",
             "cluster", "--results", str(results), "--connect-timeout", "90",
             "--decoder", f"file:{window_table}"]  # fmt: skip
     proc = subprocess.run(

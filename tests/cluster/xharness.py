@@ -14,8 +14,9 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import PurePosixPath
-from typing import Any, Protocol
+from typing import Any
 
+from obmm.testbed.node import NodeSet
 from obmm.testbed.provision import GUEST_ROOT
 from obmm.testbed.ssh import (
     CommandFailed,
@@ -29,20 +30,6 @@ from obmm.tools import logscan
 
 MARKER = "obmm-cluster-test"
 AGENT_START_S = 120.0
-
-
-class ClusterView(Protocol):
-    """What the harness needs of a cluster: a booted QEMU :class:`obmm.testbed.cluster.Cluster`
-    or the hardware stage's :class:`obmm.testbed.hwstage.HwCluster` (nodes have ``name``,
-    ``alive()`` and ``console_tail()``)."""
-
-    @property
-    def nodes(self) -> list[Any]: ...
-
-    def connect(self, index: int, timeout: float = 30.0, *, node_only: bool = False
-                ) -> Connection: ...  # fmt: skip
-
-    def fabric_ip(self, index: int) -> str: ...
 
 
 class Agent:
@@ -107,7 +94,7 @@ class ClusterHarness:
 
     def __init__(
         self,
-        cluster: ClusterView,
+        cluster: NodeSet,
         *,
         root: PurePosixPath = GUEST_ROOT,
         python: str = "python3",

@@ -16,7 +16,7 @@ Runs in the guests with Debian 12's pytest 7.2: only APIs that version has.
 Set OBMM_KMSG_GUARD=off to disable the guard; OBMM_KMSG_PATH and
 OBMM_TAINTED_PATH point it at other files (for testing the guard itself).
 
-With OBMM_TARGET=hardware (the hardware stage, obmm.testbed.hwstage) tests
+With OBMM_TARGET=hardware (the hardware stage, obmm.testbed.hw.stage) tests
 marked ``emulator_only`` are skipped, with the reason in the report.
 """
 

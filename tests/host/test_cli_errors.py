@@ -12,7 +12,6 @@ import pytest
 from obmm.bench.runner import BenchError
 from obmm.testbed import (
     errors,
-    hwconfig,
     image,
     kbuild,
     matrix,
@@ -23,6 +22,7 @@ from obmm.testbed import (
     ssh,
 )
 from obmm.testbed.cluster import ClusterError
+from obmm.testbed.hw import config as hwconfig
 from obmm.tools import cli, elfcheck, patchcheck
 
 # Each one provokes a real failure, cheaply: nothing boots, builds or downloads.

@@ -21,8 +21,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from obmm.testbed import hwconfig, hwpreflight, hwstage
-from obmm.testbed.hwconfig import ConfigError, HwConfig, HwHost
+from obmm.testbed.hw import config as hwconfig
+from obmm.testbed.hw import preflight as hwpreflight
+from obmm.testbed.hw import stage as hwstage
+from obmm.testbed.hw.config import ConfigError, HwConfig, HwHost
 
 # -- configuration --------------------------------------------------------------------------
 
@@ -287,7 +289,7 @@ def test_cli_preflight_failure_exits_2_in_seconds(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "obmm.testbed.hwstage",
+            "obmm.testbed.hw.stage",
             "--hosts",
             f"root@127.0.0.1:{port}",
             "--results",

@@ -1,6 +1,6 @@
 """The hardware stage, proven against this suite's QEMU node standing in for a UB host.
 
-``python -m obmm.testbed.hwstage`` is pointed at node 0 of the session cluster (obmm_emu
+``python -m obmm.testbed.hw.stage`` is pointed at node 0 of the session cluster (obmm_emu
 standing in for obmm.ko) exactly as at hardware: strict known_hosts (the image's host key), the
 testbed's key, nothing built or loaded.  It must pass, skip exactly the tests that
 ``pytest --collect-only -m emulator_only`` lists in the guest (each with the emulator_only
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import hwstage
+from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.paths import results_dir
 from obmm.testbed.runner import EventParser, GuestSession, guest_pytest_command
 
@@ -45,7 +45,7 @@ def _stage(results: Path, node0: dict[str, str], *extra: str, timeout: float) ->
     argv = [
         sys.executable,
         "-m",
-        "obmm.testbed.hwstage",
+        "obmm.testbed.hw.stage",
         "--results",
         str(results),
         "--hosts",

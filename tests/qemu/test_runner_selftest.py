@@ -1,7 +1,7 @@
 """Self-tests of the guest runner against a real guest: splats and deaths are reported right.
 
-They drive deliberately failing guest tests (tests/guest_selftest/, copied into the guest as
-tests/guest/_selftest so the guest's kernel-log check applies) and assert on the results.
+They drive deliberately failing guest tests (tests/guest/_selftest/, inside tests/guest so the
+guest's kernel-log check applies; the guest suites ignore it) and assert on the results.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from obmm.testbed.cluster import NodeDied, load_topology
+from obmm.testbed.node import SuiteSession
 from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.runner import (
     DEFAULT_TEST_TIMEOUT_S,
@@ -39,11 +40,12 @@ from obmm.testbed.runner import (
 )
 from obmm.testbed.ssh import GuestGone
 
-SESSION_KEY = pytest.StashKey[GuestSession]()
+# A GuestSession, or the hardware stage's HwSession (obmm.testbed.hw.pytest_plugin).
+SESSION_KEY = pytest.StashKey[SuiteSession]()
 RUN_KEY = pytest.StashKey[GuestRun]()
 
 
-def session_for(config: pytest.Config) -> GuestSession:
+def session_for(config: pytest.Config) -> SuiteSession:
     """The one guest session of this host pytest run (created on first use, booted lazily)."""
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
@@ -262,6 +264,8 @@ class GuestItem(pytest.Item):
 def guest_session(request: pytest.FixtureRequest) -> GuestSession:
     """The booted, prepared cluster of this run (shared with the generated guest items)."""
     session = session_for(request.config)
+    if not isinstance(session, GuestSession):
+        raise pytest.UsageError("guest_session is the QEMU testbed's; this run's nodes are hosts")
     with uncaptured(request.config):
         session.boot()
     return session

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from obmm.testbed import hwstage, kbuild, matrix
+from obmm.testbed import kbuild, matrix
+from obmm.testbed.hw import stage as hwstage
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 import paramiko
 
 from obmm.testbed import ssh
-from obmm.testbed.hwconfig import HwConfig, HwHost
+from obmm.testbed.hw.config import HwConfig, HwHost
 
 log = logging.getLogger(__name__)
 

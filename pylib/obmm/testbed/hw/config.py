@@ -2,7 +2,7 @@
 
 Sources, later ones winning: a config file (``HW_CONFIG=path``; JSON, or ``key = value`` lines
 in a TOML-like form), then the environment (``HW_HOSTS``, ``HW_SSH_KEY``, ...), then the command
-line of ``python -m obmm.testbed.hwstage``.
+line of ``python -m obmm.testbed.hw.stage``.
 
 =====================  ======================  ==============================================
 config key             environment             meaning

@@ -1,7 +1,7 @@
 """Host pytest plugin of the hardware stage: a UB host stands where the QEMU cluster would.
 
 Loaded together with :mod:`obmm.testbed.pytest_qemu` (``-p obmm.testbed.pytest_qemu -p
-obmm.testbed.pytest_hw``) by :mod:`obmm.testbed.hwstage`, which passes the host in the
+obmm.testbed.hw.pytest_plugin``) by :mod:`obmm.testbed.hw.stage`, which passes the host in the
 environment (``OBMM_HW_CONFIG_JSON``, ``OBMM_HW_HOST_INDEX``, ``OBMM_HW_RESULTS``,
 ``OBMM_HW_SHIP_DEPS_TAR``, ``OBMM_HW_RUN_ID``).  The ``*.guestsuite`` items then run on that host.
 """
@@ -10,22 +10,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import cast
 
 import pytest
 
-from obmm.testbed import hwstage
-from obmm.testbed.hwconfig import HwConfig
+from obmm.testbed.hw import stage as hwstage
+from obmm.testbed.hw.config import HwConfig
 from obmm.testbed.pytest_qemu import SESSION_KEY
-from obmm.testbed.runner import GuestSession
 
 
 def pytest_configure(config: pytest.Config) -> None:
     text = os.environ.get(hwstage.ENV_CONFIG)
     if not text:
         raise pytest.UsageError(
-            f"obmm.testbed.pytest_hw needs ${hwstage.ENV_CONFIG}: run it through "
-            "`python -m obmm.testbed.hwstage` (make hw-test)"
+            f"obmm.testbed.hw.pytest_plugin needs ${hwstage.ENV_CONFIG}: run it through "
+            "`python -m obmm.testbed.hw.stage` (make hw-test)"
         )
     ship = os.environ.get(hwstage.ENV_SHIP)
     session = hwstage.HwSession(
@@ -35,5 +33,5 @@ def pytest_configure(config: pytest.Config) -> None:
         ship_tar=Path(ship) if ship else None,
         run_id=os.environ.get(hwstage.ENV_RUN_ID, ""),
     )
-    # HwSession duck-types GuestSession for pytest_qemu's items (boot/collect/start/close).
-    config.stash[SESSION_KEY] = cast(GuestSession, session)
+    # HwSession is a SuiteSession (obmm.testbed.node), like the QEMU GuestSession.
+    config.stash[SESSION_KEY] = session

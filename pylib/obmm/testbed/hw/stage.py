@@ -1,12 +1,12 @@
 """The hardware stage: the guest suite on each UB host, the cluster suite across them, over SSH.
 
 ``make hw-test HW_HOSTS=user@host1,user@host2`` (or ``HW_CONFIG=file``; keys in
-:mod:`obmm.testbed.hwconfig`) runs ``python -m obmm.testbed.hwstage``:
+:mod:`obmm.testbed.hw.config`) runs ``python -m obmm.testbed.hw.stage``:
 
-1. **Pre-flight** (:mod:`obmm.testbed.hwpreflight`) of every host in parallel; the first failing
+1. **Pre-flight** (:mod:`obmm.testbed.hw.preflight`) of every host in parallel; the first failing
    check of a host ends the stage within seconds with its reason (exit status 2).
 2. **Guest suite** on each host in turn: a host-side pytest (``-p obmm.testbed.pytest_qemu -p
-   obmm.testbed.pytest_hw tests/hw/guest.guestsuite``) copies the package and ``tests/guest``
+   obmm.testbed.hw.pytest_plugin tests/hw/guest.guestsuite``) copies the package and ``tests/guest``
    (plus, if the host lacks pytest, a pure-Python pytest archive) to a fresh temp directory on
    the host, runs the guest pytest there with ``OBMM_TARGET=hardware`` and streams each result
    back as its own host test item (the QEMU stage's runner and reporting).  Nothing is built or
@@ -42,8 +42,8 @@ from typing import Any
 
 from obmm.testbed import provision, runner
 from obmm.testbed.cluster import ClusterError
-from obmm.testbed.hwconfig import ConfigError, HwConfig, HwHost, load
-from obmm.testbed.hwpreflight import (
+from obmm.testbed.hw.config import ConfigError, HwConfig, HwHost, load
+from obmm.testbed.hw.preflight import (
     HwConnection,
     ShippedDeps,
     connect,
@@ -66,7 +66,7 @@ EXIT_PREFLIGHT = 2
 EMULATOR_ONLY_REASON = "emulator_only"
 
 
-# -- the host-side session (used by pytest_qemu's items through obmm.testbed.pytest_hw) -----
+# -- the host-side session (used by pytest_qemu's items through obmm.testbed.hw.pytest_plugin) -----
 
 
 class HwSession:
@@ -368,7 +368,7 @@ def run_guest_suite(
         env[ENV_SHIP] = str(ship_tar)
     else:
         env.pop(ENV_SHIP, None)
-    plugins = ("-p", "obmm.testbed.pytest_qemu", "-p", "obmm.testbed.pytest_hw")
+    plugins = ("-p", "obmm.testbed.pytest_qemu", "-p", "obmm.testbed.hw.pytest_plugin")
     suite = f"hw-{config.hosts[index].label}"
     return _host_pytest([*plugins, *pytest_args, SUITE_FILE], outdir, suite, env)
 
@@ -434,7 +434,8 @@ DESCRIPTION = "Run the guest suite on each UB host (and the cluster suite across
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `obmm-testbed hw-test` / `hw-preflight` (and ``python -m ...hwstage``)."""
+    """The options of `obmm-testbed hw-test` / `hw-preflight` (and of ``python -m`` on this
+    module)."""
     parser.add_argument("--hosts", help="user@host[:port],... (default $HW_HOSTS)")
     parser.add_argument("--config", help="config file (default $HW_CONFIG)")
     parser.add_argument("--key", dest="ssh_key", help="SSH private key (default $HW_SSH_KEY)")
@@ -467,7 +468,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m obmm.testbed.hwstage", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(
+        prog="python -m obmm.testbed.hw.stage", description=DESCRIPTION
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="hw: %(message)s")
