@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -111,3 +112,30 @@ def test_import_obmm_loads_neither_paramiko_nor_the_testbed() -> None:
         env={"PYTHONPATH": str(PYLIB), "PATH": "/usr/bin:/bin"},
     )
     assert json.loads(out.stdout) == []
+
+
+# ioctl and struct names are spelled in both abi.py and api.py on purpose (the header's names).
+ABI_NAME = re.compile(r"OBMM_(CMD|SHMDEV)_[A-Z_]+")
+ENV_NAME = re.compile(r"(OBMM|HW|XDG)_[A-Z0-9_]+")
+
+
+def test_each_environment_variable_is_spelled_in_one_module() -> None:
+    """An environment variable's name is a constant of one module; the others import it."""
+    where: dict[str, set[str]] = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value
+                if ENV_NAME.fullmatch(text) and not ABI_NAME.fullmatch(text):
+                    where.setdefault(text, set()).add(name)
+    assert "OBMM_TESTBED_CACHE" in where
+    assert {var: sorted(mods) for var, mods in where.items() if len(mods) > 1} == {}
+
+
+def test_only_the_paths_module_finds_the_checkout_from_its_own_file() -> None:
+    found = [
+        name
+        for name, path in modules().items()
+        if re.search(r"__file__\)\.resolve\(\)\.parents\[", path.read_text())
+    ]
+    assert found == ["obmm.testbed.paths"]

@@ -49,6 +49,7 @@ HUB_READY_TIMEOUT_S = 15.0
 CONSOLE_TAIL_LINES = 40
 PR_SET_PDEATHSIG = 1
 DEFAULT_NAME = "default"
+ENV_NAME = "OBMM_TESTBED_NAME"  # the cluster the CLI and the suites use unless told
 INIT_ENV = "OBMM_TESTBED_INIT"
 _DEATH_MARKERS = ("Kernel panic", "BUG:", "Oops:", "general protection fault")
 

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 from obmm.testbed import qemu
 from obmm.testbed.cluster import (
     DEFAULT_NAME,
+    ENV_NAME,
     Cluster,
     ClusterError,
     load_topology,
@@ -107,7 +108,7 @@ def register(sub: Any) -> None:
 def _name(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--name",
-        default=os.environ.get("OBMM_TESTBED_NAME", DEFAULT_NAME),
+        default=os.environ.get(ENV_NAME, DEFAULT_NAME),
         help="cluster name (default: $OBMM_TESTBED_NAME or %(default)s)",
     )
 

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 BUILDER_VERSION = 2
 DEFAULT_RECIPE = "debian-bookworm"
 OPENEULER_REPO_ENV = "OBMM_OPENEULER_REPO"
+DEBIAN_MIRROR_ENV = "OBMM_DEBIAN_MIRROR"
 REPO_PROBE_TIMEOUT_S = 10.0
 FAST_INITRD = "initrd-fast.img"
 
@@ -409,7 +410,7 @@ def mmdebstrap_argv(recipe: Recipe, rootfs: Path, release: str) -> list[str]:
     if cust is not None:
         argv.append(f'--customize-hook=sh {cust} "$1"')
     mirrors = list(recipe.mirrors)
-    override = os.environ.get("OBMM_DEBIAN_MIRROR")
+    override = os.environ.get(DEBIAN_MIRROR_ENV)
     if override:
         # Same suites and components, another mirror (e.g. a local apt cache).
         mirrors = [_swap_mirror(line, override) for line in mirrors]

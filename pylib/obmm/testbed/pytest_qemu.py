@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from obmm.testbed.cluster import NodeDied, load_topology
+from obmm.testbed import accel
+from obmm.testbed.cluster import ENV_NAME, NodeDied, load_topology
 from obmm.testbed.node import SuiteSession
 from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.runner import (
@@ -49,14 +50,14 @@ def session_for(config: pytest.Config) -> SuiteSession:
     """The one guest session of this host pytest run (created on first use, booted lazily)."""
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
-        name = os.environ.get("OBMM_TESTBED_NAME") or f"qemu-test-{os.getpid()}"
+        name = os.environ.get(ENV_NAME) or f"qemu-test-{os.getpid()}"
         results = results_dir()
         session = GuestSession(
             topology=load_topology(),
             name=name,
             logdir=results / "qemu" / name,
             results=results,
-            accel=os.environ.get("OBMM_TESTBED_ACCEL"),
+            accel=os.environ.get(accel.ENV),
         )
         config.stash[SESSION_KEY] = session
         _point_latest(results / "qemu" / "latest", session.logdir)

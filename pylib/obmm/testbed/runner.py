@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
+from obmm.identity import ENV_NODE_ID
 from obmm.testbed import qemu
 from obmm.testbed.cluster import Cluster, NodeDied
 from obmm.testbed.errors import TestbedError
+from obmm.testbed.guest_plugin import EVENT_FD_ENV
 from obmm.testbed.image import ensure_image
 from obmm.testbed.paths import cache_dir, repo_root
 from obmm.testbed.progress import Progress
@@ -52,6 +54,12 @@ PING_AFTER_S = 30.0
 PING_TIMEOUT_S = 20.0
 DEFAULT_TEST_TIMEOUT_S = 900.0
 GRACE_AFTER_EOF_S = 5.0
+# What a node's pytest learns from its environment (tests/guest/conftest.py reads it), beside
+# identity.ENV_NODE_ID and guest_plugin.EVENT_FD_ENV.
+ENV_NODES = "OBMM_NODES"
+ENV_TARGET = "OBMM_TARGET"  # qemu or hardware
+ENV_POOL_BASE = "OBMM_POOL_BASE"
+ENV_POOL_SIZE = "OBMM_POOL_SIZE"
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "error", "not run")
 
 
@@ -161,12 +169,12 @@ def guest_pytest_command(
     env = {
         "PYTHONPATH": str(GUEST_ROOT / "pylib"),
         "PYTHONDONTWRITEBYTECODE": "1",
-        "OBMM_EVENT_FD": str(EVENT_FD),
-        "OBMM_NODE_ID": str(node),
-        "OBMM_NODES": str(nodes),
-        "OBMM_POOL_BASE": str(topology.pool_base),
-        "OBMM_POOL_SIZE": str(topology.pool_size),
-        "OBMM_TARGET": "qemu",
+        EVENT_FD_ENV: str(EVENT_FD),
+        ENV_NODE_ID: str(node),
+        ENV_NODES: str(nodes),
+        ENV_POOL_BASE: str(topology.pool_base),
+        ENV_POOL_SIZE: str(topology.pool_size),
+        ENV_TARGET: "qemu",
     }
     return pytest_shell_command(GUEST_ROOT, env, args, junit=junit)
 

@@ -33,17 +33,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from obmm.decoder import ENV_SPEC as DECODER_ENV
 from obmm.testbed.errors import TestbedError
 
 POLICIES = ("strict", "accept-new", "off")
 SHIP_MODES = ("auto", "always", "never")
 
+ENV_CONFIG_FILE = "HW_CONFIG"
 ENV_KEYS: Mapping[str, str] = {
     "hosts": "HW_HOSTS",
     "ssh_key": "HW_SSH_KEY",
     "known_hosts": "HW_KNOWN_HOSTS",
     "host_key_policy": "HW_HOST_KEY_POLICY",
-    "decoder": "OBMM_DECODER",
+    "decoder": DECODER_ENV,
     "python": "HW_PYTHON",
     "device": "HW_DEVICE",
     "ship_deps": "HW_SHIP_DEPS",
@@ -227,8 +229,8 @@ def load(
     """File (``HW_CONFIG``), then environment, then ``overrides``; validated."""
     env = os.environ if env is None else env
     config = HwConfig()
-    if env.get("HW_CONFIG"):
-        config = load_file(Path(env["HW_CONFIG"]), config)
+    if env.get(ENV_CONFIG_FILE):
+        config = load_file(Path(env[ENV_CONFIG_FILE]), config)
     from_env = {key: env[var] for key, var in ENV_KEYS.items() if env.get(var)}
     config = _build(config, from_env)
     if overrides:

@@ -40,9 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from obmm.decoder import ENV_SPEC as DECODER_ENV
+from obmm.identity import ENV_NODE_ID
 from obmm.testbed import provision, runner
-from obmm.testbed.cluster import ClusterError
-from obmm.testbed.hw.config import ConfigError, HwConfig, HwHost, load
+from obmm.testbed.cluster import ENV_NAME, ClusterError
+from obmm.testbed.guest_plugin import EVENT_FD_ENV
+from obmm.testbed.hw.config import ENV_CONFIG_FILE, ConfigError, HwConfig, HwHost, load
 from obmm.testbed.hw.preflight import (
     HwConnection,
     ShippedDeps,
@@ -142,13 +145,13 @@ class HwSession:
         env = {
             "PYTHONPATH": pythonpath,
             "PYTHONDONTWRITEBYTECODE": "1",
-            "OBMM_EVENT_FD": str(runner.EVENT_FD),
-            "OBMM_TARGET": "hardware",
-            "OBMM_NODE_ID": str(self.index),
-            "OBMM_NODES": str(len(self.config.hosts)),
+            EVENT_FD_ENV: str(runner.EVENT_FD),
+            runner.ENV_TARGET: "hardware",
+            ENV_NODE_ID: str(self.index),
+            runner.ENV_NODES: str(len(self.config.hosts)),
         }
         if self.config.decoder:
-            env["OBMM_DECODER"] = self.config.decoder
+            env[DECODER_ENV] = self.config.decoder
         return runner.pytest_shell_command(root, env, args, junit=junit, python=self.config.python)
 
     def collect(
@@ -279,9 +282,9 @@ class HwCluster:
     def node_env(self, index: int) -> dict[str, str]:
         """Environment of the suite's processes on host `index`: its node number (what handles
         carry and decoders resolve) and the decoder hook."""
-        env = {"OBMM_NODE_ID": str(index), "OBMM_TARGET": "hardware"}
+        env = {ENV_NODE_ID: str(index), runner.ENV_TARGET: "hardware"}
         if self.config.decoder:
-            env["OBMM_DECODER"] = self.config.decoder
+            env[DECODER_ENV] = self.config.decoder
         return env
 
     def all_alive(self) -> bool:
@@ -387,7 +390,7 @@ def run_cluster_suite(
     """The host-side cluster suite in hardware mode (its conftest reads ``$OBMM_HW_CONFIG_JSON``;
     it skips the ``emulator_only`` tests with the reason).  Returns pytest's exit code."""
     env = dict(os.environ, **{ENV_CONFIG: config.to_json(), ENV_RUN_ID: run_id})
-    for var in ("OBMM_CLUSTER_ATTACH", "OBMM_TESTBED_NAME"):
+    for var in ("OBMM_CLUSTER_ATTACH", ENV_NAME):
         env.pop(var, None)  # the hosts are the nodes; nothing is booted or attached
     return _host_pytest([*pytest_args, "tests/cluster"], outdir, "hw-cluster", env)
 
@@ -486,7 +489,7 @@ def command(args: argparse.Namespace) -> int:
     be used raises ConfigError (or ClusterError for a missing --qemu stand-in)."""
     env = dict(os.environ)
     if args.config:
-        env["HW_CONFIG"] = args.config
+        env[ENV_CONFIG_FILE] = args.config
     overrides: dict[str, Any] = {
         k: getattr(args, k)
         for k in (
