@@ -1,6 +1,8 @@
 """obmm-testbed: bindings, tools and testbed for openEuler's OBMM UAPI.
 
-`import obmm` needs only cffi: it is what runs on guests and on real UB hosts.
+`import obmm` needs only cffi: the modules at this level (abi, api, errors, causes, handle,
+exchange, decoder, identity) are what runs on guests and on real UB hosts.  The developer tooling
+is `obmm.tools`, the QEMU testbed and hardware stage `obmm.testbed`, the benchmarks `obmm.bench`.
 """
 
 from __future__ import annotations
