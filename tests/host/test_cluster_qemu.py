@@ -50,9 +50,9 @@ def test_every_node_maps_every_nodes_ram_as_a_window_plus_the_control_region() -
             f"memory-backend-file,id=win{j},size=1024M,mem-path={RUN}/node{j}.ram,share=on"
             in objects
         )
-        assert f"ivshmem-plain,memdev=win{j},bus=pcie.0,addr={0x10 + j:#04x}" in devices
+        assert f"ivshmem-plain,memdev=win{j},master=on,bus=pcie.0,addr={0x10 + j:#04x}" in devices
     assert f"memory-backend-file,id=ctl,size=2M,mem-path={RUN}/control,share=on" in objects
-    assert "ivshmem-plain,memdev=ctl,bus=pcie.0,addr=0x0f" in devices
+    assert "ivshmem-plain,memdev=ctl,master=on,bus=pcie.0,addr=0x0f" in devices
 
 
 def test_explicit_pci_slots_never_collide() -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from obmm.testbed import qemu
+from obmm.testbed import snapshot as snapshot_mod
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image, create_overlay
 from obmm.testbed.paths import cache_dir, qemu_dir, run_root
@@ -51,6 +52,8 @@ PR_SET_PDEATHSIG = 1
 DEFAULT_NAME = "default"
 ENV_NAME = "OBMM_TESTBED_NAME"  # the cluster the CLI and the suites use unless told
 INIT_ENV = "OBMM_TESTBED_INIT"
+# Host randomness written into a restored guest's pool.
+SEED_BYTES = 64
 _DEATH_MARKERS = ("Kernel panic", "BUG:", "Oops:", "general protection fault")
 
 
@@ -239,6 +242,8 @@ class Cluster:
     image: Image
     init: str = qemu.INIT_FAST
     nodes: list[Node] = field(default_factory=list)
+    # The snapshot this cluster was restored from (None: booted cold).
+    restored_from: str | None = None
     owner_pid: int | None = None
     # The inter-node network hub (obmm.testbed.hub) of a multi-node cluster.
     hub_pid: int | None = None
@@ -259,6 +264,7 @@ class Cluster:
             "topology": self.topology.to_dict(),
             "accel": self.accel,
             "init": self.init,
+            "restored_from": self.restored_from,
             "image": str(self.image.directory),
             "owner_pid": self.owner_pid,
             "hub_pid": self.hub_pid,
@@ -287,6 +293,7 @@ class Cluster:
             topology=qemu.Topology.from_mapping(state["topology"]),
             accel=state["accel"],
             init=state.get("init", qemu.INIT_SYSTEMD),
+            restored_from=state.get("restored_from"),
             image=Image.open(Path(state["image"])),
             owner_pid=state.get("owner_pid"),
             hub_pid=state.get("hub_pid"),
@@ -317,12 +324,20 @@ class Cluster:
         timeout: float | None = None,
         extra_args: Callable[[int], Sequence[str]] | None = None,
         progress: Progress | None = None,
+        snapshot: str | None = None,
     ) -> Cluster:
         """Boot every node and (by default) wait until each accepts an SSH login.
 
         With `detach` the QEMUs outlive this process (the CLI's `up`); otherwise they are
         killed if it dies.  On any failure, Ctrl-C included, everything started is torn down.
+        `snapshot` ("auto" or "off", default $OBMM_TESTBED_SNAPSHOT): with "auto" a saved
+        snapshot of this cluster shape is restored instead of booting (see
+        :mod:`obmm.testbed.snapshot`), and a cold boot saves one.  A snapshot that does not fit
+        or verify is reported and the cluster boots cold.
         """
+        snap_mode = snapshot or snapshot_mod.mode()
+        if snap_mode not in snapshot_mod.MODES:
+            raise ClusterError(f"snapshot must be one of {', '.join(snapshot_mod.MODES)}")
         rundir = rundir_for(name)
         logdir = logdir or default_logdir(name)
         progress = progress or Progress(f"cluster {name}")
@@ -336,26 +351,108 @@ class Cluster:
             init=init or default_init(),
             owner_pid=None if detach else os.getpid(),
         )
+        key: snapshot_mod.Key | None = None
+        snap: snapshot_mod.Snapshot | None = None
         try:
             with _global_lock():
                 cls._reap_stale(name)
                 rundir.mkdir(mode=0o700, parents=True)
                 logdir.mkdir(parents=True, exist_ok=True)
-                cluster._prepare_files()
+                if snap_mode == snapshot_mod.MODE_AUTO and wait:
+                    try:
+                        key = cluster._snapshot_key(extra_args)
+                    except snapshot_mod.SnapshotError as exc:
+                        progress.line(f"snapshots off for this cluster: {exc}")
+                    if key is not None:
+                        snap = cluster._restore_files(key, progress)
+                if snap is None:
+                    cluster._prepare_files()
                 if topology.nodes > 1:
                     cluster._start_hub(detach=detach)
-                cluster._launch_all(detach=detach, extra_args=extra_args)
+                cluster._launch_all(detach=detach, extra_args=extra_args, incoming=snap is not None)
+                cluster.restored_from = snap.digest if snap is not None else None
                 cluster.save()
+            how = f"restored from snapshot {snap.digest}" if snap else "started"
             progress.line(
-                f"{topology.nodes} node(s) started ({accel}); consoles in {logdir}; ssh ports "
+                f"{topology.nodes} node(s) {how} ({accel}); consoles in {logdir}; ssh ports "
                 + ", ".join(str(n.ssh_port) for n in cluster.nodes)
             )
+            if snap is not None:
+                try:
+                    snapshot_mod.load_states([n.qmp_socket for n in cluster.nodes], snap)
+                except snapshot_mod.SnapshotError as exc:
+                    progress.line(f"snapshot {snap.digest} not used: {exc}; booting cold")
+                    snapshot_mod.discard(snap)
+                    cluster.stop()
+                    return cls.start(
+                        image,
+                        topology,
+                        name=name,
+                        accel=accel,
+                        init=init,
+                        logdir=logdir,
+                        detach=detach,
+                        wait=wait,
+                        timeout=timeout,
+                        extra_args=extra_args,
+                        progress=progress,
+                        snapshot=snap_mode,
+                    )
             if wait:
                 cluster.wait_ssh(timeout or boot_timeout(topology, accel), progress)
+            if key is not None and snap is None:
+                cluster._save_snapshot(key, progress)
         except BaseException:
             cluster.stop()
             raise
         return cluster
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def _snapshot_key(self, extra_args: Callable[[int], Sequence[str]] | None) -> snapshot_mod.Key:
+        argvs = []
+        for i in range(self.topology.nodes):
+            extra = tuple(extra_args(i)) if extra_args else ()
+            argv = qemu.build_argv(self.topology, self._node_launch(i, 0, extra))
+            argvs.append(snapshot_mod.blank_argv(argv, self.rundir, self.logdir, 0))
+        return snapshot_mod.Key.make(
+            image_fingerprint=str(self.image.manifest.get("fingerprint", self.image.directory)),
+            qemu=snapshot_mod.qemu_identity(_qemu_binary()),
+            topology=self.topology,
+            init=self.init,
+            accel=self.accel,
+            argvs=argvs,
+        )
+
+    def _restore_files(
+        self, key: snapshot_mod.Key, progress: Progress
+    ) -> snapshot_mod.Snapshot | None:
+        """The snapshot for `key` with its files copied into the run dir, or None (cold)."""
+        try:
+            snap = snapshot_mod.find(key)
+            if snap is None:
+                progress.line(f"no snapshot of this cluster shape yet ({key.digest}); booting cold")
+                return None
+            snap.verify_states()
+            snap.restore_into(self.rundir)
+            return snap
+        except snapshot_mod.SnapshotError as exc:
+            progress.line(f"snapshot not used: {exc}; booting cold and saving a new one")
+            shutil.rmtree(snapshot_mod.snapshots_dir() / key.digest, ignore_errors=True)
+            for f in self.rundir.iterdir():
+                f.unlink()
+            return None
+
+    def _save_snapshot(self, key: snapshot_mod.Key, progress: Progress) -> None:
+        """Save this freshly booted, idle cluster; a failure costs only the snapshot."""
+        try:
+            snap = snapshot_mod.save(
+                key, self.rundir, [n.qmp_socket for n in self.nodes], self.topology.nodes
+            )
+        except snapshot_mod.SnapshotError as exc:
+            progress.line(f"snapshot not saved: {exc}")
+            return
+        progress.line(f"snapshot {snap.digest} saved ({snap.size >> 20} MiB)")
 
     @staticmethod
     def _reap_stale(name: str) -> None:
@@ -455,12 +552,19 @@ class Cluster:
                 self.hub_popen.wait(timeout=1)
 
     def _launch_all(
-        self, *, detach: bool, extra_args: Callable[[int], Sequence[str]] | None
+        self,
+        *,
+        detach: bool,
+        extra_args: Callable[[int], Sequence[str]] | None,
+        incoming: bool = False,
     ) -> None:
         """Start every QEMU at once, then check each bound its port (retry those that lost it)."""
         avoid = _ports_in_use_by_clusters()
         ports = allocate_ports(self.topology.nodes, avoid=sorted(avoid))
         extras = [tuple(extra_args(i)) if extra_args else () for i in range(self.topology.nodes)]
+        if incoming:
+            # Restoring a snapshot: each QEMU waits for its state on QMP (snapshot.load_states).
+            extras = [(*e, "-incoming", "defer") for e in extras]
         pending = list(range(self.topology.nodes))
         started: dict[int, Node] = {}
         for attempt in range(PORT_RETRIES):
@@ -488,21 +592,7 @@ class Cluster:
         console = self.logdir / f"node{i}.console.log"
         qemu_log = self.logdir / f"node{i}.qemu.log"
         console.unlink(missing_ok=True)
-        launch = qemu.NodeLaunch(
-            index=i,
-            ssh_port=port,
-            rundir=self.rundir,
-            overlay=self.rundir / f"node{i}.qcow2",
-            console_log=console,
-            qmp_socket=self.rundir / f"node{i}.qmp",
-            pidfile=self.rundir / f"node{i}.pid",
-            kernel=self.image.kernel,
-            initrd=self._initrd(),
-            accel=self.accel,
-            init=self.init,
-            qemu_binary=os.environ.get("OBMM_TESTBED_QEMU", "qemu-system-x86_64"),
-            extra_args=extra,
-        )
+        launch = self._node_launch(i, port, extra)
         argv = qemu.build_argv(self.topology, launch)
         log.debug("node%d: %s", i, " ".join(argv))
         with qemu_log.open("wb") as out:
@@ -529,6 +619,23 @@ class Cluster:
             overlay=launch.overlay,
             argv=argv,
             popen=popen,
+        )
+
+    def _node_launch(self, i: int, port: int, extra: tuple[str, ...]) -> qemu.NodeLaunch:
+        return qemu.NodeLaunch(
+            index=i,
+            ssh_port=port,
+            rundir=self.rundir,
+            overlay=self.rundir / f"node{i}.qcow2",
+            console_log=self.logdir / f"node{i}.console.log",
+            qmp_socket=self.rundir / f"node{i}.qmp",
+            pidfile=self.rundir / f"node{i}.pid",
+            kernel=self.image.kernel,
+            initrd=self._initrd(),
+            accel=self.accel,
+            init=self.init,
+            qemu_binary=_qemu_binary(),
+            extra_args=extra,
         )
 
     def _initrd(self) -> Path:
@@ -636,8 +743,14 @@ class Cluster:
                 + node.console_tail()
             ) from exc
         try:
+            if self.restored_from is not None:
+                # The guest resumes with the snapshot's clock and pool: give it the host's.
+                cmd = snapshot_mod.guest_fixup_command(time.time(), os.urandom(SEED_BYTES))
+                result = conn.run(cmd, timeout=60)
+                if not result.ok:
+                    raise ClusterError(f"{node.name}: after restore: {result.err.strip()}")
             # The fast init brings the inter-node NIC up from the kernel command line.
-            if self.topology.nodes > 1 and self.init == qemu.INIT_SYSTEMD:
+            elif self.topology.nodes > 1 and self.init == qemu.INIT_SYSTEMD:
                 self._configure_fabric_net(conn, node)
         finally:
             conn.close()
@@ -725,6 +838,10 @@ async def _qmp_quit_async(node: Node) -> bool:
         with contextlib.suppress(Exception):
             await qmp.disconnect()
     return True
+
+
+def _qemu_binary() -> str:
+    return os.environ.get("OBMM_TESTBED_QEMU", "qemu-system-x86_64")
 
 
 def _read_tail(path: Path, lines: int = 20) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from obmm.testbed import qemu
+from obmm.testbed import qemu, snapshot
 from obmm.testbed.cluster import (
     DEFAULT_NAME,
     ENV_NAME,
@@ -63,6 +63,11 @@ def register(sub: Any) -> None:
         action="store_true",
         help="also build kmod/*, copy the package and tests in, and load the modules",
     )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="boot even if a snapshot of this cluster shape exists (and save none)",
+    )
     p.add_argument("--timeout", type=float, help="seconds to wait for SSH on every node")
     p.add_argument("--log-dir", type=Path, help="console logs (default <cache>/logs/NAME)")
     p.set_defaults(func=cmd_up)
@@ -103,6 +108,10 @@ def register(sub: Any) -> None:
     p.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"one of {', '.join(list_recipes())}")
     p.add_argument("--rebuild", action="store_true", help="build even if cached")
     p.set_defaults(func=cmd_image)
+
+    p = sub.add_parser("snapshot", help="list or remove the saved cluster snapshots")
+    p.add_argument("action", choices=("list", "clear"))
+    p.set_defaults(func=cmd_snapshot)
 
 
 def _name(p: argparse.ArgumentParser) -> None:
@@ -148,12 +157,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         logdir=args.log_dir,
         detach=True,
         timeout=args.timeout,
+        snapshot=snapshot.MODE_OFF if args.cold else None,
     )
     if args.kmod:
         _prepare(cluster)
     print(
         f"cluster {cluster.name}: {topology.nodes} node(s) up in "
-        f"{time.monotonic() - start:.0f} s ({cluster.accel})"
+        f"{time.monotonic() - start:.0f} s ({cluster.accel}"
+        + (f", restored from snapshot {cluster.restored_from})" if cluster.restored_from else ")")
     )
     _print_cluster(cluster)
     return 0
@@ -336,6 +347,26 @@ def cmd_console(args: argparse.Namespace) -> int:
     if index >= len(cluster.nodes):
         raise ClusterError(f"cluster {args.name} has no node{index}")
     print(cluster.nodes[index].console_tail(args.lines))
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    if args.action == "clear":
+        print(f"{snapshot.clear()} snapshot(s) removed from {snapshot.snapshots_dir()}")
+        return 0
+    snaps = snapshot.list_all()
+    if not snaps:
+        print(f"no snapshots in {snapshot.snapshots_dir()}")
+        return 0
+    for snap in snaps:
+        key = snap.manifest["key"]
+        topo = key["topology"]
+        print(
+            f"{snap.digest}  {topo['nodes']} node(s) x {topo['memory_mib']} MiB "
+            f"(pool {topo['pool_mib']}), init {key['init']}, {key['accel']}, "
+            f"{key['qemu'].get('version', '?')}; {snap.size >> 20} MiB, "
+            f"saved {snap.manifest.get('created', '?')}"
+        )
     return 0
 
 

@@ -324,7 +324,8 @@ def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
         f"memory-backend-file,id=ctl,size={CONTROL_SIZE_MIB}M,"
         f"mem-path={control_file(node.rundir)},share=on",
         "-device",
-        f"ivshmem-plain,memdev=ctl,bus=pcie.0,addr={CONTROL_SLOT:#04x}",
+        # master=on: without it ivshmem blocks migration, and snapshots are migrations.
+        f"ivshmem-plain,memdev=ctl,master=on,bus=pcie.0,addr={CONTROL_SLOT:#04x}",
     ]
     for j in range(topology.nodes):
         argv += [
@@ -332,7 +333,7 @@ def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
             f"memory-backend-file,id=win{j},size={mem},mem-path={ram_file(node.rundir, j)},"
             "share=on",
             "-device",
-            f"ivshmem-plain,memdev=win{j},bus=pcie.0,addr={WINDOW_SLOT_BASE + j:#04x}",
+            f"ivshmem-plain,memdev=win{j},master=on,bus=pcie.0,addr={WINDOW_SLOT_BASE + j:#04x}",
         ]
     if topology.nodes > 1:
         # Frames go to the host-side hub (obmm.testbed.hub) over unix datagram sockets.
