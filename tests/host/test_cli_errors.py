@@ -40,6 +40,7 @@ PROVOKED = {
     "hw-preflight": ["hw-preflight"],
     "patch-check": ["patch-check", "--series-dir", "/nonexistent/series"],
     "bench": ["bench", "--skip-cold-image"],
+    "snapshot": ["snapshot", "list"],
 }
 EXPECTED = {
     "up": "cannot read topology",
@@ -50,6 +51,7 @@ EXPECTED = {
     "hw-preflight": "no hardware hosts",
     "patch-check": "no such series directory",
     "bench": "no recipe named",
+    "snapshot": "OBMM_TESTBED_SNAPSHOT='sometimes'",
 }
 
 
@@ -59,6 +61,8 @@ def test_a_subcommand_fails_with_one_line_and_status_2(name: str, tmp_path: Path
     env.update(OBMM_TESTBED_RUN_ROOT=str(tmp_path / "run"), OBMM_TESTBED_CACHE=str(tmp_path / "c"))
     if name == "bench":
         env["OBMM_TESTBED_ROOT"] = str(tmp_path)  # a tree without recipes
+    if name == "snapshot":
+        env["OBMM_TESTBED_SNAPSHOT"] = "sometimes"
     proc = subprocess.run(
         [sys.executable, "-m", "obmm.tools.cli", *PROVOKED[name]],
         capture_output=True,

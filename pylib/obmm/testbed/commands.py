@@ -351,6 +351,7 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    snapshot.mode()  # a bad $OBMM_TESTBED_SNAPSHOT is reported here too, not only at `up`
     if args.action == "clear":
         print(f"{snapshot.clear()} snapshot(s) removed from {snapshot.snapshots_dir()}")
         return 0
