@@ -18,6 +18,7 @@ from obmm.testbed import (
     progress,
     provision,
     qemu,
+    run,
     runner,
     ssh,
 )
@@ -40,6 +41,7 @@ PROVOKED = {
     "hw-preflight": ["hw-preflight"],
     "patch-check": ["patch-check", "--series-dir", "/nonexistent/series"],
     "bench": ["bench", "--skip-cold-image"],
+    "run": ["run", "--nodes", "2", "--dir", "/nonexistent/dir", "--", "true"],
 }
 EXPECTED = {
     "up": "cannot read topology",
@@ -50,6 +52,7 @@ EXPECTED = {
     "hw-preflight": "no hardware hosts",
     "patch-check": "no such series directory",
     "bench": "no recipe named",
+    "run": "--dir /nonexistent/dir: not a directory",
 }
 
 
@@ -101,6 +104,7 @@ def test_a_multi_line_error_prints_its_first_line(
         (qemu.TopologyError, ValueError),
         (hwconfig.ConfigError, ValueError),
         (BenchError, RuntimeError),
+        (run.RunError, ValueError),
         (elfcheck.ModuleCheckError, Exception),
         (patchcheck.CheckError, Exception),
     ],
