@@ -12,7 +12,7 @@ APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3 \
 	gcc-aarch64-linux-gnu debian-archive-keyring
 
-.PHONY: setup setup-apt setup-python test host-test lint qemu-test hw-proof hw-test bench patch-check image kmod clean
+.PHONY: setup setup-apt setup-python dist test host-test lint qemu-test hw-proof hw-test bench patch-check image kmod clean
 
 setup: setup-apt setup-python
 
@@ -31,6 +31,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade "pip>=23"
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
+
+# The wheel (dist/obmm_testbed-*.whl): the package plus, as package data, kmod/ sources, qemu/
+# recipes and topologies, uapi/, the guest suite and examples/c (setup.py), so `pip install`
+# of it works outside a checkout.
+dist: setup-python
+	rm -rf dist build
+	$(PY) -m build --wheel --outdir dist .
+	@ls -l dist/*.whl
 
 test: lint host-test qemu-test hw-proof
 

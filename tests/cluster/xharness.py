@@ -11,11 +11,11 @@ import shlex
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any
 
+from obmm.testbed.kguard import MARKER, KernelLogGuard
 from obmm.testbed.node import NodeSet
 from obmm.testbed.provision import GUEST_ROOT
 from obmm.testbed.ssh import (
@@ -26,9 +26,7 @@ from obmm.testbed.ssh import (
     Result,
     SshError,
 )
-from obmm.tools import logscan
 
-MARKER = "obmm-cluster-test"
 AGENT_START_S = 120.0
 
 
@@ -107,8 +105,7 @@ class ClusterHarness:
         self.hardware = hardware
         self._extra_env = extra_env
         self._conns: dict[int, Connection] = {}
-        self._guard_tag = ""
-        self._guard_before: dict[int, int] = {}
+        self._guard: KernelLogGuard | None = None
         self._agents: dict[int, Agent] = {}
 
     @property
@@ -227,60 +224,38 @@ class ClusterHarness:
         for node in list(self._conns):
             self.drop(node)
 
-    # -- kernel log guard ----------------------------------------------------------------------
+    # -- kernel log guard (obmm.testbed.kguard) -------------------------------------------------
+
+    @property
+    def guard(self) -> KernelLogGuard:
+        if self._guard is None:
+            self._guard = KernelLogGuard(
+                self.nodes,
+                lambda node, command, timeout=120: self.run(node, command, timeout=timeout),
+                self.alive,
+                lambda node: self.cluster.nodes[node].console_tail(),
+                marker=MARKER,
+            )
+        return self._guard
 
     def mark(self, tag: str) -> dict[int, int]:
         """Write a marker into every live node's kernel log; their taint masks."""
-        taints: dict[int, int] = {}
-        for i in range(self.nodes):
-            if self.alive(i):
-                res = self.run(
-                    i, f"echo '{MARKER}: {tag}' > /dev/kmsg; cat /proc/sys/kernel/tainted"
-                )
-                taints[i] = int(res.out.strip() or "0")
-        return taints
+        return self.guard.mark(tag)
 
     def new_kernel_log(self, node: int, tag: str) -> str:
-        text = self.run(node, "dmesg", timeout=60).out
-        cut = text.rfind(f"{MARKER}: {tag}")
-        return text[text.find("\n", cut) + 1 :] if cut >= 0 else text
+        return self.guard.new_kernel_log(node, tag)
 
     def taint(self, node: int) -> int:
-        return int(self.run(node, "cat /proc/sys/kernel/tainted").out.strip() or "0")
+        return self.guard.taint(node)
 
     def guard_start(self, name: str) -> None:
         """Start watching every node's kernel log (the guard calls this before each test)."""
-        self._guard_tag = f"{name} {uuid.uuid4().hex[:8]}"
-        self._guard_before = self.mark(self._guard_tag)
+        self.guard.start(name)
 
     def guard_failures(self, *, allow_dead: bool = False) -> list[str]:
         """Kernel reports, new taint and dead nodes since guard_start(), one text per node."""
-        failures = []
-        for i, taint_before in self._guard_before.items():
-            if not self.alive(i):
-                if not allow_dead:  # else: a node the test killed on purpose
-                    qnode = self.cluster.nodes[i]
-                    failures.append(
-                        f"node{i} died during the test; console:\n{qnode.console_tail()}"
-                    )
-                continue
-            try:
-                text = self.new_kernel_log(i, self._guard_tag)
-                taint_after = self.taint(i)
-            except SshError as exc:
-                failures.append(f"node{i}: cannot read its kernel log after the test: {exc}")
-                continue
-            reports = logscan.scan(text)
-            if reports:
-                failures.append(f"node{i} kernel reports:\n{logscan.format_reports(reports)}")
-            gained = logscan.taint_letters(taint_after & ~taint_before)
-            bad = "".join(c for c in gained if c not in logscan.BENIGN_TAINT)
-            if bad:
-                failures.append(f"node{i}: kernel taint gained {bad!r}\n{text[-3000:]}")
-        return failures
+        return self.guard.failures(allow_dead=allow_dead)
 
     def take_kernel_log(self) -> list[str]:
         """guard_failures() so far; the test owns them and the guard starts over."""
-        failures = self.guard_failures(allow_dead=True)
-        self.guard_start(self._guard_tag.rsplit(" ", 1)[0])
-        return failures
+        return self.guard.restart()

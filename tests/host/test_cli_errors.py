@@ -18,6 +18,7 @@ from obmm.testbed import (
     progress,
     provision,
     qemu,
+    run,
     runner,
     ssh,
 )
@@ -41,6 +42,7 @@ PROVOKED = {
     "patch-check": ["patch-check", "--series-dir", "/nonexistent/series"],
     "bench": ["bench", "--skip-cold-image"],
     "snapshot": ["snapshot", "list"],
+    "run": ["run", "--nodes", "2", "--dir", "/nonexistent/dir", "--", "true"],
 }
 EXPECTED = {
     "up": "cannot read topology",
@@ -52,6 +54,7 @@ EXPECTED = {
     "patch-check": "no such series directory",
     "bench": "no recipe named",
     "snapshot": "OBMM_TESTBED_SNAPSHOT='sometimes'",
+    "run": "--dir /nonexistent/dir: not a directory",
 }
 
 
@@ -105,6 +108,7 @@ def test_a_multi_line_error_prints_its_first_line(
         (qemu.TopologyError, ValueError),
         (hwconfig.ConfigError, ValueError),
         (BenchError, RuntimeError),
+        (run.RunError, ValueError),
         (elfcheck.ModuleCheckError, Exception),
         (patchcheck.CheckError, Exception),
     ],

@@ -3,14 +3,23 @@
 =====================  ==========================  =============================================
 function               environment variable        default
 =====================  ==========================  =============================================
-``repo_root()``        ``$OBMM_TESTBED_ROOT``      the checkout this package was imported from
+``repo_root()``        ``$OBMM_TESTBED_ROOT``      the checkout this package was imported from,
+                                                   else the installed package data (below)
 ``qemu_dir()``         (follows the root)          ``<root>/qemu`` (image recipes, topologies)
 ``kmod_dir()``         (follows the root)          ``<root>/kmod`` (module sources, patches)
+``package_dir()``      (none)                      the ``obmm`` package that is running
 ``cache_dir()``        ``$OBMM_TESTBED_CACHE``     ``$XDG_CACHE_HOME/obmm-testbed``, else
                                                    ``~/.cache/obmm-testbed``
-``results_dir()``      ``$OBMM_TESTBED_RESULTS``   ``<root>/results``
+``results_dir()``      ``$OBMM_TESTBED_RESULTS``   ``<root>/results`` in a checkout, else
+                                                   ``$XDG_DATA_HOME/obmm-testbed/results``, else
+                                                   ``~/.local/share/obmm-testbed/results``
 ``run_root()``         ``$OBMM_TESTBED_RUN_ROOT``  ``/dev/shm`` (per-cluster run dirs, on tmpfs)
 =====================  ==========================  =============================================
+
+Installed from the wheel (``make dist``), the package carries what a checkout has beside it:
+``obmm/_data/`` holds ``kmod/`` (sources), ``qemu/`` (recipes, topologies), ``uapi/``, the guest
+suite and ``examples/c`` in the checkout's layout (setup.py copies them in), so the root is that
+directory and nothing is written there: cache and results go to the user's directories.
 
 Every function reads the environment when called, so a test can point one at a temporary
 directory with ``monkeypatch.setenv``.  No other module reads these variables.
@@ -19,6 +28,7 @@ directory with ``monkeypatch.setenv``.  No other module reads these variables.
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
 ENV_ROOT = "OBMM_TESTBED_ROOT"
@@ -26,6 +36,32 @@ ENV_CACHE = "OBMM_TESTBED_CACHE"
 ENV_RESULTS = "OBMM_TESTBED_RESULTS"
 ENV_RUN_ROOT = "OBMM_TESTBED_RUN_ROOT"
 DEFAULT_RUN_ROOT = "/dev/shm"
+DATA_DIR = "_data"  # under the installed package: the checkout's files the testbed needs
+#: What a root has: the checkout and the package data alike.
+ROOT_MARKERS = ("qemu/topologies", "kmod", "uapi/ub/obmm.h")
+
+
+def _is_root(path: Path) -> bool:
+    return all((path / marker).exists() for marker in ROOT_MARKERS)
+
+
+def checkout_root() -> Path | None:
+    """The checkout this package was imported from, or None when it was installed."""
+    # pylib/obmm/testbed/paths.py -> the checkout
+    candidate = Path(__file__).resolve().parents[3]
+    if (candidate / "pylib" / "obmm").is_dir() and _is_root(candidate):
+        return candidate
+    return None
+
+
+def package_dir() -> Path:
+    """The running ``obmm`` package (what goes to a guest as ``pylib/obmm``)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def data_root() -> Path:
+    """The package data of an installed wheel (``obmm/_data``); may not exist in a checkout."""
+    return Path(str(resources.files("obmm") / DATA_DIR))
 
 
 def repo_root() -> Path:
@@ -33,8 +69,7 @@ def repo_root() -> Path:
     override = os.environ.get(ENV_ROOT)
     if override:
         return Path(override)
-    # pylib/obmm/testbed/paths.py -> the checkout
-    return Path(__file__).resolve().parents[3]
+    return checkout_root() or data_root()
 
 
 def qemu_dir() -> Path:
@@ -56,7 +91,14 @@ def cache_dir() -> Path:
 
 def results_dir() -> Path:
     """Built modules, junit files and other outputs of one run (CI uploads it)."""
-    return Path(os.environ.get(ENV_RESULTS) or str(repo_root() / "results"))
+    override = os.environ.get(ENV_RESULTS)
+    if override:
+        return Path(override)
+    if os.environ.get(ENV_ROOT) or checkout_root() is not None:
+        return repo_root() / "results"
+    # Installed: never into site-packages.
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "obmm-testbed" / "results"
 
 
 def run_root() -> Path:

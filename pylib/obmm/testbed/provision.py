@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from obmm.testbed import qemu
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image
-from obmm.testbed.paths import kmod_dir
+from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir
 from obmm.testbed.ssh import Connection
 
 log = logging.getLogger(__name__)
@@ -35,18 +35,32 @@ class ProvisionError(TestbedError, RuntimeError):
     """A node could not be prepared (a module did not load)."""
 
 
+#: What goes to a guest from the root (a checkout or the installed package data), beside the
+#: package itself; setup.py ships the same files in the wheel.
+PAYLOAD = ("pyproject.toml", "uapi", "tests/guest", "tests/c", "examples/c")
+
+
 def payload_tar(root: Path, modules: Sequence[Path] = ()) -> bytes:
-    """The files a guest needs, as a gzip tarball (one SSH round trip to unpack)."""
+    """The files a guest needs, as a gzip tarball (one SSH round trip to unpack).
+
+    ``pylib/obmm`` is the root's package in a checkout, else the running one (an installed
+    wheel), without its package data."""
     buf = io.BytesIO()
 
     def skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         name = info.name.rsplit("/", 1)[-1]
         if name in ("__pycache__", ".pytest_cache", ".mypy_cache") or name.endswith(".pyc"):
             return None
+        if info.name == f"pylib/obmm/{DATA_DIR}":
+            return None
+        if info.name.startswith("examples/c/") and not info.name.endswith((".c", ".h", "Makefile")):
+            return None  # built examples
         return info
 
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for rel in ("pyproject.toml", "pylib/obmm", "uapi", "tests/guest", "tests/c"):
+        package = root / "pylib" / "obmm"
+        tar.add(package if package.is_dir() else package_dir(), arcname="pylib/obmm", filter=skip)
+        for rel in PAYLOAD:
             path = root / rel
             if path.exists():
                 tar.add(path, arcname=rel, filter=skip)

@@ -1,0 +1,106 @@
+"""The kernel-log guard: mark every node's kernel log, later scan what came after the mark.
+
+Before a test (or an `obmm-testbed run`) a marker line goes into each live node's kernel log and
+its taint mask is noted; afterwards each node's messages since the marker are scanned with
+:mod:`obmm.tools.logscan` and the taint mask compared.  A WARN, oops, KASAN report... or a
+non-benign taint gained, or a node that died, is a failure text carrying the excerpt.
+
+One implementation for every user: the cluster suite's harness (tests/cluster/xharness.py)
+and `obmm-testbed run` (:mod:`obmm.testbed.run`).  The guard only needs a way to run a shell
+command on node *i* and to ask whether node *i* is alive.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from obmm.testbed.ssh import Result, SshError
+from obmm.tools import logscan
+
+MARKER = "obmm-cluster-test"
+TAINT_EXCERPT_CHARS = 3000
+
+
+class _NodeRunner(Protocol):
+    def __call__(self, node: int, command: str, *, timeout: float = ...) -> Result: ...
+
+
+class KernelLogGuard:
+    """Kernel reports, new taint and dead nodes since :meth:`start`, one text per node."""
+
+    def __init__(
+        self,
+        nodes: int,
+        run: _NodeRunner,
+        alive: Callable[[int], bool],
+        console_tail: Callable[[int], str],
+        *,
+        marker: str = MARKER,
+    ) -> None:
+        self.nodes = nodes
+        self._run = run
+        self._alive = alive
+        self._console_tail = console_tail
+        self.marker = marker
+        self.tag = ""
+        self.before: dict[int, int] = {}
+
+    def mark(self, tag: str, nodes: Sequence[int] | None = None) -> dict[int, int]:
+        """Write a marker into every live node's kernel log; their taint masks."""
+        taints: dict[int, int] = {}
+        for i in range(self.nodes) if nodes is None else nodes:
+            if self._alive(i):
+                res = self._run(
+                    i,
+                    f"echo '{self.marker}: {tag}' > /dev/kmsg; cat /proc/sys/kernel/tainted",
+                    timeout=120,
+                )
+                taints[i] = int(res.out.strip() or "0")
+        return taints
+
+    def new_kernel_log(self, node: int, tag: str) -> str:
+        """The node's kernel log after the marker `tag` (all of it if the marker is gone)."""
+        text = self._run(node, "dmesg", timeout=60).out
+        cut = text.rfind(f"{self.marker}: {tag}")
+        return text[text.find("\n", cut) + 1 :] if cut >= 0 else text
+
+    def taint(self, node: int) -> int:
+        return int(self._run(node, "cat /proc/sys/kernel/tainted", timeout=60).out.strip() or "0")
+
+    def start(self, name: str) -> None:
+        """Start watching every node's kernel log."""
+        self.tag = f"{name} {uuid.uuid4().hex[:8]}"
+        self.before = self.mark(self.tag)
+
+    def failures(self, *, allow_dead: bool = False) -> list[str]:
+        """What went wrong in the kernels since :meth:`start`, one text per node."""
+        failures = []
+        for i, taint_before in self.before.items():
+            if not self._alive(i):
+                if not allow_dead:  # else: a node killed on purpose
+                    failures.append(f"node{i} died; console:\n{self._console_tail(i)}")
+                continue
+            try:
+                text = self.new_kernel_log(i, self.tag)
+                taint_after = self.taint(i)
+            except SshError as exc:
+                failures.append(f"node{i}: cannot read its kernel log: {exc}")
+                continue
+            reports = logscan.scan(text)
+            if reports:
+                failures.append(f"node{i} kernel reports:\n{logscan.format_reports(reports)}")
+            gained = logscan.taint_letters(taint_after & ~taint_before)
+            bad = "".join(c for c in gained if c not in logscan.BENIGN_TAINT)
+            if bad:
+                failures.append(
+                    f"node{i}: kernel taint gained {bad!r}\n{text[-TAINT_EXCERPT_CHARS:]}"
+                )
+        return failures
+
+    def restart(self) -> list[str]:
+        """:meth:`failures` so far (dead nodes allowed); the guard starts over."""
+        failures = self.failures(allow_dead=True)
+        self.start(self.tag.rsplit(" ", 1)[0])
+        return failures
