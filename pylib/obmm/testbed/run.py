@@ -582,6 +582,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"), help="accelerator (default auto)")
     p.add_argument("--recipe", help="image recipe (default: the default recipe)")
     p.add_argument("--init", choices=qemu.INIT_MODES, help="node userland (default fast)")
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="boot even if a snapshot of this cluster shape exists (default: restore one)",
+    )
     p.add_argument("--boot-timeout", type=float, metavar="S", help="seconds to wait for SSH")
     p.add_argument("command", nargs="*", help="the command every node runs (after --)")
 
@@ -650,6 +655,7 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
         detach=plan.keep,
         timeout=args.boot_timeout,
         progress=progress,
+        snapshot="off" if getattr(args, "cold", False) else None,
     )
     status = EXIT_GUEST_GONE
     conns: dict[int, Conn] = {}
