@@ -69,6 +69,7 @@ def test_boot_figures_interleave_the_inits_and_compare_fast_with_systemd(
 
     def fake_start(image: object, topology: object, **kw: object) -> FakeCluster:
         booted.append((topology.nodes, str(kw["init"])))  # type: ignore[attr-defined]
+        assert kw["snapshot"] == "off"  # a boot figure is a cold boot, never a restore
         return FakeCluster()
 
     monkeypatch.setattr(cl.Cluster, "start", staticmethod(fake_start))
@@ -93,3 +94,35 @@ def test_boot_figures_interleave_the_inits_and_compare_fast_with_systemd(
     )
     assert by_name["testbed.boot_to_ssh.systemd.1node"].baseline is None
     assert all(len(f.samples) == 2 for f in figures)
+
+
+def test_restore_figures_time_restores_against_the_cold_fast_boot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from obmm.testbed import cluster as cl
+
+    starts: list[int] = []
+
+    class FakeCluster:
+        restored_from: str | None = "abc"
+
+        def __enter__(self) -> FakeCluster:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    def fake_start(image: object, topology: object, **kw: object) -> FakeCluster:
+        starts.append(topology.nodes)  # type: ignore[attr-defined]
+        return FakeCluster()
+
+    monkeypatch.setattr(cl.Cluster, "start", staticmethod(fake_start))
+    figures = cluster_hook.restore_figures(object(), "tcg", [2], 3, lambda _m: None)  # type: ignore[arg-type]
+    assert starts == [2, 2, 2, 2]  # one to make sure a snapshot exists, three timed
+    (fig,) = figures
+    assert fig.name == "testbed.restore_to_ssh.2nodes"
+    assert fig.baseline == "testbed.boot_to_ssh.fast.2nodes"
+    assert len(fig.samples) == 3
+    FakeCluster.restored_from = None
+    with pytest.raises(RuntimeError, match="booted cold"):
+        cluster_hook.restore_figures(object(), "tcg", [2], 1, lambda _m: None)  # type: ignore[arg-type]

@@ -143,7 +143,10 @@ def boot_figures(
             for init in inits:
                 say(f"boot {nodes} node(s), init {init}, sample {k + 1}/{samples}")
                 start = time.monotonic()
-                with Cluster.start(image, topology, name=f"bench-{nodes}", accel=accel, init=init):
+                # snapshot off: a cold boot is what this figure is.
+                with Cluster.start(
+                    image, topology, name=f"bench-{nodes}", accel=accel, init=init, snapshot="off"
+                ):
                     times[init].append(time.monotonic() - start)
         for init in inits:
             base = "systemd" if init != "systemd" and "systemd" in inits else None
@@ -155,6 +158,46 @@ def boot_figures(
                     note=f"{topology.memory_mib} MiB per node, {accel}",
                 )
             )
+    return figures
+
+
+def restore_figure_name(nodes: int) -> str:
+    return f"testbed.restore_to_ssh.{nodes}node{'s' if nodes > 1 else ''}"
+
+
+def restore_figures(
+    image: Image, accel: str, sizes: list[int], samples: int, say: Callable[[str], None]
+) -> list[Figure]:
+    """Snapshot restore to SSH of each cluster size (fast init), `samples` times.
+
+    The first start of a size makes sure a snapshot exists (a cold boot that saves one, not
+    counted); its baseline is the cold fast boot of the same size.
+    """
+    from obmm.testbed.cluster import Cluster, load_topology
+
+    figures = []
+    for nodes in sizes:
+        topology = load_topology(BOOT_SIZES.get(nodes, "pair")).with_nodes(nodes)
+        with Cluster.start(image, topology, name=f"bench-{nodes}", accel=accel, init="fast"):
+            pass
+        times = []
+        for k in range(samples):
+            say(f"restore {nodes} node(s) from a snapshot, sample {k + 1}/{samples}")
+            start = time.monotonic()
+            with Cluster.start(
+                image, topology, name=f"bench-{nodes}", accel=accel, init="fast"
+            ) as cluster:
+                times.append(time.monotonic() - start)
+                if cluster.restored_from is None:
+                    raise RuntimeError(f"{nodes} node(s): booted cold, no snapshot restored")
+        figures.append(
+            make_testbed_figure(
+                restore_figure_name(nodes),
+                times,
+                baseline=boot_figure_name("fast", nodes),
+                note=f"{topology.memory_mib} MiB per node, {accel}",
+            )
+        )
     return figures
 
 
@@ -199,6 +242,7 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     inits = [i for i in str(getattr(args, "boot_inits", "fast,systemd")).split(",") if i]
     samples = int(getattr(args, "boot_samples", 3))
     testbed += boot_figures(image, accel, sorted(set(boot_nodes)), inits, samples, say)
+    testbed += restore_figures(image, accel, sorted(set(boot_nodes)), samples, say)
     # The measurements get their own pair with a 1 GiB export pool per node (the test topology
     # has 256 MiB), so the control path reaches the 1 GiB size.
     topology = load_topology(BENCH_TOPOLOGY)
