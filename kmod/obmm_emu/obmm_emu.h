@@ -99,7 +99,12 @@ struct obmm_region {
 	bool ownership_init;
 	/* import only: access revoked, new mmaps fail and PTEs are zapped */
 	bool revoked;
-	/* inode whose i_mapping every open file of the region uses */
+	/*
+	 * The region's own inode, of the module's pseudo filesystem: every
+	 * open file of the region maps through its i_mapping, whichever
+	 * device node (on whichever filesystem) it was opened by, so that
+	 * revocation reaches every mapping with unmap_mapping_range().
+	 */
 	struct inode *map_inode;
 
 	/* export */
@@ -193,6 +198,7 @@ int obmm_shmdev_publish(struct obmm_region *r);
 void obmm_shmdev_unpublish(struct obmm_region *r);
 struct device *obmm_shmdev_root(void);
 void obmm_shmdev_revoke(struct obmm_region *r);
+struct inode *obmm_shmdev_inode_new(void);
 
 /* fabric.c */
 struct obmm_emu_window {

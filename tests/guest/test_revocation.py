@@ -12,9 +12,12 @@ kernel, and unexport kicks the revocation scan at once.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
+import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -32,6 +35,7 @@ pytestmark = pytest.mark.emulator_only
 
 NUMA = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE
 REVOKED = Path("/sys/kernel/obmm_emu/revoked")
+SHMDEV_DIR = "/dev"
 QUARANTINED = Path("/sys/kernel/obmm_emu/quarantined")
 # Generous safety bound for any revocation (measured: tens of ms on one node).
 BOUND_S = 5.0
@@ -136,7 +140,7 @@ READER = """
 import sys, time
 import obmm
 mem_id, size, pattern = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
-shm = obmm.ShmDev(mem_id)
+shm = obmm.ShmDev(mem_id, dev_dir=sys.argv[4])
 m = shm.mmap(size)
 assert m.read(0, len(pattern)) == pattern, "import does not show the export's bytes"
 print("ready", flush=True)
@@ -148,9 +152,11 @@ while True:
 """
 
 
-def start_reader(mem_id: int, size: int, pattern: bytes) -> subprocess.Popen[str]:
+def start_reader(
+    mem_id: int, size: int, pattern: bytes, dev_dir: str = SHMDEV_DIR
+) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", READER, str(mem_id), str(size), pattern.hex()],
+        [sys.executable, "-c", READER, str(mem_id), str(size), pattern.hex(), dev_dir],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -205,6 +211,52 @@ def test_unexport_revokes_loopback_import_with_sigbus(dev: obmm.Obmm, fabric: Fa
         if exp is not None:
             dev.unexport(exp.mem_id)
     assert imp.mem_id not in revoked_ids()
+
+
+def test_revocation_reaches_mappings_through_every_device_node(
+    dev: obmm.Obmm, fabric: Fabric, tmp_path: Path
+) -> None:
+    """Opened first through a mknod node on a tmpfs, then through /dev: both mappings fault.
+
+    Every open file of a region maps through the region's own inode, whichever
+    node it was opened by, so revocation's unmap_mapping_range() finds them all.
+    """
+    size = SZ_2M
+    pattern = bytes(range(32))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(mnt)], check=True)
+    exp: obmm.Export | None = dev.export(size)
+    imp = None
+    readers: list[subprocess.Popen[str]] = []
+    try:
+        write_pattern(exp.mem_id, size, pattern)
+        imp = fabric.import_loopback(dev, exp)
+        node = Path(SHMDEV_DIR) / f"obmm_shmdev{imp.mem_id}"
+        os.mknod(mnt / node.name, 0o600 | stat.S_IFCHR, node.stat().st_rdev)
+        readers.append(start_reader(imp.mem_id, size, pattern, dev_dir=str(mnt)))
+        readers.append(start_reader(imp.mem_id, size, pattern))
+        dev.unexport(exp.mem_id)
+        exp = None
+        for via, reader in zip(("tmpfs node", "/dev node"), readers, strict=True):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                reader.wait(timeout=BOUND_S + 5)
+            rc = reader.poll()
+            if rc is None:
+                reader.kill()
+            out, err = reader.communicate()
+            assert "STALE" not in out, (via, out)
+            assert rc == -signal.SIGBUS, (via, rc, out, err)
+    finally:
+        for reader in readers:
+            if reader.poll() is None:
+                reader.kill()
+            reader.wait()
+        if imp is not None:
+            dev.unimport(imp.mem_id)
+        if exp is not None:
+            dev.unexport(exp.mem_id)
+        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_revoked_import_unimport_waits_for_open_files(dev: obmm.Obmm, fabric: Fabric) -> None:
