@@ -199,6 +199,7 @@ void obmm_shmdev_unpublish(struct obmm_region *r);
 struct device *obmm_shmdev_root(void);
 void obmm_shmdev_revoke(struct obmm_region *r);
 struct inode *obmm_shmdev_inode_new(void);
+bool obmm_shmdev_revoked(struct obmm_region *r);
 
 /* fabric.c */
 struct obmm_emu_window {

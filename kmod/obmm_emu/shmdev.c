@@ -99,6 +99,17 @@ void obmm_shmdev_revoke(struct obmm_region *r)
 	unmap_mapping_range(r->map_inode->i_mapping, 0, 0, 1);
 }
 
+/* Whether the import was revoked (read under its lock). */
+bool obmm_shmdev_revoked(struct obmm_region *r)
+{
+	bool revoked;
+
+	mutex_lock(&r->mmap_lock);
+	revoked = r->revoked;
+	mutex_unlock(&r->mmap_lock);
+	return revoked;
+}
+
 static int obmm_shm_release(struct inode *inode, struct file *file)
 {
 	obmm_region_put(file->private_data);
