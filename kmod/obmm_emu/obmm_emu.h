@@ -221,7 +221,7 @@ const struct obmm_emu_window *obmm_fabric_window(int node);
 phys_addr_t obmm_fabric_ctl_base(void);
 u64 obmm_fabric_ctl_size(void);
 u64 obmm_fabric_make_uba(phys_addr_t pa);
-void obmm_ctl_publish_export(struct obmm_region *r);
+int obmm_ctl_publish_export(struct obmm_region *r);
 void obmm_ctl_withdraw_export(struct obmm_region *r);
 int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset);
 u64 obmm_fabric_boot_id(void);
