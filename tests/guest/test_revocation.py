@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from obmm_fixtures import SZ_2M, SZ_128M, Fabric, expect_errno, exported
+from obmm_fixtures import SZ_2M, SZ_128M, Fabric, expect_errno, exported, pool_total, pool_used
 
 import obmm
 from obmm import abi
@@ -314,3 +314,62 @@ def test_unexported_memory_is_quarantined(dev: obmm.Obmm) -> None:
         assert dev.query_pa_by_memid(other.mem_id) != pa
     wait_quarantine_drained()
     assert int(QUARANTINED.read_text(), 0) == 0, "quarantine did not drain"
+
+
+# An EXPORT in its own process that waits for quarantined memory.
+WAITER = """
+import errno, signal, sys
+import obmm
+signal.signal(signal.SIGUSR1, lambda *_: None)  # a handler, no SA_RESTART (Python's default)
+with obmm.Obmm() as dev:
+    print("waiting", flush=True)
+    try:
+        exp = dev.export(int(sys.argv[1]))
+    except OSError as exc:
+        print("errno", errno.errorcode[exc.errno], flush=True)
+    else:
+        dev.unexport(exp.mem_id)
+        print("exported", flush=True)
+"""
+QUARANTINE_MS = Path("/sys/module/obmm_emu/parameters/quarantine_ms")
+# The waiter's state is read this long into its wait (well inside quarantine_ms).
+WAIT_SETTLE_S = 0.2
+
+
+def process_state(pid: int) -> str:
+    stat_line = Path(f"/proc/{pid}/stat").read_text()
+    return stat_line.rsplit(")", 1)[1].split()[0]
+
+
+def test_export_waiting_for_quarantine_is_interruptible(dev: obmm.Obmm) -> None:
+    """EXPORT waits for memory only quarantine withholds; a signal ends the wait: EINTR.
+
+    The wait used to be uninterruptible (state D, deaf to signals and SIGKILL) for up
+    to quarantine_ms.  Emulator-specific: the real driver has no quarantine.
+    """
+    if not QUARANTINE_MS.exists() or int(QUARANTINE_MS.read_text()) < 4 * WAIT_SETTLE_S * 1000:
+        pytest.skip("quarantine too short to catch the wait")
+    wait_quarantine_drained()
+    free = pool_total() - pool_used()
+    whole = dev.export(free)
+    dev.unexport(whole.mem_id)  # all of the free memory now quarantined
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", WAITER, str(SZ_2M)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert waiter.stdout is not None
+        assert waiter.stdout.readline().strip() == "waiting"
+        time.sleep(WAIT_SETTLE_S)
+        state = process_state(waiter.pid)
+        waiter.send_signal(signal.SIGUSR1)
+        out, err = waiter.communicate(timeout=BOUND_S)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+        wait_quarantine_drained()
+    assert state != "D", "EXPORT waits for quarantine uninterruptibly"
+    assert out.strip() == "errno EINTR", (out, err)
