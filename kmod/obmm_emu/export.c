@@ -115,10 +115,15 @@ static int obmm_export_finish(struct obmm_region *r)
 
 	r->tokenid = obmm_new_tokenid();
 	r->uba = obmm_fabric_make_uba(r->pa);
-	ret = obmm_shmdev_publish(r);
+	/* Emulator: no free record slot is ENOSPC (FIDELITY.md). */
+	ret = obmm_ctl_publish_export(r);
 	if (ret)
 		return ret;
-	obmm_ctl_publish_export(r);
+	ret = obmm_shmdev_publish(r);
+	if (ret) {
+		obmm_ctl_withdraw_export(r);
+		return ret;
+	}
 	obmm_region_activate(r);
 	return 0;
 }

@@ -276,21 +276,23 @@ static void obmm_heartbeat_fn(struct work_struct *work)
 			      msecs_to_jiffies(heartbeat_ms));
 }
 
-void obmm_ctl_publish_export(struct obmm_region *r)
+/*
+ * Publish an export's record in this node's slots.  -ENOSPC when every
+ * slot is taken: an export no importer could find is refused, not made.
+ */
+int obmm_ctl_publish_export(struct obmm_region *r)
 {
 	struct obmm_emu_ctl_export *rec;
 	u32 flags;
 	int slot;
 
 	if (!fab.ctl)
-		return;
+		return 0;
 	mutex_lock(&fab.rec_lock);
 	slot = find_first_zero_bit(fab.rec_used, OBMM_EMU_CTL_RECORDS_PER_NODE);
 	if (slot >= OBMM_EMU_CTL_RECORDS_PER_NODE) {
 		mutex_unlock(&fab.rec_lock);
-		pr_warn_ratelimited("no export record slot for mem_id %d\n",
-				    r->id);
-		return;
+		return -ENOSPC;
 	}
 	set_bit(slot, fab.rec_used);
 	r->record_slot = slot;
@@ -315,6 +317,7 @@ void obmm_ctl_publish_export(struct obmm_region *r)
 	rec->state = cpu_to_le32(OBMM_EMU_REC_LIVE);
 	obmm_ctl_write_end(&rec->seq);
 	mutex_unlock(&fab.rec_lock);
+	return 0;
 }
 
 void obmm_ctl_withdraw_export(struct obmm_region *r)

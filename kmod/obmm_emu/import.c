@@ -19,6 +19,7 @@
 #include <linux/proc_fs.h>
 #include <linux/seq_file.h>
 #include <linux/slab.h>
+#include <linux/stringify.h>
 #include <linux/sysfs.h>
 #include <linux/uaccess.h>
 
@@ -143,17 +144,19 @@ void obmm_imports_revoke_scan(void)
 	struct obmm_import_range *ir;
 	struct obmm_region *r;
 	const char *why;
-	bool mapped;
+	unsigned int mapped;
+	bool revoked;
 
 	mutex_lock(&obmm_import_mutex);
 	list_for_each_entry(ir, &obmm_import_ranges, link) {
 		r = ir->region;
 		if (!r->tracked)
 			continue;
-		if (r->revoked) {
-			mutex_lock(&r->mmap_lock);
-			mapped = r->mmap_count;
-			mutex_unlock(&r->mmap_lock);
+		mutex_lock(&r->mmap_lock);
+		revoked = r->revoked;
+		mapped = r->mmap_count;
+		mutex_unlock(&r->mmap_lock);
+		if (revoked) {
 			if (mapped)
 				obmm_shmdev_revoke(r);
 			continue;
@@ -168,18 +171,34 @@ void obmm_imports_revoke_scan(void)
 	mutex_unlock(&obmm_import_mutex);
 }
 
-/* /sys/kernel/obmm_emu/revoked: mem_ids of revoked imports. */
+/*
+ * /sys/kernel/obmm_emu/revoked: mem_ids of revoked imports, space
+ * separated, then a newline.  A sysfs file holds one page: when the next
+ * id might not fit, the list ends with OBMM_REVOKED_MORE instead.
+ */
+#define OBMM_REVOKED_MORE	"...\n"
+/* An upper bound on the widest entry: a region id and its separator. */
+#define OBMM_REVOKED_ENTRY_MAX	sizeof(__stringify(OBMM_MAX_VALID_REGIONID) " ")
+
 ssize_t obmm_imports_show_revoked(char *buf)
 {
+	const size_t room = PAGE_SIZE - sizeof(OBMM_REVOKED_MORE);
 	struct obmm_import_range *ir;
+	bool more = false;
 	ssize_t len = 0;
 
 	mutex_lock(&obmm_import_mutex);
-	list_for_each_entry(ir, &obmm_import_ranges, link)
-		if (ir->region->tracked && ir->region->revoked)
-			len += sysfs_emit_at(buf, len, "%d ", ir->region->id);
+	list_for_each_entry(ir, &obmm_import_ranges, link) {
+		if (!ir->region->tracked || !obmm_shmdev_revoked(ir->region))
+			continue;
+		if (len + OBMM_REVOKED_ENTRY_MAX > room) {
+			more = true;
+			break;
+		}
+		len += sysfs_emit_at(buf, len, "%d ", ir->region->id);
+	}
 	mutex_unlock(&obmm_import_mutex);
-	len += sysfs_emit_at(buf, len, "\n");
+	len += sysfs_emit_at(buf, len, more ? OBMM_REVOKED_MORE : "\n");
 	return len;
 }
 

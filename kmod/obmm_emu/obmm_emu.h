@@ -99,7 +99,12 @@ struct obmm_region {
 	bool ownership_init;
 	/* import only: access revoked, new mmaps fail and PTEs are zapped */
 	bool revoked;
-	/* inode whose i_mapping every open file of the region uses */
+	/*
+	 * The region's own inode, of the module's pseudo filesystem: every
+	 * open file of the region maps through its i_mapping, whichever
+	 * device node (on whichever filesystem) it was opened by, so that
+	 * revocation reaches every mapping with unmap_mapping_range().
+	 */
 	struct inode *map_inode;
 
 	/* export */
@@ -193,6 +198,8 @@ int obmm_shmdev_publish(struct obmm_region *r);
 void obmm_shmdev_unpublish(struct obmm_region *r);
 struct device *obmm_shmdev_root(void);
 void obmm_shmdev_revoke(struct obmm_region *r);
+struct inode *obmm_shmdev_inode_new(void);
+bool obmm_shmdev_revoked(struct obmm_region *r);
 
 /* fabric.c */
 struct obmm_emu_window {
@@ -214,7 +221,7 @@ const struct obmm_emu_window *obmm_fabric_window(int node);
 phys_addr_t obmm_fabric_ctl_base(void);
 u64 obmm_fabric_ctl_size(void);
 u64 obmm_fabric_make_uba(phys_addr_t pa);
-void obmm_ctl_publish_export(struct obmm_region *r);
+int obmm_ctl_publish_export(struct obmm_region *r);
 void obmm_ctl_withdraw_export(struct obmm_region *r);
 int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset);
 u64 obmm_fabric_boot_id(void);

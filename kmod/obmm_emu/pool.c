@@ -8,7 +8,10 @@
  * fabric window) is never used by the kernel and is handed out here in
  * physically contiguous runs of mem_allocator_granu bytes.  Freed memory
  * is zeroed by a background worker; export zeroes any granule that is
- * still dirty before handing it out.
+ * still dirty before handing it out.  Granules (up to gigabytes each) are
+ * zeroed with the pool lock dropped: the worker claims its granule in
+ * used_map (the_pool.zeroing says which), an export zeroes granules it has
+ * already reserved.
  *
  * Unexported memory first sits in quarantine for quarantine_ms (at least
  * four revocation-scan periods): importers on other nodes notice the
@@ -30,8 +33,10 @@
 #include <linux/moduleparam.h>
 #include <linux/nodemask.h>
 #include <linux/sched.h>
+#include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <linux/string.h>
+#include <linux/wait.h>
 #include <linux/sysfs.h>
 #include <linux/workqueue.h>
 
@@ -95,14 +100,20 @@ struct obmm_pool_state {
 	unsigned long *quarantine_map;
 	unsigned long *release_at;	/* jiffies, per granule */
 	unsigned long nr_quarantined;
+	/* the granule the zero worker claimed, OBMM_POOL_NOT_ZEROING if none */
+	unsigned long zeroing;
+	wait_queue_head_t zeroing_wq;	/* woken when the claim ends */
 	struct resource *res;
 	struct mutex lock;	/* protects the bitmaps and counters */
 	struct work_struct zero_work;
 	struct delayed_work quarantine_work;
 };
 
+#define OBMM_POOL_NOT_ZEROING	ULONG_MAX
+
 static struct obmm_pool_state the_pool = {
 	.granu = OBMM_DEFAULT_MEMSEG_SIZE,
+	.zeroing = OBMM_POOL_NOT_ZEROING,
 };
 
 int obmm_pool_parse_params(void)
@@ -154,6 +165,10 @@ static phys_addr_t obmm_pool_granule_pa(unsigned long idx)
 	return the_pool.base + (phys_addr_t)idx * the_pool.granu;
 }
 
+/*
+ * Zero one granule the caller owns (reserved by an export, or claimed by
+ * the zero worker); called without the pool lock.
+ */
 static int obmm_pool_zero_granule(unsigned long idx)
 {
 	void *va;
@@ -163,13 +178,13 @@ static int obmm_pool_zero_granule(unsigned long idx)
 		return -ENOMEM;
 	memset(va, 0, the_pool.granu);
 	memunmap(va);
-	clear_bit(idx, the_pool.dirty_map);
 	return 0;
 }
 
 static void obmm_pool_zero_work(struct work_struct *work)
 {
 	unsigned long idx = 0;
+	int ret;
 
 	for (;;) {
 		mutex_lock(&the_pool.lock);
@@ -183,9 +198,22 @@ static void obmm_pool_zero_work(struct work_struct *work)
 			mutex_unlock(&the_pool.lock);
 			return;
 		}
-		if (obmm_pool_zero_granule(idx))
-			idx++;
+		/* Claim it: no export can take it while it is zeroed. */
+		set_bit(idx, the_pool.used_map);
+		WRITE_ONCE(the_pool.zeroing, idx);
 		mutex_unlock(&the_pool.lock);
+
+		ret = obmm_pool_zero_granule(idx);
+
+		mutex_lock(&the_pool.lock);
+		if (!ret)
+			clear_bit(idx, the_pool.dirty_map);
+		clear_bit(idx, the_pool.used_map);
+		WRITE_ONCE(the_pool.zeroing, OBMM_POOL_NOT_ZEROING);
+		mutex_unlock(&the_pool.lock);
+		wake_up_all(&the_pool.zeroing_wq);
+		if (ret)
+			idx++;
 		cond_resched();
 	}
 }
@@ -249,24 +277,36 @@ static void obmm_pool_quarantine_work(struct work_struct *work)
 }
 
 /*
- * Free space that only quarantine withholds: wait for it (at most
- * quarantine_ms) instead of failing.  Pool lock held; dropped while
- * sleeping.  True when something was released.
+ * Free space that only quarantine or the zero worker's claim withholds:
+ * wait for it (at most quarantine_ms) instead of failing.  Pool lock
+ * held; dropped while sleeping.  0 when it is worth looking again,
+ * -ENOMEM when waiting cannot help, -ERESTARTSYS when a signal ended the
+ * wait (EINTR to the caller, or the ioctl restarted under SA_RESTART:
+ * nothing was allocated yet).
  */
-static bool obmm_pool_wait_quarantine(unsigned long n)
+static int obmm_pool_wait_quarantine(unsigned long n)
 {
 	unsigned long next;
+	int ret;
 
-	if (n > the_pool.nr - the_pool.nr_used || !the_pool.nr_quarantined)
-		return false;
-	next = obmm_pool_release_quarantine();
-	if (next) {
+	if (the_pool.zeroing != OBMM_POOL_NOT_ZEROING) {
 		mutex_unlock(&the_pool.lock);
-		schedule_timeout_uninterruptible(next);
+		ret = wait_event_interruptible(the_pool.zeroing_wq,
+					       READ_ONCE(the_pool.zeroing) ==
+					       OBMM_POOL_NOT_ZEROING);
 		mutex_lock(&the_pool.lock);
-		obmm_pool_release_quarantine();
+		return ret;
 	}
-	return true;
+	if (n > the_pool.nr - the_pool.nr_used || !the_pool.nr_quarantined)
+		return -ENOMEM;
+	next = obmm_pool_release_quarantine();
+	if (!next)
+		return 0;
+	mutex_unlock(&the_pool.lock);
+	schedule_timeout_interruptible(next);
+	mutex_lock(&the_pool.lock);
+	obmm_pool_release_quarantine();
+	return signal_pending(current) ? -ERESTARTSYS : 0;
 }
 
 int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa)
@@ -289,23 +329,34 @@ int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa)
 		idx = obmm_pool_find(n, fast);
 		if (idx < the_pool.nr)
 			break;
-		/* FAST takes cleared memory only: quarantine cannot help. */
-		if (fast || !obmm_pool_wait_quarantine(n)) {
-			ret = -ENOMEM;
+		/* FAST takes cleared memory only: waiting cannot help. */
+		ret = fast ? -ENOMEM : obmm_pool_wait_quarantine(n);
+		if (ret)
 			goto out;
-		}
 	}
+	/* Reserve, then zero the dirty granules without the lock. */
+	bitmap_set(the_pool.used_map, idx, n);
+	the_pool.nr_used += n;
+	mutex_unlock(&the_pool.lock);
+
 	for (i = idx; i < idx + n; i++) {
+		/* Reserved: only this export changes their dirty bits now. */
 		if (!test_bit(i, the_pool.dirty_map))
 			continue;
 		ret = obmm_pool_zero_granule(i);
 		if (ret)
-			goto out;
+			break;
+		clear_bit(i, the_pool.dirty_map);
+		cond_resched();
 	}
-	bitmap_set(the_pool.used_map, idx, n);
-	the_pool.nr_used += n;
-	*pa = obmm_pool_granule_pa(idx);
-	ret = 0;
+
+	mutex_lock(&the_pool.lock);
+	if (ret) {
+		bitmap_clear(the_pool.used_map, idx, n);
+		the_pool.nr_used -= n;
+	} else {
+		*pa = obmm_pool_granule_pa(idx);
+	}
 out:
 	mutex_unlock(&the_pool.lock);
 	return ret;
@@ -357,7 +408,7 @@ void obmm_pool_stats(u64 *total, u64 *used, u64 *cleared, u64 *uncleared)
 
 	mutex_lock(&the_pool.lock);
 	for_each_set_bit(i, the_pool.dirty_map, the_pool.nr)
-		if (!test_bit(i, the_pool.used_map))
+		if (!test_bit(i, the_pool.used_map) || i == the_pool.zeroing)
 			dirty_free++;
 	*total = (u64)the_pool.nr * the_pool.granu;
 	*used = (u64)the_pool.nr_used * the_pool.granu;
@@ -509,6 +560,7 @@ int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms)
 	int ret;
 
 	mutex_init(&the_pool.lock);
+	init_waitqueue_head(&the_pool.zeroing_wq);
 	INIT_WORK(&the_pool.zero_work, obmm_pool_zero_work);
 	INIT_DELAYED_WORK(&the_pool.quarantine_work, obmm_pool_quarantine_work);
 	the_pool.nid = first_online_node;

@@ -33,6 +33,11 @@ struct obmm_region *obmm_region_alloc(enum obmm_region_type type)
 	r = kzalloc(sizeof(*r), GFP_KERNEL);
 	if (!r)
 		return NULL;
+	r->map_inode = obmm_shmdev_inode_new();
+	if (IS_ERR(r->map_inode)) {
+		kfree(r);
+		return NULL;
+	}
 	r->type = type;
 	r->id = OBMM_INVALID_REGIONID;
 	r->record_slot = -1;

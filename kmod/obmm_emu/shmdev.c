@@ -8,14 +8,47 @@
 #include <linux/fs.h>
 #include <linux/mm.h>
 #include <linux/module.h>
+#include <linux/mount.h>
+#include <linux/pseudo_fs.h>
 #include <linux/uaccess.h>
 
 #include "obmm_emu.h"
 
 #define OBMM_SHMDEV_VMA_NAME	"OBMM_SHM"
 
+/* The module's pseudo filesystem, home of the regions' own inodes. */
+#define OBMM_EMU_FS_NAME	"obmm_emu_region"
+#define OBMM_EMU_FS_MAGIC	0x6f626d6d	/* "obmm" */
+
 static dev_t obmm_shmdev_devt;
 static struct device *obmm_root;
+static struct vfsmount *obmm_fs_mnt;
+
+static int obmm_fs_init_fs_context(struct fs_context *fc)
+{
+	return init_pseudo(fc, OBMM_EMU_FS_MAGIC) ? 0 : -ENOMEM;
+}
+
+/*
+ * Never registered, only kern_mount()ed at init and kern_unmount()ed at
+ * exit.  No .owner: the mount must not pin the module it belongs to; every
+ * inode of it is a region's, and every region is gone before exit.
+ */
+static struct file_system_type obmm_fs_type = {
+	.name = OBMM_EMU_FS_NAME,
+	.init_fs_context = obmm_fs_init_fs_context,
+	.kill_sb = kill_anon_super,
+};
+
+/*
+ * A region's own inode (dropped with iput() when the region is freed).
+ * Region state must not hang on the inode of a device node: that may live
+ * on a filesystem unmounted while the region lives.
+ */
+struct inode *obmm_shmdev_inode_new(void)
+{
+	return alloc_anon_inode(obmm_fs_mnt->mnt_sb);
+}
 
 struct device *obmm_shmdev_root(void)
 {
@@ -43,22 +76,11 @@ static int obmm_shm_open(struct inode *inode, struct file *file)
 		return -EPERM;
 	}
 	/*
-	 * Every file of the region maps through one address_space (that of
-	 * the first inode it was opened by, held until the region is freed),
-	 * so that revocation finds every mapping with unmap_mapping_range().
+	 * Every file of the region maps through the region's own inode, not
+	 * that of the node it was opened by, so that revocation finds every
+	 * mapping with unmap_mapping_range().
 	 */
-	mutex_lock(&r->mmap_lock);
-	if (!r->map_inode)
-		r->map_inode = igrab(inode);
-	if (r->map_inode)
-		file->f_mapping = r->map_inode->i_mapping;
-	else
-		err = -ENXIO;
-	mutex_unlock(&r->mmap_lock);
-	if (err) {
-		obmm_region_put(r);
-		return err;
-	}
+	file->f_mapping = r->map_inode->i_mapping;
 	file->private_data = r;
 	return 0;
 }
@@ -71,14 +93,21 @@ static int obmm_shm_open(struct inode *inode, struct file *file)
  */
 void obmm_shmdev_revoke(struct obmm_region *r)
 {
-	struct inode *inode;
-
 	mutex_lock(&r->mmap_lock);
 	r->revoked = true;
-	inode = r->map_inode;
 	mutex_unlock(&r->mmap_lock);
-	if (inode)
-		unmap_mapping_range(inode->i_mapping, 0, 0, 1);
+	unmap_mapping_range(r->map_inode->i_mapping, 0, 0, 1);
+}
+
+/* Whether the import was revoked (read under its lock). */
+bool obmm_shmdev_revoked(struct obmm_region *r)
+{
+	bool revoked;
+
+	mutex_lock(&r->mmap_lock);
+	revoked = r->revoked;
+	mutex_unlock(&r->mmap_lock);
+	return revoked;
 }
 
 static int obmm_shm_release(struct inode *inode, struct file *file)
@@ -416,22 +445,36 @@ int obmm_shmdev_init(void)
 {
 	int ret;
 
+	obmm_fs_mnt = kern_mount(&obmm_fs_type);
+	if (IS_ERR(obmm_fs_mnt)) {
+		ret = PTR_ERR(obmm_fs_mnt);
+		obmm_fs_mnt = NULL;
+		return ret;
+	}
 	ret = alloc_chrdev_region(&obmm_shmdev_devt, OBMM_MIN_VALID_REGIONID,
 				  OBMM_MAX_VALID_REGIONID, "OBMM_SHMDEV");
 	if (ret)
-		return ret;
+		goto err_unmount;
 	obmm_root = root_device_register("obmm");
 	if (IS_ERR(obmm_root)) {
 		ret = PTR_ERR(obmm_root);
-		unregister_chrdev_region(obmm_shmdev_devt,
-					 OBMM_MAX_VALID_REGIONID);
-		return ret;
+		goto err_chrdev;
 	}
 	return 0;
+
+err_chrdev:
+	unregister_chrdev_region(obmm_shmdev_devt, OBMM_MAX_VALID_REGIONID);
+err_unmount:
+	kern_unmount(obmm_fs_mnt);
+	obmm_fs_mnt = NULL;
+	return ret;
 }
 
+/* After the last region is freed: its inode lives on the pseudo fs. */
 void obmm_shmdev_exit(void)
 {
 	root_device_unregister(obmm_root);
 	unregister_chrdev_region(obmm_shmdev_devt, OBMM_MAX_VALID_REGIONID);
+	kern_unmount(obmm_fs_mnt);
+	obmm_fs_mnt = NULL;
 }

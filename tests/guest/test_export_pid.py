@@ -242,3 +242,37 @@ def test_huge_length_is_enomem_before_allocating(dev: obmm.Obmm, anon: int, leng
     it by the RAM first (FIDELITY.md).  The kernel log guard fails a WARN.
     """
     expect_errno(errno.ENOMEM, dev.export_pid, anon, length)
+
+
+# Export record slots per node (OBMM_EMU_CTL_RECORDS_PER_NODE, kmod/obmm_emu/obmm_emu_ctl.h).
+RECORD_SLOTS = 1024
+
+
+@pytest.mark.emulator_only
+def test_export_beyond_the_record_slots_is_enospc(dev: obmm.Obmm, huge: int) -> None:
+    """With every control-region record slot taken, EXPORT and EXPORT_PID fail ENOSPC.
+
+    Such an export used to succeed with no record: no node, this one included, could ever
+    import it.  One 2 MiB hugetlbfs page, exported again and again, fills the slots.
+    """
+    made: list[obmm.Export] = []
+    try:
+        for _ in range(RECORD_SLOTS + 1):
+            try:
+                made.append(dev.export_pid(huge, SZ_2M))
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                break
+        assert len(made) <= RECORD_SLOTS, f"{len(made)} exports for {RECORD_SLOTS} record slots"
+        shmdevs = sorted(p.name for p in SHMDEV_SYSFS.iterdir())
+        expect_errno(errno.ENOSPC, dev.export_pid, huge, SZ_2M)
+        expect_errno(errno.ENOSPC, dev.export, SZ_2M)
+        assert sorted(p.name for p in SHMDEV_SYSFS.iterdir()) == shmdevs, (
+            "a refused export left a node"
+        )
+        # One slot free again: one export fits, and it can be found.
+        dev.unexport(made.pop().mem_id)
+        made.append(dev.export_pid(huge, SZ_2M))
+    finally:
+        for exp in made:
+            dev.unexport(exp.mem_id)

@@ -12,16 +12,19 @@ kernel, and unexport kicks the revocation scan at once.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
+import os
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from obmm_fixtures import SZ_2M, SZ_128M, Fabric, expect_errno, exported
+from obmm_fixtures import SZ_2M, SZ_128M, Fabric, expect_errno, exported, pool_total, pool_used
 
 import obmm
 from obmm import abi
@@ -32,6 +35,7 @@ pytestmark = pytest.mark.emulator_only
 
 NUMA = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE
 REVOKED = Path("/sys/kernel/obmm_emu/revoked")
+SHMDEV_DIR = "/dev"
 QUARANTINED = Path("/sys/kernel/obmm_emu/quarantined")
 # Generous safety bound for any revocation (measured: tens of ms on one node).
 BOUND_S = 5.0
@@ -136,7 +140,7 @@ READER = """
 import sys, time
 import obmm
 mem_id, size, pattern = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
-shm = obmm.ShmDev(mem_id)
+shm = obmm.ShmDev(mem_id, dev_dir=sys.argv[4])
 m = shm.mmap(size)
 assert m.read(0, len(pattern)) == pattern, "import does not show the export's bytes"
 print("ready", flush=True)
@@ -148,9 +152,11 @@ while True:
 """
 
 
-def start_reader(mem_id: int, size: int, pattern: bytes) -> subprocess.Popen[str]:
+def start_reader(
+    mem_id: int, size: int, pattern: bytes, dev_dir: str = SHMDEV_DIR
+) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", READER, str(mem_id), str(size), pattern.hex()],
+        [sys.executable, "-c", READER, str(mem_id), str(size), pattern.hex(), dev_dir],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -205,6 +211,52 @@ def test_unexport_revokes_loopback_import_with_sigbus(dev: obmm.Obmm, fabric: Fa
         if exp is not None:
             dev.unexport(exp.mem_id)
     assert imp.mem_id not in revoked_ids()
+
+
+def test_revocation_reaches_mappings_through_every_device_node(
+    dev: obmm.Obmm, fabric: Fabric, tmp_path: Path
+) -> None:
+    """Opened first through a mknod node on a tmpfs, then through /dev: both mappings fault.
+
+    Every open file of a region maps through the region's own inode, whichever
+    node it was opened by, so revocation's unmap_mapping_range() finds them all.
+    """
+    size = SZ_2M
+    pattern = bytes(range(32))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(mnt)], check=True)
+    exp: obmm.Export | None = dev.export(size)
+    imp = None
+    readers: list[subprocess.Popen[str]] = []
+    try:
+        write_pattern(exp.mem_id, size, pattern)
+        imp = fabric.import_loopback(dev, exp)
+        node = Path(SHMDEV_DIR) / f"obmm_shmdev{imp.mem_id}"
+        os.mknod(mnt / node.name, 0o600 | stat.S_IFCHR, node.stat().st_rdev)
+        readers.append(start_reader(imp.mem_id, size, pattern, dev_dir=str(mnt)))
+        readers.append(start_reader(imp.mem_id, size, pattern))
+        dev.unexport(exp.mem_id)
+        exp = None
+        for via, reader in zip(("tmpfs node", "/dev node"), readers, strict=True):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                reader.wait(timeout=BOUND_S + 5)
+            rc = reader.poll()
+            if rc is None:
+                reader.kill()
+            out, err = reader.communicate()
+            assert "STALE" not in out, (via, out)
+            assert rc == -signal.SIGBUS, (via, rc, out, err)
+    finally:
+        for reader in readers:
+            if reader.poll() is None:
+                reader.kill()
+            reader.wait()
+        if imp is not None:
+            dev.unimport(imp.mem_id)
+        if exp is not None:
+            dev.unexport(exp.mem_id)
+        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_revoked_import_unimport_waits_for_open_files(dev: obmm.Obmm, fabric: Fabric) -> None:
@@ -262,3 +314,62 @@ def test_unexported_memory_is_quarantined(dev: obmm.Obmm) -> None:
         assert dev.query_pa_by_memid(other.mem_id) != pa
     wait_quarantine_drained()
     assert int(QUARANTINED.read_text(), 0) == 0, "quarantine did not drain"
+
+
+# An EXPORT in its own process that waits for quarantined memory.
+WAITER = """
+import errno, signal, sys
+import obmm
+signal.signal(signal.SIGUSR1, lambda *_: None)  # a handler, no SA_RESTART (Python's default)
+with obmm.Obmm() as dev:
+    print("waiting", flush=True)
+    try:
+        exp = dev.export(int(sys.argv[1]))
+    except OSError as exc:
+        print("errno", errno.errorcode[exc.errno], flush=True)
+    else:
+        dev.unexport(exp.mem_id)
+        print("exported", flush=True)
+"""
+QUARANTINE_MS = Path("/sys/module/obmm_emu/parameters/quarantine_ms")
+# The waiter's state is read this long into its wait (well inside quarantine_ms).
+WAIT_SETTLE_S = 0.2
+
+
+def process_state(pid: int) -> str:
+    stat_line = Path(f"/proc/{pid}/stat").read_text()
+    return stat_line.rsplit(")", 1)[1].split()[0]
+
+
+def test_export_waiting_for_quarantine_is_interruptible(dev: obmm.Obmm) -> None:
+    """EXPORT waits for memory only quarantine withholds; a signal ends the wait: EINTR.
+
+    The wait used to be uninterruptible (state D, deaf to signals and SIGKILL) for up
+    to quarantine_ms.  Emulator-specific: the real driver has no quarantine.
+    """
+    if not QUARANTINE_MS.exists() or int(QUARANTINE_MS.read_text()) < 4 * WAIT_SETTLE_S * 1000:
+        pytest.skip("quarantine too short to catch the wait")
+    wait_quarantine_drained()
+    free = pool_total() - pool_used()
+    whole = dev.export(free)
+    dev.unexport(whole.mem_id)  # all of the free memory now quarantined
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", WAITER, str(SZ_2M)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert waiter.stdout is not None
+        assert waiter.stdout.readline().strip() == "waiting"
+        time.sleep(WAIT_SETTLE_S)
+        state = process_state(waiter.pid)
+        waiter.send_signal(signal.SIGUSR1)
+        out, err = waiter.communicate(timeout=BOUND_S)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+        wait_quarantine_drained()
+    assert state != "D", "EXPORT waits for quarantine uninterruptibly"
+    assert out.strip() == "errno EINTR", (out, err)

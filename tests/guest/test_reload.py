@@ -1,0 +1,90 @@
+"""obmm_emu unloads clean and loads again: nothing of a region outlives rmmod.
+
+The module's regions keep their mappings on inodes of a pseudo filesystem of
+the module (kern_mount at load, kern_unmount at unload).  An inode left behind
+would show as "VFS: Busy inodes after unmount of obmm_emu_region" at rmmod.
+The reload uses the parameters the module was loaded with.  Emulator-only:
+the real obmm.ko is not reloaded under a running suite.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from obmm_fixtures import SZ_2M, Fabric, exported
+
+import obmm
+from obmm.tools import logscan
+
+pytest_plugins = ["obmm_fixtures"]
+
+if TYPE_CHECKING:
+    from conftest import KernelLog  # the guest suite's conftest, beside this file
+
+pytestmark = pytest.mark.emulator_only
+
+MODULE = "obmm_emu"
+KO = Path("/opt/obmm-testbed/kmod") / f"{MODULE}.ko"
+PARAMS = Path("/sys/module") / MODULE / "parameters"
+# The parameters the testbed loads the module with (obmm.testbed.provision.insmod_command).
+RELOAD_PARAMS = ("node_id", "pool_base", "pool_size")
+
+
+def loaded() -> bool:
+    return (Path("/sys/module") / MODULE).is_dir()
+
+
+@pytest.fixture
+def reload_args() -> Iterator[list[str]]:
+    """The module's load parameters; it is loaded again with them whatever the test did."""
+    if not KO.is_file() or not loaded():
+        pytest.skip(f"{KO} not loaded from the testbed's payload")
+    args = [f"{p}={(PARAMS / p).read_text().strip()}" for p in RELOAD_PARAMS]
+    yield args
+    if not loaded():
+        subprocess.run(["insmod", str(KO), *args], check=True)
+
+
+def test_unload_after_regions_opened_through_other_nodes_leaves_no_inode(
+    reload_args: list[str], fabric: Fabric, tmp_path: Path, kernel_log: KernelLog
+) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(mnt)], check=True)
+    try:
+        with obmm.Obmm() as dev, exported(dev) as exp:
+            imp = fabric.import_loopback(dev, exp)
+            try:
+                for mem_id in (exp.mem_id, imp.mem_id):
+                    node = Path(f"/dev/obmm_shmdev{mem_id}")
+                    os.mknod(mnt / node.name, 0o600 | stat.S_IFCHR, node.stat().st_rdev)
+                    with obmm.ShmDev(mem_id, dev_dir=str(mnt)) as shm, shm.mmap(SZ_2M) as m:
+                        m.write(0, b"reload")
+            finally:
+                dev.unimport(imp.mem_id)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+    kernel_log.take()
+
+    subprocess.run(["rmmod", MODULE], check=True)
+    assert not loaded()
+    log = kernel_log.take()
+    assert "Busy inodes" not in log, log
+    assert not logscan.scan(log, allow=()), log
+
+    subprocess.run(["insmod", str(KO), *reload_args], check=True)
+    with (
+        obmm.Obmm() as dev,
+        exported(dev) as exp,
+        obmm.ShmDev(exp.mem_id) as shm,
+        shm.mmap(SZ_2M) as m,
+    ):
+        assert m.read(0, 6) == bytes(6), "a new export is zeroed"
+    log = kernel_log.take()
+    assert not logscan.scan(log, allow=()), log
