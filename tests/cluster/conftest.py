@@ -36,6 +36,7 @@ import signal
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from types import FrameType
 
@@ -196,10 +197,14 @@ def kernel_log_guard(request: pytest.FixtureRequest) -> Iterator[None]:
 def guest_tmp(xc: ClusterHarness) -> Iterator[str]:
     """A per-test directory name under /tmp in the guests (created on every live node)."""
     path = f"/tmp/xt-{uuid.uuid4().hex[:10]}"
-    for i in range(xc.nodes):
-        if xc.alive(i):
-            xc.run(i, f"mkdir -p {path}")
+    _on_live_nodes(xc, f"mkdir -p {path}", check=True)
     yield path
-    for i in range(xc.nodes):
-        if xc.alive(i):
-            xc.run(i, f"rm -rf {path}", check=False)
+    _on_live_nodes(xc, f"rm -rf {path}", check=False)
+
+
+def _on_live_nodes(xc: ClusterHarness, command: str, *, check: bool) -> None:
+    """`command` on every live node at once (one SSH round trip each, in parallel)."""
+    live = [i for i in range(xc.nodes) if xc.alive(i)]
+    with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
+        for done in [pool.submit(xc.run, i, command, check=check) for i in live]:
+            done.result()

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, TypeVar
 
 from obmm.testbed.ssh import Result, SshError
 from obmm.tools import logscan
 
 MARKER = "obmm-cluster-test"
 TAINT_EXCERPT_CHARS = 3000
+# Between the kernel log and the taint mask in one command's output.
+TAINT_SEPARATOR = "==obmm-kguard-taint=="
+T = TypeVar("T")
 
 
 class _NodeRunner(Protocol):
@@ -47,18 +51,28 @@ class KernelLogGuard:
         self.tag = ""
         self.before: dict[int, int] = {}
 
+    def _on_each(self, nodes: Sequence[int], fn: Callable[[int], T]) -> dict[int, T]:
+        """fn(i) for every node at once (one SSH round trip each, in parallel); in node order.
+        An exception of any node is raised after all have finished."""
+        if len(nodes) <= 1:
+            return {i: fn(i) for i in nodes}
+        with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+            futures = {i: pool.submit(fn, i) for i in nodes}
+            return {i: f.result() for i, f in futures.items()}
+
     def mark(self, tag: str, nodes: Sequence[int] | None = None) -> dict[int, int]:
         """Write a marker into every live node's kernel log; their taint masks."""
-        taints: dict[int, int] = {}
-        for i in range(self.nodes) if nodes is None else nodes:
-            if self._alive(i):
-                res = self._run(
-                    i,
-                    f"echo '{self.marker}: {tag}' > /dev/kmsg; cat /proc/sys/kernel/tainted",
-                    timeout=120,
-                )
-                taints[i] = int(res.out.strip() or "0")
-        return taints
+        live = [i for i in (range(self.nodes) if nodes is None else nodes) if self._alive(i)]
+
+        def one(i: int) -> int:
+            res = self._run(
+                i,
+                f"echo '{self.marker}: {tag}' > /dev/kmsg; cat /proc/sys/kernel/tainted",
+                timeout=120,
+            )
+            return int(res.out.strip() or "0")
+
+        return self._on_each(live, one)
 
     def new_kernel_log(self, node: int, tag: str) -> str:
         """The node's kernel log after the marker `tag` (all of it if the marker is gone)."""
@@ -74,20 +88,35 @@ class KernelLogGuard:
         self.tag = f"{name} {uuid.uuid4().hex[:8]}"
         self.before = self.mark(self.tag)
 
+    def _log_and_taint(self, node: int) -> tuple[str, int] | SshError:
+        """The node's kernel log after this guard's marker and its taint mask, in one round
+        trip (or the error that prevented reading them)."""
+        try:
+            res = self._run(
+                node, f"dmesg; echo {TAINT_SEPARATOR}; cat /proc/sys/kernel/tainted", timeout=60
+            )
+        except SshError as exc:
+            return exc
+        text, _, taint = res.out.rpartition(f"{TAINT_SEPARATOR}\n")
+        cut = text.rfind(f"{self.marker}: {self.tag}")
+        text = text[text.find("\n", cut) + 1 :] if cut >= 0 else text
+        return text, int(taint.strip() or "0")
+
     def failures(self, *, allow_dead: bool = False) -> list[str]:
         """What went wrong in the kernels since :meth:`start`, one text per node."""
         failures = []
+        live = [i for i in self.before if self._alive(i)]
+        logs = self._on_each(live, self._log_and_taint)
         for i, taint_before in self.before.items():
-            if not self._alive(i):
+            if i not in logs:
                 if not allow_dead:  # else: a node killed on purpose
                     failures.append(f"node{i} died; console:\n{self._console_tail(i)}")
                 continue
-            try:
-                text = self.new_kernel_log(i, self.tag)
-                taint_after = self.taint(i)
-            except SshError as exc:
-                failures.append(f"node{i}: cannot read its kernel log: {exc}")
+            got = logs[i]
+            if isinstance(got, SshError):
+                failures.append(f"node{i}: cannot read its kernel log: {got}")
                 continue
+            text, taint_after = got
             reports = logscan.scan(text)
             if reports:
                 failures.append(f"node{i} kernel reports:\n{logscan.format_reports(reports)}")
