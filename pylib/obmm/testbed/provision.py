@@ -11,8 +11,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import logging
+import os
 import tarfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
@@ -26,6 +29,8 @@ from obmm.testbed.ssh import Connection
 log = logging.getLogger(__name__)
 
 GUEST_ROOT = PurePosixPath("/opt/obmm-testbed")
+# Beside the built .ko files: the digest of the sources they were built from.
+BUILD_STAMP = "build-stamp.json"
 # The runner's deliberately failing self-tests: inside tests/guest (same path in the checkout and
 # in the guest) so the guest conftest's kernel-log scan applies; the suites ignore it.
 GUEST_SELFTEST = "tests/guest/_selftest"
@@ -72,21 +77,58 @@ def payload_tar(root: Path, modules: Sequence[Path] = ()) -> bytes:
     return buf.getvalue()
 
 
+def module_sources_digest(release: str) -> str:
+    """What a module build depends on: the kernel release, every file under kmod/ (build
+    output never lands there) and the build procedure itself."""
+    from obmm.testbed import kbuild
+
+    h = hashlib.sha256(f"release={release}\n".encode())
+    h.update(Path(kbuild.__file__).read_bytes())
+    root = kmod_dir()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"\n{path.relative_to(root)}\n".encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def build_guest_modules(image: Image, out: Path) -> list[Path]:
     """Build kmod/* against the guest kernel's headers and pre-flight each .ko on the host
-    (:func:`obmm.testbed.kbuild.build_modules` plus the ELF checks)."""
+    (:func:`obmm.testbed.kbuild.build_modules` plus the ELF checks).
+
+    A run builds the suites' modules several times over (qemu-test, the cluster suite, the
+    hardware proofs): when the sources are those of the last build into `out`, its .ko files
+    are used again (still ELF-checked)."""
     from obmm.testbed import kbuild
     from obmm.tools import elfcheck
 
     release = image.kernel_release
     headers = kbuild.fetch_headers(release)
-    kos = kbuild.build_modules(headers, kmod_dir(), out / release)
+    digest = module_sources_digest(release)
+    stamp = out / release / BUILD_STAMP
+    kos = _cached_build(stamp, digest)
+    if kos is None:
+        kos = kbuild.build_modules(headers, kmod_dir(), out / release)
+        tmp = stamp.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"digest": digest, "modules": [k.name for k in kos]}))
+        os.replace(tmp, stamp)
     symvers = elfcheck.Symvers.load(headers / "Module.symvers")
     exports = {sym for ko in kos for sym in elfcheck.module_exports(ko)}
     for ko in kos:
         elfcheck.require_loadable(
             ko, kernel_release=release, arch="x86_64", symvers_path=symvers, extra_exports=exports
         )
+    return kos
+
+
+def _cached_build(stamp: Path, digest: str) -> list[Path] | None:
+    try:
+        recorded = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+    kos = [stamp.parent / name for name in recorded.get("modules", [])]
+    if recorded.get("digest") != digest or not kos or not all(k.is_file() for k in kos):
+        return None
+    log.info("modules: sources unchanged since the last build, using %s", stamp.parent)
     return kos
 
 
