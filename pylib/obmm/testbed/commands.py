@@ -172,12 +172,10 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _prepare(cluster: Cluster) -> None:
     from obmm.testbed.paths import repo_root, results_dir
-    from obmm.testbed.provision import build_guest_modules, module_load_order, prepare_node
+    from obmm.testbed.provision import build_guest_modules, module_load_order, prepare_nodes
 
     kos = module_load_order(build_guest_modules(cluster.image, results_dir() / "kmod"))
-    for i in range(cluster.topology.nodes):
-        with cluster.connect(i) as conn:
-            prepare_node(conn, i, cluster.topology, repo_root(), kos)
+    prepare_nodes(cluster.connect, cluster.topology, repo_root(), kos)
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -17,7 +17,8 @@ import json
 import logging
 import os
 import tarfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from obmm.testbed import qemu
@@ -120,6 +121,24 @@ def build_guest_modules(image: Image, out: Path) -> list[Path]:
     return kos
 
 
+def prepare_nodes(
+    connect: Callable[[int], Connection],
+    topology: qemu.Topology,
+    root: Path,
+    modules: Sequence[Path],
+) -> None:
+    """:func:`prepare_node` on every node at once, with one payload archive for all."""
+    payload = payload_tar(root, modules)
+
+    def one(i: int) -> None:
+        with connect(i) as conn:
+            prepare_node(conn, i, topology, root, modules, payload=payload)
+
+    with ThreadPoolExecutor(max_workers=topology.nodes) as pool:
+        for done in [pool.submit(one, i) for i in range(topology.nodes)]:
+            done.result()
+
+
 def _cached_build(stamp: Path, digest: str) -> list[Path] | None:
     try:
         recorded = json.loads(stamp.read_text())
@@ -155,10 +174,17 @@ def insmod_command(
 
 
 def prepare_node(
-    conn: Connection, node: int, topology: qemu.Topology, root: Path, modules: Sequence[Path]
+    conn: Connection,
+    node: int,
+    topology: qemu.Topology,
+    root: Path,
+    modules: Sequence[Path],
+    *,
+    payload: bytes | None = None,
 ) -> None:
     """Copy the package, tests and modules into a guest and load the modules."""
-    payload = payload_tar(root, modules)
+    if payload is None:
+        payload = payload_tar(root, modules)
     conn.run(
         f"rm -rf {GUEST_ROOT} && mkdir -p {GUEST_ROOT} && tar -xzf - -C {GUEST_ROOT}",
         timeout=120,

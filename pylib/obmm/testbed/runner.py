@@ -42,7 +42,7 @@ from obmm.testbed.provision import (
     GUEST_ROOT,
     build_guest_modules,
     module_load_order,
-    prepare_node,
+    prepare_nodes,
 )
 from obmm.testbed.ssh import CommandTimeout, Connection, GuestGone, SshError
 
@@ -260,9 +260,7 @@ class GuestSession:
         )
         t3 = time.monotonic()
         self.timings["boot"] = t3 - t2
-        for i in range(self.topology.nodes):
-            with self.cluster.connect(i) as conn:
-                prepare_node(conn, i, self.topology, repo_root(), self.modules)
+        prepare_nodes(self.cluster.connect, self.topology, repo_root(), self.modules)
         self.timings["prepare"] = time.monotonic() - t3
         progress.line(
             f"ready: {self.topology.nodes} node(s), modules loaded; "
