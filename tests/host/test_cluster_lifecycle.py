@@ -160,7 +160,25 @@ def test_fast_boot_of_an_image_without_its_initramfs_says_what_to_use_and_leaves
         cl.Cluster.start(
             fake_image, qemu.Topology(nodes=1), name="z", init="systemd", logdir=tmp_path / "l"
         )
-    assert "systemd.hostname=node0" in (tmp_path / "l" / "node0.qemu.log").read_text()
+    systemd_argv = (tmp_path / "l" / "node0.qemu.log").read_text()
+    assert "systemd.hostname=node0" in systemd_argv
+    assert "-bios" not in systemd_argv  # the real-host-like boot keeps SeaBIOS
+
+
+def test_fast_boot_uses_qboot_when_qemu_ships_it(
+    run_root: Path, fake_image: Image, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("OBMM_TESTBED_QEMU", "false")
+    qboot = tmp_path / "qboot.rom"
+    qboot.write_bytes(b"rom")
+    monkeypatch.setattr(qemu, "QBOOT", str(qboot))
+    with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
+        cl.Cluster.start(fake_image, qemu.Topology(nodes=1), name="q", logdir=tmp_path / "l")
+    assert f"-bios {qboot} " in (tmp_path / "l" / "node0.qemu.log").read_text()
+    qboot.unlink()
+    with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
+        cl.Cluster.start(fake_image, qemu.Topology(nodes=1), name="q", logdir=tmp_path / "m")
+    assert "-bios" not in (tmp_path / "m" / "node0.qemu.log").read_text()
 
 
 def test_interrupt_during_boot_kills_every_node_and_removes_files(

@@ -174,3 +174,9 @@ def test_systemd_init_boots_the_distribution_userland() -> None:
 def test_unknown_init_mode_is_refused() -> None:
     with pytest.raises(qemu.TopologyError, match="init must be one of fast, systemd"):
         qemu.kernel_cmdline(qemu.Topology(), 0, init="upstart")
+
+
+def test_firmware_is_passed_as_bios_only_when_set() -> None:
+    argv = qemu.build_argv(qemu.Topology(), _launch(0, firmware="/usr/share/qemu/qboot.rom"))
+    assert _pairs(argv, "-bios") == ["/usr/share/qemu/qboot.rom"]
+    assert "-bios" not in qemu.build_argv(qemu.Topology(), _launch(0))

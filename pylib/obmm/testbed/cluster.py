@@ -634,9 +634,16 @@ class Cluster:
             initrd=self._initrd(),
             accel=self.accel,
             init=self.init,
+            firmware=self._firmware(),
             qemu_binary=_qemu_binary(),
             extra_args=extra,
         )
+
+    def _firmware(self) -> str | None:
+        """qboot for the fast boot when QEMU ships it, else QEMU's default (SeaBIOS)."""
+        if self.init == qemu.INIT_FAST and Path(qemu.QBOOT).is_file():
+            return qemu.QBOOT
+        return None
 
     def _initrd(self) -> Path:
         if self.init == qemu.INIT_SYSTEMD:
