@@ -16,6 +16,12 @@
  * heartbeat_misses of the exporter's heartbeat periods, is revoked: its
  * user mappings are zapped (the next access faults: SIGBUS) and new
  * mmaps fail.  No cross-VM lock is taken: entries are read seqcount-style.
+ *
+ * Acknowledgment: each scan first reads every peer's withdraw_epoch, then
+ * revokes, then writes ack[peer] = (peer's boot id, that epoch) in this
+ * node's own entry; a peer any of whose records could not be read this
+ * time is not acknowledged.  An exporter reuses withdrawn memory only
+ * once every live peer acknowledged its epoch (obmm_access_acked_epoch()).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -57,6 +63,9 @@ struct obmm_peer {
 	u64 heartbeat;
 	unsigned int heartbeat_ms;
 	unsigned long changed;	/* jiffies when heartbeat last changed */
+	u64 epoch;		/* its withdraw_epoch, as last read */
+	u64 ack_boot;		/* its ack of this node's withdrawals */
+	u64 ack_epoch;
 };
 
 static struct obmm_peer peers[OBMM_EMU_MAX_NODES];
@@ -116,6 +125,9 @@ static void obmm_peers_update(void)
 				p->heartbeat_ms = le32_to_cpu(n.heartbeat_ms);
 				p->changed = jiffies;
 			}
+			p->epoch = le64_to_cpu(n.withdraw_epoch);
+			p->ack_boot = le64_to_cpu(n.ack[obmm_emu_node_id].boot_id);
+			p->ack_epoch = le64_to_cpu(n.ack[obmm_emu_node_id].epoch);
 		}
 		/* An unreadable entry is judged by its last change. */
 		p->alive = p->seen &&
@@ -176,7 +188,8 @@ int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
  * Why the export an import depends on is gone, or NULL while it is live
  * (or cannot be told this time: an entry being rewritten).  peer_lock held.
  */
-static const char *obmm_dep_lost_locked(const struct obmm_export_dep *dep)
+static const char *obmm_dep_lost_locked(const struct obmm_export_dep *dep,
+					bool *unsure)
 {
 	const struct obmm_peer *p = &peers[dep->node];
 	struct obmm_emu_ctl_export rec;
@@ -185,8 +198,10 @@ static const char *obmm_dep_lost_locked(const struct obmm_export_dep *dep)
 		return "exporter node dead or offline";
 	if (p->boot_id != dep->boot_id)
 		return "exporter node rebooted";
-	if (!obmm_ctl_read_record(dep->node, dep->slot, &rec))
+	if (!obmm_ctl_read_record(dep->node, dep->slot, &rec)) {
+		*unsure = true;
 		return NULL;
+	}
 	if (le32_to_cpu(rec.state) != OBMM_EMU_REC_LIVE ||
 	    le64_to_cpu(rec.generation) != dep->generation ||
 	    le64_to_cpu(rec.boot_id) != dep->boot_id)
@@ -194,30 +209,71 @@ static const char *obmm_dep_lost_locked(const struct obmm_export_dep *dep)
 	return NULL;
 }
 
-const char *obmm_access_dep_lost(const struct obmm_export_dep *dep)
+/*
+ * Why the export is gone (NULL: live); *unsure is set when its record
+ * could not be read this time (being rewritten, or a stuck writer).
+ */
+const char *obmm_access_dep_lost(const struct obmm_export_dep *dep,
+				 bool *unsure)
 {
 	const char *why;
 
 	mutex_lock(&peer_lock);
-	why = obmm_dep_lost_locked(dep);
+	why = obmm_dep_lost_locked(dep, unsure);
 	mutex_unlock(&peer_lock);
 	return why;
 }
 
-static void obmm_access_scan_fn(struct work_struct *work)
+/*
+ * The lowest epoch of this node's withdrawals that every live peer has
+ * acknowledged (U64_MAX when no peer is alive).  An ack of another boot
+ * of this node, or beyond what this node withdrew (a peer's bytes are not
+ * trusted), acknowledges nothing.  Dead, offline and absent peers do not
+ * hold memory back: their importers were revoked by their own death.
+ */
+u64 obmm_access_acked_epoch(void)
 {
+	u64 own_boot = obmm_fabric_boot_id(), top, acked = U64_MAX;
+	const struct obmm_peer *p;
+	int j;
+
+	top = obmm_fabric_withdraw_epoch();
 	mutex_lock(&peer_lock);
 	obmm_peers_update();
+	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
+		p = &peers[j];
+		if (j == obmm_emu_node_id || !p->alive)
+			continue;
+		if (p->ack_boot != own_boot || p->ack_epoch > top)
+			acked = 0;
+		else
+			acked = min(acked, p->ack_epoch);
+	}
 	mutex_unlock(&peer_lock);
-	obmm_imports_revoke_scan();
-	schedule_delayed_work(&scan_work, msecs_to_jiffies(revoke_scan_ms));
+	return acked;
 }
 
-/* Scan now (an export of this node was withdrawn). */
-void obmm_access_kick(void)
+static void obmm_access_scan_fn(struct work_struct *work)
 {
-	if (READ_ONCE(scan_running))
-		mod_delayed_work(system_wq, &scan_work, 0);
+	u64 boot[OBMM_EMU_MAX_NODES], epoch[OBMM_EMU_MAX_NODES];
+	bool alive[OBMM_EMU_MAX_NODES];
+	unsigned long unsure;
+	int j;
+
+	/* The epochs are read before the records that the scan re-reads. */
+	mutex_lock(&peer_lock);
+	obmm_peers_update();
+	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
+		alive[j] = peers[j].alive;
+		boot[j] = peers[j].boot_id;
+		epoch[j] = peers[j].epoch;
+	}
+	mutex_unlock(&peer_lock);
+	unsure = obmm_imports_revoke_scan();
+	for (j = 0; j < OBMM_EMU_MAX_NODES; j++)
+		if (j != obmm_emu_node_id && alive[j] && !(unsure & BIT(j)))
+			obmm_ctl_write_ack(j, boot[j], epoch[j]);
+	schedule_delayed_work(&scan_work, msecs_to_jiffies(revoke_scan_ms));
 }
 
 /* Start the revocation scan (the fabric is up). */

@@ -121,7 +121,8 @@ static int obmm_export_finish(struct obmm_region *r)
 		return ret;
 	ret = obmm_shmdev_publish(r);
 	if (ret) {
-		obmm_ctl_withdraw_export(r);
+		/* Published a moment: quarantined like any unexport. */
+		r->withdrawn_epoch = obmm_ctl_withdraw_export(r);
 		return ret;
 	}
 	obmm_region_activate(r);
@@ -215,7 +216,7 @@ long obmm_export_ioctl(void __user *uarg)
 				 &cmd.uba, &cmd.tokenid);
 
 err_pool:
-	obmm_pool_free(r->pa, total);
+	obmm_pool_free(r->pa, total, r->withdrawn_epoch);
 err_id:
 	obmm_region_remove_id(r);
 	obmm_region_free(r);
@@ -386,9 +387,10 @@ static void obmm_pid_unpin(struct obmm_region *r, unsigned long npinned)
 }
 
 /*
- * Unexported EXPORT_PID pages stay pinned for the pool's quarantine time,
- * like pool memory: an importer that has not yet noticed the withdrawal
- * must not reach pages the kernel has handed to someone else.
+ * Unexported EXPORT_PID pages stay pinned like quarantined pool memory:
+ * for the pool's quarantine time and until every live peer acknowledged
+ * the withdrawal, so that no importer that has not yet revoked its import
+ * can reach pages the kernel has handed to someone else.
  */
 struct obmm_pid_quarantine {
 	struct list_head link;
@@ -396,6 +398,7 @@ struct obmm_pid_quarantine {
 	unsigned long npages;
 	struct mm_struct *mm;
 	unsigned long release_at;
+	u64 epoch;
 };
 
 static LIST_HEAD(obmm_pid_quarantine_list);
@@ -414,16 +417,24 @@ static void obmm_pid_release(struct obmm_pid_quarantine *q)
 /* Release the entries whose time has come (all with @all). */
 static void obmm_pid_quarantine_run(bool all)
 {
+	unsigned long poll = msecs_to_jiffies(obmm_access_scan_ms());
 	struct obmm_pid_quarantine *q, *tmp;
-	unsigned long now = jiffies, next = 0;
+	unsigned long now = jiffies, next = 0, left;
+	u64 acked = all ? U64_MAX : obmm_access_acked_epoch();
 	LIST_HEAD(done);
 
 	mutex_lock(&obmm_pid_quarantine_lock);
 	list_for_each_entry_safe(q, tmp, &obmm_pid_quarantine_list, link) {
-		if (all || time_after_eq(now, q->release_at))
+		if (all || (time_after_eq(now, q->release_at) &&
+			    q->epoch <= acked)) {
 			list_move_tail(&q->link, &done);
-		else if (!next || q->release_at - now < next)
-			next = q->release_at - now;
+			continue;
+		}
+		/* Past its time: an acknowledgment is outstanding. */
+		left = time_after_eq(now, q->release_at) ? poll :
+		       q->release_at - now;
+		if (!next || left < next)
+			next = left;
 	}
 	mutex_unlock(&obmm_pid_quarantine_lock);
 	list_for_each_entry_safe(q, tmp, &done, link) {
@@ -439,22 +450,20 @@ static void obmm_pid_quarantine_fn(struct work_struct *work)
 	obmm_pid_quarantine_run(false);
 }
 
-static void obmm_pid_quarantine_add(struct obmm_region *r)
+/*
+ * The entry is allocated at EXPORT_PID (r->pid_quarantine), so that
+ * unexport cannot fail to keep the pages pinned.
+ */
+static void obmm_pid_quarantine_add(struct obmm_region *r, u64 epoch)
 {
-	struct obmm_pid_quarantine *q = kmalloc(sizeof(*q), GFP_KERNEL);
+	struct obmm_pid_quarantine *q = r->pid_quarantine;
 	unsigned long delay = obmm_pool_quarantine_jiffies();
 
-	if (!q) {
-		/* No memory for the entry: wait here instead. */
-		schedule_timeout_uninterruptible(delay);
-		obmm_pid_unpin(r, r->npages);
-		kvfree(r->pages);
-		mmdrop(r->mm);
-		return;
-	}
+	r->pid_quarantine = NULL;
 	q->pages = r->pages;
 	q->npages = r->npages;
 	q->mm = r->mm;
+	q->epoch = epoch;
 	q->release_at = jiffies + delay;
 	mutex_lock(&obmm_pid_quarantine_lock);
 	list_add_tail(&q->link, &obmm_pid_quarantine_list);
@@ -532,6 +541,12 @@ long obmm_export_pid_ioctl(void __user *uarg)
 	r->size = cmd.length;
 	r->npages = cmd.length >> PAGE_SHIFT;
 	r->pxm_numa = cmd.pxm_numa;
+	r->pid_quarantine = kmalloc(sizeof(*r->pid_quarantine), GFP_KERNEL);
+	if (!r->pid_quarantine) {
+		mmput(mm);
+		ret = -ENOMEM;
+		goto err_id;
+	}
 	ret = obmm_pid_pin(r, (unsigned long)cmd.va);
 	/* Pinned (or not): from now on the region needs the mm_struct only. */
 	mmgrab(mm);
@@ -551,6 +566,13 @@ long obmm_export_pid_ioctl(void __user *uarg)
 	r->mem_cap = 0;
 	memcpy(r->deid, cmd.deid, sizeof(r->deid));
 	ret = obmm_export_finish(r);
+	if (ret && r->withdrawn_epoch) {
+		/* The record was published: the pages stay pinned a while. */
+		obmm_pid_quarantine_add(r, r->withdrawn_epoch);
+		r->pages = NULL;
+		r->mm = NULL;
+		goto err_id;
+	}
 	if (ret)
 		goto err_unpin;
 
@@ -564,6 +586,8 @@ err_mm:
 	r->pages = NULL;
 	mmdrop(r->mm);
 err_id:
+	kfree(r->pid_quarantine);
+	r->pid_quarantine = NULL;
 	obmm_region_remove_id(r);
 	obmm_region_free(r);
 	return ret;
@@ -571,16 +595,20 @@ err_id:
 
 static void obmm_export_teardown(struct obmm_region *r)
 {
-	obmm_ctl_withdraw_export(r);
-	/* Loopback importers of this export need not wait for the scan. */
-	obmm_access_kick();
+	u64 epoch = obmm_ctl_withdraw_export(r);
+
+	/*
+	 * Loopback importers of this export are revoked (their PTEs zapped)
+	 * before UNEXPORT returns; remote ones acknowledge at their scan.
+	 */
+	obmm_imports_revoke_scan();
 	obmm_shmdev_unpublish(r);
 	if (r->from_user) {
-		obmm_pid_quarantine_add(r);
+		obmm_pid_quarantine_add(r, epoch);
 		r->pages = NULL;
 		r->mm = NULL;
 	} else {
-		obmm_pool_free(r->pa, r->size);
+		obmm_pool_free(r->pa, r->size, epoch);
 	}
 	obmm_region_remove_id(r);
 	obmm_region_free(r);

@@ -56,6 +56,10 @@ struct obmm_fabric {
 	phys_addr_t pool_base;
 	u64 pool_size;
 	u64 heartbeat;
+	/* this node's writer state of its entry (never read back from it) */
+	u64 withdraw_epoch;
+	struct obmm_emu_ctl_ack acks[OBMM_EMU_MAX_NODES];
+	struct mutex node_lock;	/* serialises the writers of this node's entry */
 	struct delayed_work heartbeat_work;
 	struct mutex rec_lock;	/* protects rec_used and record writes */
 	DECLARE_BITMAP(rec_used, OBMM_EMU_CTL_RECORDS_PER_NODE);
@@ -249,6 +253,7 @@ static void obmm_ctl_node_update(u32 state)
 	const struct obmm_emu_window *own = &fab.win[obmm_emu_node_id];
 	__le32 eid_le = cpu_to_le32(eid);
 
+	mutex_lock(&fab.node_lock);
 	obmm_ctl_write_begin(&n->seq);
 	n->state = cpu_to_le32(state);
 	n->node_id = cpu_to_le32(obmm_emu_node_id);
@@ -261,17 +266,22 @@ static void obmm_ctl_node_update(u32 state)
 	n->ram_size = cpu_to_le64(own->size);
 	n->heartbeat_ms = cpu_to_le32(heartbeat_ms);
 	n->heartbeat = cpu_to_le64(fab.heartbeat);
+	n->withdraw_epoch = cpu_to_le64(fab.withdraw_epoch);
+	memcpy(n->ack, fab.acks, sizeof(n->ack));
 	obmm_ctl_write_end(&n->seq);
+	mutex_unlock(&fab.node_lock);
 }
 
 static void obmm_heartbeat_fn(struct work_struct *work)
 {
 	struct obmm_emu_ctl_node *n = obmm_ctl_node(obmm_emu_node_id);
 
+	mutex_lock(&fab.node_lock);
 	fab.heartbeat++;
 	obmm_ctl_write_begin(&n->seq);
 	n->heartbeat = cpu_to_le64(fab.heartbeat);
 	obmm_ctl_write_end(&n->seq);
+	mutex_unlock(&fab.node_lock);
 	schedule_delayed_work(&fab.heartbeat_work,
 			      msecs_to_jiffies(heartbeat_ms));
 }
@@ -320,12 +330,20 @@ int obmm_ctl_publish_export(struct obmm_region *r)
 	return 0;
 }
 
-void obmm_ctl_withdraw_export(struct obmm_region *r)
+/*
+ * Withdraw an export's record, then count the withdrawal in this node's
+ * entry (in that order: a peer that read the new withdraw_epoch sees the
+ * withdrawn record).  Returns the epoch every live peer must acknowledge
+ * before the export's memory is reused (0: nothing to wait for).
+ */
+u64 obmm_ctl_withdraw_export(struct obmm_region *r)
 {
+	struct obmm_emu_ctl_node *n = obmm_ctl_node(obmm_emu_node_id);
 	struct obmm_emu_ctl_export *rec;
+	u64 epoch;
 
 	if (!fab.ctl || r->record_slot < 0)
-		return;
+		return 0;
 	mutex_lock(&fab.rec_lock);
 	rec = obmm_ctl_record(r->record_slot);
 	obmm_ctl_write_begin(&rec->seq);
@@ -334,7 +352,50 @@ void obmm_ctl_withdraw_export(struct obmm_region *r)
 	obmm_ctl_write_end(&rec->seq);
 	clear_bit(r->record_slot, fab.rec_used);
 	r->record_slot = -1;
+
+	mutex_lock(&fab.node_lock);
+	epoch = ++fab.withdraw_epoch;
+	obmm_ctl_write_begin(&n->seq);
+	n->withdraw_epoch = cpu_to_le64(epoch);
+	obmm_ctl_write_end(&n->seq);
+	mutex_unlock(&fab.node_lock);
 	mutex_unlock(&fab.rec_lock);
+	return epoch;
+}
+
+/* This node's count of withdrawn exports (what peers acknowledge). */
+u64 obmm_fabric_withdraw_epoch(void)
+{
+	u64 epoch;
+
+	mutex_lock(&fab.node_lock);
+	epoch = fab.withdraw_epoch;
+	mutex_unlock(&fab.node_lock);
+	return epoch;
+}
+
+/*
+ * Acknowledge, in this node's own entry, node @node's withdrawals up to
+ * @epoch of its boot @boot_id: every import of them is revoked and zapped.
+ */
+void obmm_ctl_write_ack(int node, u64 boot_id, u64 epoch)
+{
+	struct obmm_emu_ctl_node *n = obmm_ctl_node(obmm_emu_node_id);
+	struct obmm_emu_ctl_ack ack = {
+		.boot_id = cpu_to_le64(boot_id),
+		.epoch = cpu_to_le64(epoch),
+	};
+
+	if (!fab.ctl || node < 0 || node >= OBMM_EMU_MAX_NODES)
+		return;
+	mutex_lock(&fab.node_lock);
+	if (memcmp(&fab.acks[node], &ack, sizeof(ack))) {
+		fab.acks[node] = ack;
+		obmm_ctl_write_begin(&n->seq);
+		n->ack[node] = ack;
+		obmm_ctl_write_end(&n->seq);
+	}
+	mutex_unlock(&fab.node_lock);
 }
 
 /* Withdraw whatever a previous incarnation of this node left behind. */
@@ -431,6 +492,7 @@ int obmm_fabric_init(void)
 	if (heartbeat_ms < OBMM_EMU_MIN_HEARTBEAT_MS)
 		heartbeat_ms = OBMM_EMU_MIN_HEARTBEAT_MS;
 	mutex_init(&fab.rec_lock);
+	mutex_init(&fab.node_lock);
 	INIT_DELAYED_WORK(&fab.heartbeat_work, obmm_heartbeat_fn);
 	fab.boot_id = get_random_u64();
 
@@ -452,6 +514,7 @@ int obmm_fabric_init(void)
 	fab.ctl = memremap(fab.ctl_base, fab.ctl_size, MEMREMAP_WC);
 	if (!fab.ctl) {
 		obmm_fabric_put_devices();
+		mutex_destroy(&fab.node_lock);
 		mutex_destroy(&fab.rec_lock);
 		return -ENOMEM;
 	}
@@ -495,5 +558,6 @@ void obmm_fabric_exit(void)
 		fab.ctl = NULL;
 	}
 	obmm_fabric_put_devices();
+	mutex_destroy(&fab.node_lock);
 	mutex_destroy(&fab.rec_lock);
 }

@@ -125,27 +125,43 @@ static void obmm_range_remove(struct obmm_region *r)
 	mutex_unlock(&obmm_import_mutex);
 }
 
-/* Put a fully made import under the revocation scan. */
-static void obmm_range_track(struct obmm_region *r)
+/*
+ * Put an import under the revocation scan before it can be mapped, and
+ * check its export once more under the scan's lock: a scan that ran since
+ * the access check may already have acknowledged the withdrawal of that
+ * export (it skipped the untracked import), and its memory may be reused.
+ * -EACCES when the export is gone.
+ */
+static int obmm_range_track(struct obmm_region *r)
 {
+	bool unsure = false;
+	int ret = 0;
+
 	mutex_lock(&obmm_import_mutex);
-	r->tracked = true;
+	if (obmm_access_dep_lost(&r->dep, &unsure))
+		ret = -EACCES;
+	else
+		r->tracked = true;
 	mutex_unlock(&obmm_import_mutex);
+	return ret;
 }
 
 /*
  * The revocation scan: revoke every import whose export is gone.  A
  * revoked import that is still mapped is zapped again on every scan, so a
  * mapping that raced with the revocation (set up by an mmap that passed
- * its check before the region was marked) cannot survive it.
+ * its check before the region was marked) cannot survive it.  Returns
+ * the mask of exporter nodes some record of which could not be read (the
+ * scan cannot vouch for their withdrawals this time).
  */
-void obmm_imports_revoke_scan(void)
+unsigned long obmm_imports_revoke_scan(void)
 {
 	struct obmm_import_range *ir;
+	unsigned long unsure_mask = 0;
 	struct obmm_region *r;
 	const char *why;
 	unsigned int mapped;
-	bool revoked;
+	bool revoked, unsure;
 
 	mutex_lock(&obmm_import_mutex);
 	list_for_each_entry(ir, &obmm_import_ranges, link) {
@@ -161,7 +177,10 @@ void obmm_imports_revoke_scan(void)
 				obmm_shmdev_revoke(r);
 			continue;
 		}
-		why = obmm_access_dep_lost(&r->dep);
+		unsure = false;
+		why = obmm_access_dep_lost(&r->dep, &unsure);
+		if (unsure)
+			unsure_mask |= BIT(r->dep.node);
 		if (!why)
 			continue;
 		obmm_shmdev_revoke(r);
@@ -169,6 +188,7 @@ void obmm_imports_revoke_scan(void)
 			r->id, why, r->dep.node, r->dep.slot);
 	}
 	mutex_unlock(&obmm_import_mutex);
+	return unsure_mask;
 }
 
 /*
@@ -347,6 +367,9 @@ long obmm_import_ioctl(void __user *uarg)
 				       &r->dep);
 	if (ret)
 		goto err_iomem;
+	ret = obmm_range_track(r);
+	if (ret)
+		goto err_iomem;
 
 	r->pa = cmd.addr;
 	r->size = cmd.length;
@@ -360,7 +383,6 @@ long obmm_import_ioctl(void __user *uarg)
 	if (ret)
 		goto err_iomem;
 	obmm_region_activate(r);
-	obmm_range_track(r);
 
 	cmd.mem_id = r->id;
 	cmd.numa_id = r->numa_id;

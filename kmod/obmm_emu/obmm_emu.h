@@ -51,6 +51,8 @@
  * exporter's node, its record slot, and the generation and boot id the
  * record had when the import was made.
  */
+struct obmm_pid_quarantine;
+
 struct obmm_export_dep {
 	int node;
 	int slot;
@@ -120,7 +122,10 @@ struct obmm_region {
 	unsigned long npages;
 	struct mm_struct *mm;
 	int record_slot;
+	u64 withdrawn_epoch;	/* of a record withdrawn by a failed export */
 	bool phys_contig;	/* EXPORT_PID: pages physically contiguous */
+	/* EXPORT_PID: the entry that keeps the pages pinned after unexport */
+	struct obmm_pid_quarantine *pid_quarantine;
 
 	/* import */
 	struct resource ubmem_res;	/* "DIRECT_IMPORT_UBMEM" in iomem */
@@ -167,7 +172,7 @@ bool obmm_pool_present(void);
 int obmm_pool_nid(void);
 u64 obmm_pool_granu(void);
 int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa);
-void obmm_pool_free(phys_addr_t pa, u64 size);
+void obmm_pool_free(phys_addr_t pa, u64 size, u64 epoch);
 void obmm_pool_stats(u64 *total, u64 *used, u64 *cleared, u64 *uncleared);
 phys_addr_t obmm_pool_base(void);
 u64 obmm_pool_size(void);
@@ -188,7 +193,7 @@ long obmm_declare_preimport_ioctl(void __user *uarg);
 long obmm_undeclare_preimport_ioctl(void __user *uarg);
 int obmm_imports_init(void);
 void obmm_imports_exit(void);
-void obmm_imports_revoke_scan(void);
+unsigned long obmm_imports_revoke_scan(void);
 ssize_t obmm_imports_show_revoked(char *buf);
 
 /* shmdev.c */
@@ -222,7 +227,9 @@ phys_addr_t obmm_fabric_ctl_base(void);
 u64 obmm_fabric_ctl_size(void);
 u64 obmm_fabric_make_uba(phys_addr_t pa);
 int obmm_ctl_publish_export(struct obmm_region *r);
-void obmm_ctl_withdraw_export(struct obmm_region *r);
+u64 obmm_ctl_withdraw_export(struct obmm_region *r);
+u64 obmm_fabric_withdraw_epoch(void);
+void obmm_ctl_write_ack(int node, u64 boot_id, u64 epoch);
 int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset);
 u64 obmm_fabric_boot_id(void);
 bool obmm_ctl_read_node(int node, struct obmm_emu_ctl_node *out);
@@ -233,11 +240,12 @@ u32 obmm_ctl_record_state(int node, int slot);
 /* access.c: emulated UMMU access control and revocation */
 void obmm_access_start(void);
 void obmm_access_stop(void);
-void obmm_access_kick(void);
+u64 obmm_access_acked_epoch(void);
 unsigned int obmm_access_scan_ms(void);
 int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
 			     struct obmm_export_dep *dep);
-const char *obmm_access_dep_lost(const struct obmm_export_dep *dep);
+const char *obmm_access_dep_lost(const struct obmm_export_dep *dep,
+				 bool *unsure);
 
 /* ubc.c: the emulated UB controller's sysfs */
 int obmm_ubc_init(void);

@@ -11,6 +11,14 @@
  * grows on every publish and withdraw of the slot, so an importer can tell
  * a re-used slot from the export it resolved.
  *
+ * Acknowledged revocation: a node counts its withdrawals in its own entry
+ * (withdraw_epoch, +1 after every record it withdraws).  Node i, once its
+ * revocation scan has zapped every import of node j's withdrawn exports,
+ * writes in its own entry ack[j] = (node j's boot id, the withdraw_epoch of
+ * node j it read before that scan).  Node j reuses memory withdrawn at
+ * epoch E only when every live peer's ack[j] carries its boot id and an
+ * epoch >= E (no greater than its own), or the peer was declared dead.
+ *
  *   0x000000  struct obmm_emu_ctl_header (constant content; any node may
  *             write it when the magic is absent, all write the same bytes)
  *   0x001000  node table: OBMM_EMU_MAX_NODES x OBMM_EMU_CTL_NODE_STRIDE
@@ -79,6 +87,12 @@ struct obmm_emu_ctl_header {
 	__le32 reserved;
 };
 
+/* What a node acknowledged of node j's withdrawals (in its own entry). */
+struct obmm_emu_ctl_ack {
+	__le64 boot_id;
+	__le64 epoch;
+};
+
 struct obmm_emu_ctl_node {
 	__le32 seq;
 	__le32 state;
@@ -92,6 +106,8 @@ struct obmm_emu_ctl_node {
 	__le64 ram_size;
 	__le32 heartbeat_ms;
 	__le32 reserved;
+	__le64 withdraw_epoch;
+	struct obmm_emu_ctl_ack ack[OBMM_EMU_MAX_NODES];
 };
 
 struct obmm_emu_ctl_export {

@@ -13,11 +13,15 @@
  * used_map (the_pool.zeroing says which), an export zeroes granules it has
  * already reserved.
  *
- * Unexported memory first sits in quarantine for quarantine_ms (at least
- * four revocation-scan periods): importers on other nodes notice the
- * withdrawn export record at their next scan and zap their mappings, so
- * none of them can read the memory once it is zeroed and exported again.
- * No cross-VM lock is involved; the bound is a time bound (README.md).
+ * Unexported memory first sits in quarantine: it is released (zeroed,
+ * then exported again) only once quarantine_ms (at least four
+ * revocation-scan periods) have passed *and* every live peer acknowledged
+ * the withdrawal in its own control-region entry, i.e. revoked and zapped
+ * its imports of it (access.c); a peer declared dead no longer holds it.
+ * No cross-VM lock is involved (README.md).  An EXPORT that only
+ * quarantine keeps from succeeding waits for it, interruptibly, at most
+ * quarantine_ms plus one scan period; memory still unacknowledged then
+ * (a peer stopped, not yet declared dead) makes it fail with -EBUSY.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -96,9 +100,13 @@ struct obmm_pool_state {
 	unsigned long nr_used;
 	unsigned long *used_map;
 	unsigned long *dirty_map;
-	/* quarantined granules stay set in used_map until release_at */
+	/*
+	 * quarantined granules stay set in used_map until release_at has
+	 * passed and every live peer acknowledged their withdraw epoch
+	 */
 	unsigned long *quarantine_map;
 	unsigned long *release_at;	/* jiffies, per granule */
+	u64 *epoch;			/* withdraw epoch, per granule */
 	unsigned long nr_quarantined;
 	/* the granule the zero worker claimed, OBMM_POOL_NOT_ZEROING if none */
 	unsigned long zeroing;
@@ -235,28 +243,32 @@ static unsigned long obmm_pool_find(unsigned long n, bool fast)
 }
 
 /*
- * Allocate size bytes of zeroed, physically contiguous pool memory.
- * -EINVAL for a size that is not a multiple of the granule, -ENOMEM when
- * the pool cannot satisfy it (FAST: only already-cleared memory counts).
- */
-/*
- * Return expired quarantined granules to the free pool; pool lock held.
- * Returns the jiffies until the next expiry, 0 when none is left.
+ * Return quarantined granules whose time passed and whose withdrawal every
+ * live peer acknowledged to the free pool; pool lock held.  Returns the
+ * jiffies until it is worth looking again (an expiry, or one scan period
+ * while acknowledgments are outstanding), 0 when none is left.
  */
 static unsigned long obmm_pool_release_quarantine(void)
 {
 	unsigned long i, now = jiffies, next = 0, left;
+	unsigned long poll = msecs_to_jiffies(obmm_access_scan_ms());
 	bool released = false;
+	u64 acked;
 
+	if (!the_pool.nr_quarantined)
+		return 0;
+	acked = obmm_access_acked_epoch();
 	for_each_set_bit(i, the_pool.quarantine_map, the_pool.nr) {
-		if (time_after_eq(now, the_pool.release_at[i])) {
+		if (time_after_eq(now, the_pool.release_at[i]) &&
+		    the_pool.epoch[i] <= acked) {
 			clear_bit(i, the_pool.quarantine_map);
 			clear_bit(i, the_pool.used_map);
 			the_pool.nr_quarantined--;
 			released = true;
 			continue;
 		}
-		left = the_pool.release_at[i] - now;
+		left = time_after_eq(now, the_pool.release_at[i]) ? poll :
+		       the_pool.release_at[i] - now;
 		if (!next || left < next)
 			next = left;
 	}
@@ -278,15 +290,16 @@ static void obmm_pool_quarantine_work(struct work_struct *work)
 
 /*
  * Free space that only quarantine or the zero worker's claim withholds:
- * wait for it (at most quarantine_ms) instead of failing.  Pool lock
- * held; dropped while sleeping.  0 when it is worth looking again,
- * -ENOMEM when waiting cannot help, -ERESTARTSYS when a signal ended the
- * wait (EINTR to the caller, or the ioctl restarted under SA_RESTART:
- * nothing was allocated yet).
+ * wait for it (until @deadline) instead of failing.  Pool lock held;
+ * dropped while sleeping.  0 when it is worth looking again, -ENOMEM when
+ * waiting cannot help, -EBUSY when the deadline passed with quarantined
+ * memory still unacknowledged by a live peer, -ERESTARTSYS when a signal
+ * ended the wait (EINTR to the caller, or the ioctl restarted under
+ * SA_RESTART: nothing was allocated yet).
  */
-static int obmm_pool_wait_quarantine(unsigned long n)
+static int obmm_pool_wait_quarantine(unsigned long n, unsigned long deadline)
 {
-	unsigned long next;
+	unsigned long next, now;
 	int ret;
 
 	if (the_pool.zeroing != OBMM_POOL_NOT_ZEROING) {
@@ -302,6 +315,10 @@ static int obmm_pool_wait_quarantine(unsigned long n)
 	next = obmm_pool_release_quarantine();
 	if (!next)
 		return 0;
+	now = jiffies;
+	if (time_after_eq(now, deadline))
+		return -EBUSY;
+	next = min(next, deadline - now);
 	mutex_unlock(&the_pool.lock);
 	schedule_timeout_interruptible(next);
 	mutex_lock(&the_pool.lock);
@@ -309,8 +326,17 @@ static int obmm_pool_wait_quarantine(unsigned long n)
 	return signal_pending(current) ? -ERESTARTSYS : 0;
 }
 
+/*
+ * Allocate size bytes of zeroed, physically contiguous pool memory.
+ * -EINVAL for a size that is not a multiple of the granule, -ENOMEM when
+ * the pool cannot satisfy it (FAST: only already-cleared memory counts),
+ * -EBUSY when only quarantined memory a live peer has not acknowledged
+ * could (see obmm_pool_wait_quarantine()).
+ */
 int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa)
 {
+	unsigned long deadline = jiffies + msecs_to_jiffies(quarantine_ms) +
+				 msecs_to_jiffies(obmm_access_scan_ms());
 	unsigned long n, idx, i;
 	int ret;
 
@@ -330,7 +356,7 @@ int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa)
 		if (idx < the_pool.nr)
 			break;
 		/* FAST takes cleared memory only: waiting cannot help. */
-		ret = fast ? -ENOMEM : obmm_pool_wait_quarantine(n);
+		ret = fast ? -ENOMEM : obmm_pool_wait_quarantine(n, deadline);
 		if (ret)
 			goto out;
 	}
@@ -362,7 +388,11 @@ out:
 	return ret;
 }
 
-void obmm_pool_free(phys_addr_t pa, u64 size)
+/*
+ * Quarantine [pa, pa + size) until quarantine_ms passed and every live
+ * peer acknowledged the withdraw @epoch (0: nothing to acknowledge).
+ */
+void obmm_pool_free(phys_addr_t pa, u64 size, u64 epoch)
 {
 	unsigned long idx = (pa - the_pool.base) / the_pool.granu;
 	unsigned long n = size / the_pool.granu;
@@ -375,6 +405,7 @@ void obmm_pool_free(phys_addr_t pa, u64 size)
 	for (i = idx; i < idx + n; i++) {
 		set_bit(i, the_pool.quarantine_map);
 		the_pool.release_at[i] = release;
+		the_pool.epoch[i] = epoch;
 	}
 	bitmap_set(the_pool.dirty_map, idx, n);
 	the_pool.nr_used -= n;
@@ -541,6 +572,7 @@ static int obmm_pool_claim(phys_addr_t base, phys_addr_t end)
 
 static void obmm_pool_free_maps(void)
 {
+	kfree(the_pool.epoch);
 	kfree(the_pool.release_at);
 	bitmap_free(the_pool.quarantine_map);
 	bitmap_free(the_pool.used_map);
@@ -593,8 +625,11 @@ int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms)
 	the_pool.quarantine_map = bitmap_zalloc(the_pool.nr, GFP_KERNEL);
 	the_pool.release_at = kcalloc(the_pool.nr, sizeof(*the_pool.release_at),
 				      GFP_KERNEL);
+	the_pool.epoch = kcalloc(the_pool.nr, sizeof(*the_pool.epoch),
+				 GFP_KERNEL);
 	if (!the_pool.used_map || !the_pool.dirty_map ||
-	    !the_pool.quarantine_map || !the_pool.release_at) {
+	    !the_pool.quarantine_map || !the_pool.release_at ||
+	    !the_pool.epoch) {
 		ret = -ENOMEM;
 		goto err;
 	}
