@@ -7,7 +7,7 @@ or its node dies, zaps the importers' mappings so the next access is SIGBUS and 
 new mmap fails with ENXIO.  All of it is emulator-specific (kmod/obmm_emu/FIDELITY.md).
 
 On one node these are loopback imports: the exporter and importer are the same
-kernel, and unexport kicks the revocation scan at once.
+kernel, and UNEXPORT revokes them itself before it returns.
 """
 
 from __future__ import annotations
@@ -24,7 +24,17 @@ import time
 from pathlib import Path
 
 import pytest
-from obmm_fixtures import SZ_2M, SZ_128M, Fabric, expect_errno, exported, pool_total, pool_used
+from obmm_fixtures import (
+    SZ_2M,
+    SZ_128M,
+    Fabric,
+    expect_errno,
+    exported,
+    pool_dirs,
+    pool_total,
+    pool_used,
+    read_int,
+)
 
 import obmm
 from obmm import abi
@@ -211,6 +221,84 @@ def test_unexport_revokes_loopback_import_with_sigbus(dev: obmm.Obmm, fabric: Fa
         if exp is not None:
             dev.unexport(exp.mem_id)
     assert imp.mem_id not in revoked_ids()
+
+
+# Maps the import; on a line on stdin unexports the export and reads the mapping at once.
+UNEXPORT_THEN_READ = """
+import sys
+import obmm
+imp_id, exp_id, size = (int(a) for a in sys.argv[1:4])
+pattern = bytes.fromhex(sys.argv[4])
+dev = obmm.Obmm()
+m = obmm.ShmDev(imp_id).mmap(size)
+assert m.read(0, len(pattern)) == pattern, "import does not show the export's bytes"
+print("mapped", flush=True)
+sys.stdin.readline()
+dev.unexport(exp_id)
+got = m.read(0, len(pattern))
+print("READ", got.hex(), flush=True)
+sys.exit(3)
+"""
+
+
+def pool_uncleared() -> int:
+    return sum(read_int(d / "available_uncleared") for d in pool_dirs())
+
+
+def keep_workqueue_busy(dev: obmm.Obmm) -> None:
+    """Leave the pool's zero worker clearing most of the pool (a long, CPU-bound work item).
+
+    A work item queued behind it on this CPU (the revocation scan, once) waits for it.
+    """
+    wait_quarantine_drained()
+    big = dev.export(pool_total() - pool_used())
+    dev.unexport(big.mem_id)
+    wait_quarantine_drained()  # released: now being zeroed in the background
+
+
+def test_loopback_import_faults_as_soon_as_unexport_returns(dev: obmm.Obmm, fabric: Fabric) -> None:
+    """UNEXPORT revokes loopback importers synchronously: the very next access is SIGBUS.
+
+    Before, UNEXPORT only kicked the revocation scan, a work item: while the workqueue was
+    busy (here: zeroing a large freed export) the importer could still read the memory.
+    """
+    size = SZ_2M
+    pattern = bytes(range(64))
+    wait_quarantine_drained()  # so that the rest of the pool is one free run
+    exp = dev.export(size)
+    imp = None
+    helper = None
+    try:
+        write_pattern(exp.mem_id, size, pattern)
+        imp = fabric.import_loopback(dev, exp)
+        helper = subprocess.Popen(
+            [sys.executable, "-c", UNEXPORT_THEN_READ, str(imp.mem_id), str(exp.mem_id),
+             str(size), pattern.hex()],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert helper.stdout is not None and helper.stdin is not None
+        assert helper.stdout.readline().strip() == "mapped"
+        keep_workqueue_busy(dev)
+        busy = pool_uncleared()
+        helper.stdin.write("go\n")
+        helper.stdin.flush()
+        out, err = helper.communicate(timeout=60)
+        print(f"pool being zeroed when UNEXPORT ran: {busy:#x} bytes")
+        assert helper.returncode in (3, -signal.SIGBUS), (helper.returncode, err)
+        assert helper.returncode == -signal.SIGBUS, f"read after UNEXPORT returned: {out}"
+        assert imp.mem_id in revoked_ids()
+    finally:
+        if helper is not None and helper.poll() is None:
+            helper.kill()
+            helper.wait()
+        gc.collect()
+        if imp is not None:
+            dev.unimport(imp.mem_id)
+        with contextlib.suppress(obmm.ObmmError):  # ENOENT once the helper unexported it
+            dev.unexport(exp.mem_id)
 
 
 def test_revocation_reaches_mappings_through_every_device_node(
