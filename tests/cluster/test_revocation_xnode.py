@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from xharness import ClusterHarness
 
 from obmm.testbed.cluster import Cluster
 from obmm.testbed.ssh import Connection
@@ -242,5 +243,143 @@ def test_stalled_exporter_is_dead(cluster: Cluster, nodes: tuple[Connection, Con
     check_revoked(out)
     print(f"\nnode 0 stopped -> SIGBUS on node 1: {out['last_heartbeat_to_sigbus_ms']} ms")
     assert out["last_heartbeat_to_sigbus_ms"] < BOUND_S * 1000
+    assert not kernel_reports(b)
+    assert not kernel_reports(a)
+
+
+# -- acknowledged revocation: memory withdrawn from a stopped importer is not reused ----------
+
+NEW_PATTERN = bytes(range(255, 191, -1))
+# obmm_emu's defaults (the cluster loads it with them): quarantine_ms, heartbeat_ms and the
+# death timeout heartbeat_misses x heartbeat_ms.
+QUARANTINE_MS = 1000
+HEARTBEAT_MS = 250
+DEATH_MS = 8 * HEARTBEAT_MS
+
+# On the exporter: an otherwise empty pool, then an export of SIZE filled with PATTERN.
+ACK_EXPORT = f"""
+import json, time
+from pathlib import Path
+import obmm
+from obmm.bench import regions
+pool = next(Path("/sys/kernel/obmm_mempool").glob("obmm-*"))
+quarantined = Path("/sys/kernel/obmm_emu/quarantined")
+deadline = time.monotonic() + 10
+while int(quarantined.read_text(), 0) and time.monotonic() < deadline:
+    time.sleep(0.05)
+used = int((pool / "used").read_text(), 0)
+with obmm.Obmm() as dev:
+    exp = dev.export({SIZE})
+    pa = dev.query_pa_by_memid(exp.mem_id)
+with obmm.ShmDev(exp.mem_id) as shm, shm.mmap({SIZE}) as m:
+    m.write(0, bytes.fromhex("{PATTERN.hex()}"))
+print(json.dumps({{"node": regions.node_id(), "mem_id": exp.mem_id, "uba": exp.uba,
+                  "tokenid": exp.tokenid, "pa": pa, "used_before": used}}))
+"""
+
+# On the exporter while the importer's QEMU is stopped: unexport, then an EXPORT that only
+# the withdrawn memory could satisfy (all of the free pool), then a re-export of SIZE once
+# quarantine_ms has passed, filled with NEW_PATTERN.
+ACK_REEXPORT = """
+import errno, json, time
+from pathlib import Path
+import obmm
+mem_id, size, quarantine_ms = {mem_id}, {size}, {quarantine_ms}
+pool = next(Path("/sys/kernel/obmm_mempool").glob("obmm-*"))
+quarantined = Path("/sys/kernel/obmm_emu/quarantined")
+def stat(name):
+    return int((pool / name).read_text(), 0)
+out = {{}}
+with obmm.Obmm() as dev:
+    t0 = time.monotonic()
+    dev.unexport(mem_id)
+    out["quarantined_after_unexport"] = int(quarantined.read_text(), 0)
+    t1 = time.monotonic()
+    try:
+        whole = dev.export(stat("total") - stat("used"))
+    except obmm.ObmmError as exc:
+        out["whole_pool"] = errno.errorcode.get(exc.errno, str(exc.errno))
+    else:
+        out["whole_pool"] = "exported"
+        dev.unexport(whole.mem_id)
+    out["whole_pool_wait_ms"] = round((time.monotonic() - t1) * 1000)
+    time.sleep(max(0.0, t0 + quarantine_ms / 1000 + 0.1 - time.monotonic()))
+    new = dev.export(size)
+    out["new_mem_id"] = new.mem_id
+    out["new_pa"] = dev.query_pa_by_memid(new.mem_id)
+    with obmm.ShmDev(new.mem_id) as shm, shm.mmap(size) as m:
+        m.write(0, bytes.fromhex("{new}"))
+    out["quarantined_at_reexport"] = int(quarantined.read_text(), 0)
+    out["elapsed_ms"] = round((time.monotonic() - t0) * 1000)
+print(json.dumps(out))
+"""
+
+# On the exporter after the importer resumed: the quarantine drains (its ack), then cleanup.
+ACK_DRAIN = """
+import json, time
+from pathlib import Path
+import obmm
+quarantined = Path("/sys/kernel/obmm_emu/quarantined")
+t0 = time.monotonic()
+while int(quarantined.read_text(), 0) and time.monotonic() - t0 < {bound}:
+    time.sleep(0.02)
+left = int(quarantined.read_text(), 0)
+with obmm.Obmm() as dev:
+    dev.unexport({new_mem_id})
+print(json.dumps({{"left": left, "drain_ms": round((time.monotonic() - t0) * 1000)}}))
+"""
+
+
+def test_stopped_importer_holds_withdrawn_memory_until_it_acknowledges(
+    cluster: Cluster, xc: ClusterHarness, nodes: tuple[Connection, Connection]
+) -> None:
+    """Memory withdrawn from a stopped importer is not reused; resumed, it faults (SIGBUS).
+
+    Node 1 imports and maps node 0's export; node 1's QEMU is SIGSTOPped; node 0 unexports and,
+    past quarantine_ms, re-exports from an otherwise empty pool and writes new data.  The
+    withdrawn memory stays quarantined until node 1 acknowledges: an EXPORT only it could
+    satisfy fails with EBUSY, the re-export gets other memory.  Resumed, node 1's reader gets
+    SIGBUS, never the new data, and its acknowledgement releases the memory.  Node 1 must not be
+    declared dead meanwhile (8 x 250 ms): the stop lasts about 1.3 s.
+    """
+    a, b = nodes
+    exp = xc.py_json(0, ACK_EXPORT)
+    if exp["used_before"]:
+        pytest.skip("node 0's pool is not empty")
+    imp = Importer(b, exp)
+    stopped = False
+    new_mem_id = None
+    try:
+        assert imp.ready.wait(120), "importer not ready"
+        xc.py(0, "pass")  # the agent answers at once
+        pid = cluster.nodes[1].pid
+        os.kill(pid, signal.SIGSTOP)
+        stopped = True
+        code = ACK_REEXPORT.format(
+            mem_id=exp["mem_id"], size=SIZE, quarantine_ms=QUARANTINE_MS, new=NEW_PATTERN.hex()
+        )
+        held = xc.py_json(0, code)
+        new_mem_id = held["new_mem_id"]
+        os.kill(pid, signal.SIGCONT)
+        stopped = False
+        out = imp.result(BOUND_S + 60)
+        drain = xc.py_json(0, ACK_DRAIN.format(bound=BOUND_S, new_mem_id=new_mem_id))
+        new_mem_id = None
+    finally:
+        if stopped:
+            os.kill(cluster.nodes[1].pid, signal.SIGCONT)
+        if new_mem_id is not None:
+            xc.py(0, f"import obmm\nobmm.Obmm().unexport({new_mem_id})", check=False)
+    print(f"\nwhile node 1 was stopped: {held}\nafter it resumed: {drain}")
+    assert held["quarantined_after_unexport"] >= SIZE
+    # Only the withdrawn memory could satisfy it: refused after quarantine_ms (+ a scan).
+    assert held["whole_pool"] == "EBUSY", f"withdrawn memory reused unacknowledged: {held}"
+    assert held["whole_pool_wait_ms"] >= QUARANTINE_MS, held
+    # A must not have declared B dead (8 x 250 ms from B's last heartbeat change A saw).
+    assert held["elapsed_ms"] < DEATH_MS - HEARTBEAT_MS, f"stop too long for the test: {held}"
+    assert held["new_pa"] != exp["pa"], "withdrawn memory re-exported under node 1's mapping"
+    assert held["quarantined_at_reexport"] >= SIZE, "withdrawn memory released unacknowledged"
+    check_revoked(out)
+    assert drain["left"] == 0, f"node 1's acknowledgement did not release the memory: {drain}"
     assert not kernel_reports(b)
     assert not kernel_reports(a)
