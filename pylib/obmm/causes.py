@@ -42,6 +42,10 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
         "FAST was given and not enough already-cleared pool memory is available",
     ),
     ("EXPORT", "EPERM"): ("the UMMU refused a translation device (ummu_core_alloc_tdev)",),
+    ("EXPORT", "EBUSY"): (
+        "obmm_emu only: just unexported memory could satisfy it, and a live node has not "
+        "acknowledged its revocation yet (a stopped importer; kmod/obmm_emu/FIDELITY.md)",
+    ),
     ("EXPORT_PID", "EINVAL"): (
         "flags must be 0 (ALLOW_MMAP and FAST are refused)",
         "length is 0 or not a multiple of PMD_SIZE (2 MiB with 4K pages)",
