@@ -111,6 +111,23 @@ out["unimported"] = True
 print("result " + json.dumps(out), flush=True)
 """
 
+# IMPORTER whose reader notes changed data ("STALE") and reads on until it faults.
+_STALE_EXIT = """while True:
+    if m.read(0, len(pattern)) != pattern:
+        print("STALE", flush=True)
+        sys.exit(3)
+"""
+assert _STALE_EXIT in IMPORTER
+IMPORTER_UNTIL_FAULT = IMPORTER.replace(
+    _STALE_EXIT,
+    """stale = False
+while True:
+    if m.read(0, len(pattern)) != pattern and not stale:
+        stale = True
+        print("STALE", flush=True)
+""",
+)
+
 WRITER = r"""
 import sys, obmm
 mem_id, pattern = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
@@ -161,7 +178,8 @@ def remote_export(a: Connection) -> Iterator[dict[str, Any]]:
 class Importer:
     """IMPORTER running on node 1 in a thread; `ready` is set once its reader runs."""
 
-    def __init__(self, b: Connection, exp: dict[str, Any]) -> None:
+    def __init__(self, b: Connection, exp: dict[str, Any], script: str = IMPORTER) -> None:
+        self.script = script
         self.ready = threading.Event()
         self.lines: list[str] = []
         self.error: BaseException | None = None
@@ -180,7 +198,7 @@ class Importer:
             res = b.run(
                 f"{GUEST_ENV} python3 - {args}",
                 timeout=120,
-                stdin=IMPORTER.encode(),
+                stdin=self.script.encode(),
                 on_stdout=self._on_stdout,
             )
             if not res.ok:
@@ -381,5 +399,76 @@ def test_stopped_importer_holds_withdrawn_memory_until_it_acknowledges(
     assert held["quarantined_at_reexport"] >= SIZE, "withdrawn memory released unacknowledged"
     check_revoked(out)
     assert drain["left"] == 0, f"node 1's acknowledgement did not release the memory: {drain}"
+    assert not kernel_reports(b)
+    assert not kernel_reports(a)
+
+
+# On the exporter while the importer's QEMU is stopped past the death timeout: unexport, wait
+# for the quarantine to drain (the importer declared dead), re-export SIZE, fill it.
+REUSE_AFTER_DEATH = """
+import json, time
+from pathlib import Path
+import obmm
+quarantined = Path("/sys/kernel/obmm_emu/quarantined")
+out = {{}}
+with obmm.Obmm() as dev:
+    t0 = time.monotonic()
+    dev.unexport({mem_id})
+    while int(quarantined.read_text(), 0) and time.monotonic() - t0 < {bound}:
+        time.sleep(0.02)
+    out["released_ms"] = round((time.monotonic() - t0) * 1000)
+    new = dev.export({size})
+    out["new_mem_id"] = new.mem_id
+    out["new_pa"] = dev.query_pa_by_memid(new.mem_id)
+    with obmm.ShmDev(new.mem_id) as shm, shm.mmap({size}) as m:
+        m.write(0, bytes.fromhex("{new}"))
+print(json.dumps(out))
+"""
+
+
+def test_importer_stopped_past_the_death_timeout_is_dead_and_faults_on_resume(
+    cluster: Cluster, xc: ClusterHarness, nodes: tuple[Connection, Connection]
+) -> None:
+    """An importer stopped longer than the death timeout is declared dead: its memory is reused.
+
+    Node 0 releases the withdrawn memory only when it declares node 1 dead (not after
+    quarantine_ms), re-exports it and writes new data; resumed, node 1 revokes its import at its
+    next scan and its reader gets SIGBUS.  Known gap (FIDELITY.md): until that scan, node 1's
+    processes may read the reused bytes; the test reports whether its reader did.
+    """
+    a, b = nodes
+    exp = xc.py_json(0, ACK_EXPORT)
+    if exp["used_before"]:
+        pytest.skip("node 0's pool is not empty")
+    imp = Importer(b, exp, script=IMPORTER_UNTIL_FAULT)
+    stopped = False
+    new_mem_id = None
+    try:
+        assert imp.ready.wait(120), "importer not ready"
+        xc.py(0, "pass")
+        pid = cluster.nodes[1].pid
+        os.kill(pid, signal.SIGSTOP)
+        stopped = True
+        code = REUSE_AFTER_DEATH.format(
+            mem_id=exp["mem_id"], size=SIZE, bound=3 * DEATH_MS / 1000, new=NEW_PATTERN.hex()
+        )
+        reused = xc.py_json(0, code)
+        new_mem_id = reused["new_mem_id"]
+        os.kill(pid, signal.SIGCONT)
+        stopped = False
+        out = imp.result(BOUND_S + 60)
+    finally:
+        if stopped:
+            os.kill(cluster.nodes[1].pid, signal.SIGCONT)
+        if new_mem_id is not None:
+            xc.py(0, f"import obmm\nobmm.Obmm().unexport({new_mem_id})", check=False)
+    print(f"\nnode 1 stopped past the death timeout: {reused}; read the new data: {out['stale']}")
+    # Released by node 1's death (heartbeat_misses x heartbeat_ms), not by quarantine_ms.
+    assert reused["released_ms"] >= DEATH_MS - 2 * HEARTBEAT_MS, reused
+    assert reused["new_pa"] == exp["pa"], "an otherwise empty pool hands out the same memory"
+    assert out["returncode"] == -signal.SIGBUS, out
+    assert str(out["import"]) in out["revoked"]
+    assert out["mmap_after"] == "ENXIO"
+    assert out["unimported"]
     assert not kernel_reports(b)
     assert not kernel_reports(a)
