@@ -256,7 +256,7 @@ u64 obmm_access_acked_epoch(void)
 static void obmm_access_scan_fn(struct work_struct *work)
 {
 	u64 boot[OBMM_EMU_MAX_NODES], epoch[OBMM_EMU_MAX_NODES];
-	bool alive[OBMM_EMU_MAX_NODES];
+	bool seen[OBMM_EMU_MAX_NODES];
 	unsigned long unsure;
 	int j;
 
@@ -264,14 +264,18 @@ static void obmm_access_scan_fn(struct work_struct *work)
 	mutex_lock(&peer_lock);
 	obmm_peers_update();
 	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
-		alive[j] = peers[j].alive;
+		seen[j] = peers[j].seen;
 		boot[j] = peers[j].boot_id;
 		epoch[j] = peers[j].epoch;
 	}
 	mutex_unlock(&peer_lock);
+	/*
+	 * A peer this node thinks dead is acknowledged too: the scan revoked
+	 * every import of it.  It may see itself alive, and wait for this ack.
+	 */
 	unsure = obmm_imports_revoke_scan();
 	for (j = 0; j < OBMM_EMU_MAX_NODES; j++)
-		if (j != obmm_emu_node_id && alive[j] && !(unsure & BIT(j)))
+		if (j != obmm_emu_node_id && seen[j] && !(unsure & BIT(j)))
 			obmm_ctl_write_ack(j, boot[j], epoch[j]);
 	schedule_delayed_work(&scan_work, msecs_to_jiffies(revoke_scan_ms));
 }
