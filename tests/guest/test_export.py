@@ -12,7 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-from obmm_fixtures import SZ_2M, SZ_4K, expect_errno, exported, pool_total, pool_used
+from obmm_fixtures import (
+    SZ_2M,
+    SZ_4K,
+    expect_errno,
+    exported,
+    pool_dirs,
+    pool_total,
+    pool_used,
+    read_int,
+)
 
 import obmm
 from obmm import abi
@@ -226,10 +235,19 @@ def test_pool_used_accounts_export(dev: obmm.Obmm) -> None:
 
 
 def wait_quarantine_drained(timeout: float = 10.0) -> None:
-    """obmm_emu keeps unexported memory out of the pool for quarantine_ms (revocation)."""
+    """obmm_emu keeps unexported memory out of the pool for quarantine_ms (revocation).
+
+    Then wait for the background clearing too: while the zero worker clears a released
+    granule it holds it, and an EXPORT meanwhile takes the next one.
+    """
     path = Path("/sys/kernel/obmm_emu/quarantined")
     deadline = time.monotonic() + timeout
     while path.exists() and int(path.read_text(), 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    while (
+        sum(read_int(d / "available_uncleared") for d in pool_dirs())
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
 
 
