@@ -252,3 +252,28 @@ def test_sftp_failure_is_a_wrapper_error(sshd: FakeSshd, tmp_path: Path) -> None
     src.write_text("x")
     with _connected(sshd) as conn, pytest.raises((GuestGone, CommandTimeout)):
         conn.put(src, "/tmp/f.txt", timeout=3)
+
+
+def test_login_attempts_start_short_and_double_when_they_use_up_their_bound(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from obmm.testbed import ssh as ssh_mod
+
+    bounds: list[float] = []
+
+    def fake_connect(self: paramiko.SSHClient, *args: object, **kw: object) -> None:
+        bounds.append(float(kw["banner_timeout"]))  # type: ignore[arg-type]
+        if len(bounds) == 1:
+            raise paramiko.SSHException("Connection reset by peer")  # refused: no doubling
+        if len(bounds) <= 3:
+            time.sleep(float(kw["banner_timeout"]))  # type: ignore[arg-type]
+            raise paramiko.SSHException("Error reading SSH protocol banner")
+        # logged in
+
+    monkeypatch.setattr(paramiko.SSHClient, "connect", fake_connect)
+    monkeypatch.setattr(ssh_mod, "RETRY_INTERVAL_S", 0.0)
+    conn = ssh_mod.Connection(Target("127.0.0.1", 1, tmp_path / "k"), name="n")
+    conn.connect(time.monotonic() + 30)
+    # 1 s, 1 s again after a refusal, then doubled after each attempt that used up its bound.
+    assert bounds == [1.0, 1.0, 2.0, 4.0]
+    conn.close()
