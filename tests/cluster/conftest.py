@@ -36,7 +36,6 @@ import signal
 import threading
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from types import FrameType
 
@@ -47,6 +46,7 @@ from obmm.testbed.cluster import Cluster, load_topology
 from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.node import NodeSet
+from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.provision import payload_tar
 from obmm.testbed.runner import GuestSession
@@ -204,7 +204,4 @@ def guest_tmp(xc: ClusterHarness) -> Iterator[str]:
 
 def _on_live_nodes(xc: ClusterHarness, command: str, *, check: bool) -> None:
     """`command` on every live node at once (one SSH round trip each, in parallel)."""
-    live = [i for i in range(xc.nodes) if xc.alive(i)]
-    with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
-        for done in [pool.submit(xc.run, i, command, check=check) for i in live]:
-            done.result()
+    on_each([i for i in range(xc.nodes) if xc.alive(i)], lambda i: xc.run(i, command, check=check))

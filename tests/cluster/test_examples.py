@@ -13,10 +13,11 @@ from __future__ import annotations
 import random
 import re
 import shlex
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from xharness import ClusterHarness
+
+from obmm.testbed.parallel import on_each
 
 pytestmark = pytest.mark.emulator_only
 
@@ -38,12 +39,7 @@ def _wait_log(xc: ClusterHarness, node: int, log: str, text: str, timeout: float
 @pytest.fixture(scope="module")
 def built(xc: ClusterHarness) -> None:
     # Both nodes build at once (each is one TCG vCPU on its own host core).
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        builds = [
-            pool.submit(xc.run, n, f"make -s -C {xc.examples}/c", timeout=300) for n in (A, B)
-        ]
-        for build in builds:
-            build.result()
+    on_each([A, B], lambda n: xc.run(n, f"make -s -C {xc.examples}/c", timeout=300))
 
 
 def test_examples_end_to_end(xc: ClusterHarness, built: None) -> None:

@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from obmm.testbed import qemu
 from obmm.testbed import snapshot as snapshot_mod
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image, create_overlay
+from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import Connection, GuestGone, Target
@@ -713,27 +713,13 @@ class Cluster:
     def wait_ssh(self, timeout: float, progress: Progress | None = None) -> None:
         """Wait for every node's sshd at once (nodes boot in parallel; so do the waits)."""
         deadline = time.monotonic() + timeout
-        errors: dict[int, BaseException] = {}
 
         def wait_one(node: Node) -> None:
-            try:
-                self._wait_node(node, deadline)
-            except BaseException as exc:  # reported below, in node order
-                errors[node.index] = exc
-                return
+            self._wait_node(node, deadline)
             if progress is not None:
                 progress.line(f"{node.name}: ssh ready on 127.0.0.1:{node.ssh_port}")
 
-        threads = [
-            threading.Thread(target=wait_one, args=(n,), name=f"wait-{n.name}", daemon=True)
-            for n in self.nodes
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[min(errors)]
+        on_each(self.nodes, wait_one)
 
     def _wait_node(self, node: Node, deadline: float) -> None:
         conn = Connection(self.target(node.index), alive=self.all_alive, name=node.name)

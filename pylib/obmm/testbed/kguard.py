@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol, TypeVar
+from typing import Protocol
 
+from obmm.testbed.parallel import on_each
 from obmm.testbed.ssh import Result, SshError
 from obmm.tools import logscan
 
@@ -24,7 +24,6 @@ MARKER = "obmm-cluster-test"
 TAINT_EXCERPT_CHARS = 3000
 # Between the kernel log and the taint mask in one command's output.
 TAINT_SEPARATOR = "==obmm-kguard-taint=="
-T = TypeVar("T")
 
 
 class _NodeRunner(Protocol):
@@ -51,15 +50,6 @@ class KernelLogGuard:
         self.tag = ""
         self.before: dict[int, int] = {}
 
-    def _on_each(self, nodes: Sequence[int], fn: Callable[[int], T]) -> dict[int, T]:
-        """fn(i) for every node at once (one SSH round trip each, in parallel); in node order.
-        An exception of any node is raised after all have finished."""
-        if len(nodes) <= 1:
-            return {i: fn(i) for i in nodes}
-        with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
-            futures = {i: pool.submit(fn, i) for i in nodes}
-            return {i: f.result() for i, f in futures.items()}
-
     def mark(self, tag: str, nodes: Sequence[int] | None = None) -> dict[int, int]:
         """Write a marker into every live node's kernel log; their taint masks."""
         live = [i for i in (range(self.nodes) if nodes is None else nodes) if self._alive(i)]
@@ -72,7 +62,7 @@ class KernelLogGuard:
             )
             return int(res.out.strip() or "0")
 
-        return self._on_each(live, one)
+        return dict(zip(live, on_each(live, one)))
 
     def new_kernel_log(self, node: int, tag: str) -> str:
         """The node's kernel log after the marker `tag` (all of it if the marker is gone)."""
@@ -106,7 +96,7 @@ class KernelLogGuard:
         """What went wrong in the kernels since :meth:`start`, one text per node."""
         failures = []
         live = [i for i in self.before if self._alive(i)]
-        logs = self._on_each(live, self._log_and_taint)
+        logs = dict(zip(live, on_each(live, self._log_and_taint)))
         for i, taint_before in self.before.items():
             if i not in logs:
                 if not allow_dead:  # else: a node killed on purpose

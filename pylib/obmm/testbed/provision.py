@@ -18,12 +18,12 @@ import logging
 import os
 import tarfile
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from obmm.testbed import qemu
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image
+from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir
 from obmm.testbed.ssh import Connection
 
@@ -134,9 +134,7 @@ def prepare_nodes(
         with connect(i) as conn:
             prepare_node(conn, i, topology, root, modules, payload=payload)
 
-    with ThreadPoolExecutor(max_workers=topology.nodes) as pool:
-        for done in [pool.submit(one, i) for i in range(topology.nodes)]:
-            done.result()
+    on_each(range(topology.nodes), one)
 
 
 def _cached_build(stamp: Path, digest: str) -> list[Path] | None:

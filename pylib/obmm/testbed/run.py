@@ -57,6 +57,7 @@ from obmm.identity import ENV_NODE_ID
 from obmm.testbed import qemu
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.kguard import KernelLogGuard
+from obmm.testbed.parallel import on_each
 from obmm.testbed.provision import GUEST_ROOT
 from obmm.testbed.runner import ENV_NODES
 from obmm.testbed.ssh import CommandTimeout, GuestGone, Result, SshError
@@ -513,27 +514,15 @@ def dir_archive(src: Path, excludes: Sequence[str]) -> tuple[bytes, int]:
 
 def copy_to_nodes(conns: Mapping[int, Conn], data: bytes, dest: PurePosixPath) -> None:
     """Unpack the archive at `dest` on every node at once (one thread per node)."""
-    errors: dict[int, BaseException] = {}
     command = f"mkdir -p {shlex.quote(str(dest))} && tar -xf - -C {shlex.quote(str(dest))}"
 
     def one(i: int) -> None:
         try:
             conns[i].run(command, timeout=COPY_TIMEOUT_S, check=True, stdin=data)
-        except BaseException as exc:
-            errors[i] = exc
+        except Exception as exc:
+            raise RunError(f"node{i}: copying the directory failed: {exc}") from exc
 
-    _parallel(sorted(conns), one, "copy")
-    if errors:
-        i = min(errors)
-        raise RunError(f"node{i}: copying the directory failed: {errors[i]}") from errors[i]
-
-
-def _parallel(nodes: Sequence[int], fn: Callable[[int], None], what: str) -> None:
-    threads = [threading.Thread(target=fn, args=(i,), name=f"{what}-node{i}") for i in nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    on_each(sorted(conns), one)
 
 
 def read_identity(conn: Conn) -> tuple[str, str]:
@@ -633,7 +622,12 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
     from obmm.testbed.image import DEFAULT_RECIPE, ensure_image, find_recipe
     from obmm.testbed.paths import cache_dir, repo_root, results_dir
     from obmm.testbed.progress import Progress
-    from obmm.testbed.provision import build_guest_modules, module_load_order, prepare_node
+    from obmm.testbed.provision import (
+        build_guest_modules,
+        module_load_order,
+        payload_tar,
+        prepare_node,
+    )
 
     t0 = time.monotonic()
     progress = Progress(f"run {plan.name}")
@@ -666,17 +660,11 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
             opened.append(conn)
             conns[i] = conn
 
-        errors: dict[int, BaseException] = {}
-
-        def prepare_one(i: int) -> None:
-            try:
-                prepare_node(opened[i], i, topology, repo_root(), kos)
-            except BaseException as exc:
-                errors[i] = exc
-
-        _parallel(range(plan.nodes), prepare_one, "prepare")
-        if errors:
-            raise errors[min(errors)]
+        payload = payload_tar(repo_root(), kos)
+        on_each(
+            range(plan.nodes),
+            lambda i: prepare_node(opened[i], i, topology, repo_root(), kos, payload=payload),
+        )
         progress.line(f"modules loaded on {plan.nodes} node(s): {', '.join(k.name for k in kos)}")
         if plan.src is not None and plan.dest is not None and archive is not None:
             data, files = archive

@@ -40,6 +40,7 @@ from obmm.testbed import qemu
 from obmm.testbed.cluster import Cluster
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.kguard import KernelLogGuard
+from obmm.testbed.parallel import on_each
 from obmm.testbed.provision import GUEST_ROOT
 from obmm.testbed.run import (
     ENV_NODE_ADDR,
@@ -503,23 +504,7 @@ class UserCluster:
     def run_all(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S,
                 check: bool = False) -> list[Result]:  # fmt: skip
         """`command` on every node at once; the results in node order."""
-        results: dict[int, Result] = {}
-        errors: dict[int, BaseException] = {}
-
-        def one(node: UserNode) -> None:
-            try:
-                results[node.index] = node.run(command, timeout=timeout, check=check)
-            except BaseException as exc:
-                errors[node.index] = exc
-
-        threads = [threading.Thread(target=one, args=(n,)) for n in self.nodes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[min(errors)]
-        return [results[i] for i in sorted(results)]
+        return on_each(self.nodes, lambda n: n.run(command, timeout=timeout, check=check))
 
     def _alive(self, index: int) -> bool:
         return self.cluster.nodes[index].alive()
@@ -592,7 +577,12 @@ def boot(
     from obmm.testbed.image import DEFAULT_RECIPE, ensure_image, find_recipe
     from obmm.testbed.paths import cache_dir, repo_root, results_dir
     from obmm.testbed.progress import Progress
-    from obmm.testbed.provision import build_guest_modules, module_load_order, prepare_node
+    from obmm.testbed.provision import (
+        build_guest_modules,
+        module_load_order,
+        payload_tar,
+        prepare_node,
+    )
 
     progress = Progress(f"pytest cluster {name}")
     base = load_topology("pair" if nodes > 1 else "single")
@@ -617,21 +607,11 @@ def boot(
     conns: list[Connection] = []
     try:
         conns = [cluster.connect(i) for i in range(nodes)]
-        errors: dict[int, BaseException] = {}
-
-        def prepare(i: int) -> None:
-            try:
-                prepare_node(conns[i], i, topology, repo_root(), kos)
-            except BaseException as exc:
-                errors[i] = exc
-
-        threads = [threading.Thread(target=prepare, args=(i,)) for i in range(nodes)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[min(errors)]
+        payload = payload_tar(repo_root(), kos)
+        on_each(
+            range(nodes),
+            lambda i: prepare_node(conns[i], i, topology, repo_root(), kos, payload=payload),
+        )
         addrs = [cluster.fabric_ip(i) for i in range(nodes)]
         user_nodes = [
             UserNode(i, conns[i], node_env(i, nodes, addrs, read_identity(conns[i])))
