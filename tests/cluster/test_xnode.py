@@ -58,12 +58,9 @@ def exporter(xc: ClusterHarness, tmp: str, *, size: int = SZ_2M, seed: int = 1,
     port = _port()
     ready = f"{tmp}/export-{name}.json"
     host = xc.ip(node)
-    pid = xc.spawn(
-        node,
-        f"exec {xc.python} -m xnode serve --size {size} --seed {seed} --name {name} "
-        f"--bind {host} --port {port} --ready {ready}",
-        name=f"serve-{name}-{port}",
-    )
+    argv = ["serve", "--size", str(size), "--seed", str(seed), "--name", name, "--bind", host,
+            "--port", str(port), "--ready", ready]  # fmt: skip
+    pid = xc.spawn_xnode(node, argv, name=f"serve-{name}-{port}")
     try:
         doc = json.loads(xc.wait_file(node, ready, log=f"/tmp/serve-{name}-{port}.log"))
         yield Exporter(node, pid, doc["handle"], host, port, name, ready, seed, size)

@@ -6,6 +6,7 @@ conftest modules the same interpreter has loaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import socket
@@ -78,7 +79,9 @@ class Agent:
         )
 
     def close(self) -> None:
-        self.chan.close()
+        # The node may be dead (a test killed its QEMU): closing then cannot reach it.
+        with contextlib.suppress(EOFError, OSError):
+            self.chan.close()
 
 
 class ClusterHarness:
@@ -195,6 +198,16 @@ class ClusterHarness:
             f"</dev/null >{log} 2>&1 & echo $!",
         )
         return int(res.out.strip())
+
+    def spawn_xnode(self, node: int, argv: list[str], *, name: str) -> int:
+        """`xnode ARGV` in the background on `node`, forked from the node's agent (obmm already
+        imported); its output goes to /tmp/<name>.log.  Its pid."""
+        log = f"/tmp/{name}.log"
+        return int(
+            self.py_json(
+                node, f"import json, xnode\nprint(json.dumps(xnode.detach({argv!r}, {log!r})))\n"
+            )
+        )
 
     def wait_file(self, node: int, path: str, *, timeout: float = 90, log: str = "") -> str:
         """Wait (bounded) until `path` exists in the guest; return its content."""

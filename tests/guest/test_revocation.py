@@ -410,6 +410,8 @@ import errno, signal, sys
 import obmm
 signal.signal(signal.SIGUSR1, lambda *_: None)  # a handler, no SA_RESTART (Python's default)
 with obmm.Obmm() as dev:
+    print("ready", flush=True)
+    sys.stdin.readline()  # go: the memory is quarantined now
     print("waiting", flush=True)
     try:
         exp = dev.export(int(sys.argv[1]))
@@ -438,17 +440,23 @@ def test_export_waiting_for_quarantine_is_interruptible(dev: obmm.Obmm) -> None:
     if not QUARANTINE_MS.exists() or int(QUARANTINE_MS.read_text()) < 4 * WAIT_SETTLE_S * 1000:
         pytest.skip("quarantine too short to catch the wait")
     wait_quarantine_drained()
-    free = pool_total() - pool_used()
-    whole = dev.export(free)
-    dev.unexport(whole.mem_id)  # all of the free memory now quarantined
+    # The waiter's interpreter starts first: on a loaded TCG host its start-up alone can
+    # outlast the quarantine (the export then succeeds and the test proves nothing).
     waiter = subprocess.Popen(
         [sys.executable, "-c", WAITER, str(SZ_2M)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        assert waiter.stdout is not None
+        assert waiter.stdout is not None and waiter.stdin is not None
+        assert waiter.stdout.readline().strip() == "ready"
+        free = pool_total() - pool_used()
+        whole = dev.export(free)
+        dev.unexport(whole.mem_id)  # all of the free memory now quarantined
+        waiter.stdin.write("go\n")
+        waiter.stdin.flush()
         assert waiter.stdout.readline().strip() == "waiting"
         time.sleep(WAIT_SETTLE_S)
         state = process_state(waiter.pid)

@@ -135,6 +135,9 @@ def test_guest_plugin_streams_events_from_a_real_pytest(tmp_path: Path) -> None:
     assert "assert 1 == 2" in bad.longrepr
     assert p.session_exit == 1
     assert len(p.collected) == 3
+    # Marker names come with the collection (the hardware-stage proof selects by them).
+    by_name = {n.split("::")[-1]: m for n, m in p.markers.items()}
+    assert by_name == {"test_ok": [], "test_bad": [], "test_skip": ["skip"]}
 
 
 def test_ssh_cli_accepts_options_before_or_after_the_node() -> None:

@@ -24,7 +24,7 @@ import pytest
 
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.paths import results_dir
-from obmm.testbed.runner import EventParser, GuestSession, guest_pytest_command
+from obmm.testbed.runner import GuestSession
 
 EMULATOR_REASON = (
     "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
@@ -71,20 +71,19 @@ def _node0(session: GuestSession, workdir: Path) -> dict[str, str]:
 
 
 def _guest_collect(
-    session: GuestSession, *args: str, paths: tuple[str, ...] = ("tests/guest",)
+    session: GuestSession, *, paths: tuple[str, ...], marker: str | None = None
 ) -> set[tuple[str, str]]:
-    """(classname, name) as junit spells them, of what the guest's pytest collects."""
-    parser = EventParser()
-    cmd = guest_pytest_command(
-        ["--collect-only", "-q", "--ignore=tests/guest/_selftest", *args, *paths],
-        node=0,
-        nodes=session.topology.nodes,
-        topology=session.topology,
-    )
-    with session.connect(0) as conn:
-        conn.run(cmd, timeout=600, on_stdout=parser.feed)
-    assert parser.session_exit is not None
-    return {_junit_name(n) for n in parser.collected}
+    """(classname, name) as junit spells them, of the tests under `paths` that the guest's
+    pytest collects (with `marker`, only those it marks so).  One collection of the whole guest
+    suite serves every call: the one the guest suite itself made, when it ran in this session."""
+    parser = session.collect(["tests/guest"], ["tests/guest/_selftest"])
+    assert parser.session_exit is not None and parser.markers
+    return {
+        _junit_name(n)
+        for n in parser.collected
+        if n.startswith(tuple(f"{p}::" if p.endswith(".py") else f"{p}/" for p in paths))
+        and (marker is None or marker in parser.markers.get(n, ()))
+    }
 
 
 def _junit_name(nodeid: str) -> tuple[str, str]:
@@ -155,7 +154,7 @@ def _prove_stage(guest_session: GuestSession, results: Path, paths: tuple[str, .
     node0 = _node0(guest_session, results)
     _wait_guest_pytest_idle(guest_session)
     everything = _guest_collect(guest_session, paths=paths)
-    emulator_only = _guest_collect(guest_session, "-m", "emulator_only", paths=paths)
+    emulator_only = _guest_collect(guest_session, paths=paths, marker="emulator_only")
     assert emulator_only and emulator_only < everything
     with guest_session.connect(0) as conn:
         modules_before = conn.run("cat /proc/modules | cut -d' ' -f1", timeout=60).out

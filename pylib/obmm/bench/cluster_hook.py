@@ -28,6 +28,7 @@ from obmm.bench.runner import (
     make_testbed_figure,
     run_cluster_bench,
 )
+from obmm.bench.suite_timing import SUITES, run_once, suite_figures
 
 if TYPE_CHECKING:
     from obmm.testbed.image import Image
@@ -238,6 +239,23 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     accel = accel_mod.choose(getattr(args, "accel", None), image.kernel, cache_dir())
     env = Environment.collect_host(accelerator=accel, node_count=2)
 
+    suites = [s for s in str(getattr(args, "suites", "") or "").split(",") if s]
+    if suites:
+        from obmm.testbed.paths import ENV_CACHE
+
+        testbed += suite_figures(
+            suites,
+            int(getattr(args, "suite_samples", 3)),
+            repo_root(),
+            results_dir() / "bench-suites",
+            say,
+            lambda suite, checkout, logdir: run_once(suite, checkout, logdir, ENV_CACHE),
+        )
+    if getattr(args, "suites_only", False):
+        run = Run(env=env)
+        run.add(testbed)
+        return run
+
     boot_nodes = [int(n) for n in str(getattr(args, "boot_nodes", "1,2,4,8")).split(",") if n]
     inits = [i for i in str(getattr(args, "boot_inits", "fast,systemd")).split(",") if i]
     samples = int(getattr(args, "boot_samples", 3))
@@ -259,7 +277,9 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
         finally:
             for conn in conns.values():
                 conn.close()
-    run.add(testbed + _qemu_test_figures(QEMU_TEST_TIMINGS))
+    measured = {f.name for f in testbed}
+    recorded = [f for f in _qemu_test_figures(QEMU_TEST_TIMINGS) if f.name not in measured]
+    run.add(testbed + recorded)
     return run
 
 
@@ -284,6 +304,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         help="boots per size and init (default 3; min/median/max in the summary)",
+    )
+    p.add_argument(
+        "--suites",
+        default="",
+        help="also time whole suites, comma separated, interleaved: "
+        + ", ".join(SUITES)
+        + " (minutes each: off by default)",
+    )
+    p.add_argument(
+        "--suite-samples", type=int, default=3, help="runs per suite with --suites (default 3)"
+    )
+    p.add_argument(
+        "--suites-only",
+        action="store_true",
+        help="with --suites: only the image lookup and the suite timings, no boots or data path",
     )
     p.add_argument("--accel", choices=("auto", "tcg", "kvm"), default=None)
 

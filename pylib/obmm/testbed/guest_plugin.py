@@ -50,7 +50,16 @@ class EventStream:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         for event in self.collect_errors:
             self.emit(event)
-        self.emit({"event": "collected", "nodeids": [i.nodeid for i in session.items]})
+        # The marker names too, so the host can select (e.g. emulator_only) without a second
+        # collection in the guest (a Python start-up: seconds under TCG).
+        markers = {i.nodeid: sorted({m.name for m in i.iter_markers()}) for i in session.items}
+        self.emit(
+            {
+                "event": "collected",
+                "nodeids": [i.nodeid for i in session.items],
+                "markers": markers,
+            }
+        )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logstart(self, nodeid: str) -> None:

@@ -111,6 +111,7 @@ class EventParser:
     def __init__(self) -> None:
         self._buf = b""
         self.collected: list[str] = []
+        self.markers: dict[str, list[str]] = {}  # nodeid -> marker names (collected event)
         self.collect_errors: dict[str, str] = {}
         self.results: dict[str, GuestTestResult] = {}
         self.finished: set[str] = set()
@@ -142,6 +143,8 @@ class EventParser:
         nodeid = str(event.get("nodeid", ""))
         if kind == "collected":
             self.collected = [str(n) for n in event.get("nodeids", [])]
+            markers = event.get("markers") or {}
+            self.markers = {str(k): [str(m) for m in v] for k, v in markers.items()}
         elif kind == "collect_error":
             self.collect_errors[nodeid] = str(event.get("longrepr", ""))
         elif kind == "start":
@@ -225,6 +228,8 @@ class GuestSession:
         self.modules: list[Path] = []
         self.boot_error: BaseException | None = None
         self.timings: dict[str, float] = {}
+        # collect() results by (paths, ignore, node): a guest collection is a Python start-up.
+        self._collections: dict[tuple[tuple[str, ...], tuple[str, ...], int], EventParser] = {}
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -269,6 +274,7 @@ class GuestSession:
         return self.cluster
 
     def close(self) -> None:
+        self._collections.clear()
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
@@ -281,14 +287,21 @@ class GuestSession:
     def collect(
         self, paths: Sequence[str], ignore: Sequence[str] = (), node: int = 0
     ) -> EventParser:
-        """The guest's view of which tests exist (and which files failed to import)."""
+        """The guest's view of which tests exist (and which files failed to import), with their
+        markers; collected once per (paths, ignore, node) for the life of the cluster."""
         cluster = self.boot()
+        key = (tuple(paths), tuple(ignore), node)
+        cached = self._collections.get(key)
+        if cached is not None:
+            return cached
         args = ["--collect-only", "-q", *[f"--ignore={p}" for p in ignore], *paths]
         cmd = guest_pytest_command(
             args, node=node, nodes=self.topology.nodes, topology=self.topology
         )
         with cluster.connect(node) as conn:
-            return collect_over(conn, cmd, "guest", timeout=300)
+            parser = collect_over(conn, cmd, "guest", timeout=300)
+        self._collections[key] = parser
+        return parser
 
     def start(
         self,

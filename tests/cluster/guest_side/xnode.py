@@ -186,6 +186,52 @@ def engram_expected(seed: int, size: int, rows: int, row_size: int, picks: list[
     return h.hexdigest()
 
 
+def detach(argv: list[str], log: str) -> int:
+    """Run ``xnode ARGV`` in a new session, detached from the agent; its pid.
+
+    For the agent: the child starts with obmm already imported (a fresh interpreter takes
+    seconds under TCG).  Forked twice so the service is nobody's child here: PID 1 reaps it,
+    and `kill -0 PID` turns false as soon as it has exited.  Output goes to `log`.
+    """
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked processes
+        try:
+            os.close(read_end)
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            os.write(write_end, str(os.getpid()).encode())
+            os.close(write_end)
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own fds
+            sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+            sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+            os.chdir("/tmp")
+            status = main(argv)
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            status = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    with os.fdopen(read_end, "rb") as pipe:
+        pid = pipe.read()
+    if not pid:
+        raise RuntimeError(f"xnode {argv[0]}: the detached process did not start")
+    return int(pid)
+
+
 def agent(args: argparse.Namespace) -> int:
     """Run snippets sent by the host, one JSON line each, in this one process.
 

@@ -1,6 +1,6 @@
 """Deliberately failing guest test: a kernel WARN must fail the test that caused it.
 
-Not part of the guest suite; the runner's self-test (tests/qemu/test_runner_selftest.py) runs it.
+Not part of the guest suite; the runner's self-test (tests/testbed/test_runner_selftest.py) runs it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,100 @@
+"""obmm.tools.side_by_side: the jobs of `make qemu-test` run at once, prefixed, all to the end."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from obmm.tools.side_by_side import main, parse_job, run_jobs
+
+
+def test_jobs_run_at_once_and_every_line_carries_its_prefix(tmp_path: Path) -> None:
+    # Each job waits for the other's file: they can only both finish if they run at once.
+    a, b = tmp_path / "a", tmp_path / "b"
+    wait = "for i in $(seq 100); do [ -e {f} ] && break; sleep 0.05; done; [ -e {f} ]"
+    jobs = [
+        parse_job(f"one=touch {a}; {wait.format(f=b)} && echo one done; echo err >&2"),
+        parse_job(f"two=touch {b}; {wait.format(f=a)} && printf 'x\\ny\\n'"),
+    ]
+    out = io.StringIO()
+    assert run_jobs(jobs, out) == 0
+    lines = out.getvalue().splitlines()
+    assert "[one] one done" in lines and "[one] err" in lines
+    assert lines.index("[two] x") < lines.index("[two] y")
+    assert lines[-2].startswith("side_by_side: one ok in ")
+    assert lines[-1].startswith("side_by_side: two ok in ")
+    assert all(ln.startswith(("[one] ", "[two] ", "side_by_side: ")) for ln in lines)
+
+
+def test_a_failing_job_does_not_stop_the_others_and_sets_the_status(tmp_path: Path) -> None:
+    marker = tmp_path / "late"
+    jobs = [parse_job("fast=exit 3"), parse_job(f"slow=sleep 0.5; touch {marker}")]
+    out = io.StringIO()
+    assert run_jobs(jobs, out) == 3
+    assert marker.exists()
+    assert "side_by_side: fast FAILED (exit 3)" in out.getvalue()
+    assert "side_by_side: slow ok" in out.getvalue()
+
+
+def test_first_failure_in_argument_order_is_the_status() -> None:
+    jobs = [parse_job("a=sleep 0.3; exit 5"), parse_job("b=exit 7")]
+    assert run_jobs(jobs, io.StringIO()) == 5
+
+
+@pytest.mark.parametrize("bad", ["nocommand", "=echo", "a b=echo", "x=  "])
+def test_malformed_job_is_a_usage_error(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([bad])
+    assert exc.value.code == 2
+    assert "expected NAME=COMMAND" in capsys.readouterr().err
+
+
+def test_duplicate_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="must differ"):
+        run_jobs([parse_job("a=true"), parse_job("a=true")], io.StringIO())
+
+
+def test_sigterm_reaches_every_job_and_they_unwind(tmp_path: Path) -> None:
+    # Each job traps TERM, writes that it unwound, and exits 143; none is left running.
+    jobs = []
+    for name in ("p", "q"):
+        done = tmp_path / f"{name}.unwound"
+        started = tmp_path / f"{name}.started"
+        jobs.append(
+            f"{name}=trap 'touch {done}; exit 143' TERM; touch {started}; "
+            "while :; do sleep 0.05; done"
+        )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "obmm.tools.side_by_side", *jobs],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"{n}.started").exists() for n in "pq"):
+        assert time.monotonic() < deadline, "jobs never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 143, out
+    assert (tmp_path / "p.unwound").exists() and (tmp_path / "q.unwound").exists()
+    assert "side_by_side: p FAILED (exit 143)" in out
+
+
+def test_each_job_is_timed_to_its_own_end() -> None:
+    # The long job is listed first: the short one's time must not include the wait for it.
+    out = io.StringIO()
+    assert run_jobs([parse_job("long=sleep 1.5"), parse_job("short=true")], out) == 0
+    times = {
+        ln.split()[1]: float(ln.split()[-2]) for ln in out.getvalue().splitlines()
+        if ln.startswith("side_by_side: ")
+    }  # fmt: skip
+    assert times["short"] < 1 <= times["long"]
