@@ -30,6 +30,7 @@
 #include <linux/module.h>
 #include <linux/moduleparam.h>
 #include <linux/mutex.h>
+#include <linux/sched.h>
 #include <linux/workqueue.h>
 
 #include "obmm_emu.h"
@@ -42,7 +43,8 @@
 #define OBMM_EMU_MAX_MISSES		100
 /* Heartbeat period assumed for an entry that publishes none. */
 #define OBMM_EMU_FALLBACK_HB_MS		1000
-/* Cap on a peer's published period (shared memory is not trusted). */
+/* Bounds on a peer's published period (shared memory is not trusted). */
+#define OBMM_EMU_MIN_HB_MS		10
 #define OBMM_EMU_MAX_HB_MS		60000
 
 static unsigned int revoke_scan_ms = OBMM_EMU_DEFAULT_SCAN_MS;
@@ -85,8 +87,17 @@ static unsigned long obmm_peer_timeout(const struct obmm_peer *p)
 	unsigned int ms = p->heartbeat_ms ? p->heartbeat_ms :
 		OBMM_EMU_FALLBACK_HB_MS;
 
-	ms = min_t(unsigned int, ms, OBMM_EMU_MAX_HB_MS);
+	ms = clamp_t(unsigned int, ms, OBMM_EMU_MIN_HB_MS, OBMM_EMU_MAX_HB_MS);
 	return msecs_to_jiffies(ms) * heartbeat_misses;
+}
+
+/*
+ * A node entry that cannot be node @node's (another node id, no boot id)
+ * carries no information: it is judged like an unreadable one.
+ */
+static bool obmm_node_entry_valid(int node, const struct obmm_emu_ctl_node *n)
+{
+	return le32_to_cpu(n->node_id) == node && n->boot_id;
 }
 
 /* Refresh peer liveness from the node table; peer_lock held. */
@@ -109,7 +120,7 @@ static void obmm_peers_update(void)
 			p->alive = false;
 			continue;
 		}
-		if (obmm_ctl_read_node(j, &n)) {
+		if (obmm_ctl_read_node(j, &n) && obmm_node_entry_valid(j, &n)) {
 			if (le32_to_cpu(n.state) != OBMM_EMU_NODE_ONLINE) {
 				p->seen = false;
 				p->alive = false;
@@ -129,7 +140,7 @@ static void obmm_peers_update(void)
 			p->ack_boot = le64_to_cpu(n.ack[obmm_emu_node_id].boot_id);
 			p->ack_epoch = le64_to_cpu(n.ack[obmm_emu_node_id].epoch);
 		}
-		/* An unreadable entry is judged by its last change. */
+		/* An unreadable or invalid entry is judged by its last change. */
 		p->alive = p->seen &&
 			   time_before(jiffies, p->changed + obmm_peer_timeout(p));
 	}
@@ -172,6 +183,8 @@ int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
 	for (slot = 0; slot < OBMM_EMU_CTL_RECORDS_PER_NODE; slot++) {
 		if (obmm_ctl_record_state(node, slot) != OBMM_EMU_REC_LIVE)
 			continue;
+		/* A peer can make every slot LIVE with a stuck seq. */
+		cond_resched();
 		if (!obmm_ctl_read_record(node, slot, &rec) ||
 		    !obmm_record_covers(&rec, peer.boot_id, off, len, tokenid))
 			continue;
@@ -179,6 +192,7 @@ int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
 		dep->slot = slot;
 		dep->generation = le64_to_cpu(rec.generation);
 		dep->boot_id = peer.boot_id;
+		dep->unreadable = false;
 		return 0;
 	}
 	return -EACCES;
@@ -186,9 +200,12 @@ int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
 
 /*
  * Why the export an import depends on is gone, or NULL while it is live
- * (or cannot be told this time: an entry being rewritten).  peer_lock held.
+ * (or cannot be told this time: an entry being rewritten).  A record that
+ * stays unreadable as long as its node would take to be declared dead
+ * (a stuck odd seq, a seq that never settles) counts as withdrawn: a
+ * peer's bytes cannot keep an import alive forever.  peer_lock held.
  */
-static const char *obmm_dep_lost_locked(const struct obmm_export_dep *dep,
+static const char *obmm_dep_lost_locked(struct obmm_export_dep *dep,
 					bool *unsure)
 {
 	const struct obmm_peer *p = &peers[dep->node];
@@ -199,9 +216,17 @@ static const char *obmm_dep_lost_locked(const struct obmm_export_dep *dep,
 	if (p->boot_id != dep->boot_id)
 		return "exporter node rebooted";
 	if (!obmm_ctl_read_record(dep->node, dep->slot, &rec)) {
+		if (!dep->unreadable) {
+			dep->unreadable = true;
+			dep->unreadable_since = jiffies;
+		} else if (time_after(jiffies, dep->unreadable_since +
+				      obmm_peer_timeout(p))) {
+			return "export record unreadable";
+		}
 		*unsure = true;
 		return NULL;
 	}
+	dep->unreadable = false;
 	if (le32_to_cpu(rec.state) != OBMM_EMU_REC_LIVE ||
 	    le64_to_cpu(rec.generation) != dep->generation ||
 	    le64_to_cpu(rec.boot_id) != dep->boot_id)
@@ -213,8 +238,7 @@ static const char *obmm_dep_lost_locked(const struct obmm_export_dep *dep,
  * Why the export is gone (NULL: live); *unsure is set when its record
  * could not be read this time (being rewritten, or a stuck writer).
  */
-const char *obmm_access_dep_lost(const struct obmm_export_dep *dep,
-				 bool *unsure)
+const char *obmm_access_dep_lost(struct obmm_export_dep *dep, bool *unsure)
 {
 	const char *why;
 

@@ -56,13 +56,22 @@ struct obmm_fabric {
 	phys_addr_t pool_base;
 	u64 pool_size;
 	u64 heartbeat;
-	/* this node's writer state of its entry (never read back from it) */
+	/*
+	 * This node's writer state of its entry and records.  The shared
+	 * bytes are never read back after load (any peer may have scribbled
+	 * on them): every write is made from here, and a write of the entry
+	 * rewrites all of it, so a corrupted entry heals at the next beat.
+	 */
+	u32 node_seq;
+	u32 node_state;
 	u64 withdraw_epoch;
 	struct obmm_emu_ctl_ack acks[OBMM_EMU_MAX_NODES];
 	struct mutex node_lock;	/* serialises the writers of this node's entry */
 	struct delayed_work heartbeat_work;
-	struct mutex rec_lock;	/* protects rec_used and record writes */
+	struct mutex rec_lock;	/* protects rec_used, rec_seq, rec_gen, records */
 	DECLARE_BITMAP(rec_used, OBMM_EMU_CTL_RECORDS_PER_NODE);
+	u32 rec_seq[OBMM_EMU_CTL_RECORDS_PER_NODE];
+	u64 rec_gen[OBMM_EMU_CTL_RECORDS_PER_NODE];
 };
 
 static struct obmm_fabric fab;
@@ -210,31 +219,30 @@ u32 obmm_ctl_record_state(int node, int slot)
 	return le32_to_cpu(READ_ONCE(rec->state));
 }
 
-/* Seqcount writer side on shared memory: odd while the entry changes. */
-static void obmm_ctl_write_begin(__le32 *seq)
+/*
+ * Seqcount writer side on shared memory, from this node's private count
+ * (@seq): odd while the entry changes.  A peer that wrote our seq cannot
+ * make a write of ours look stable halfway.
+ */
+static void obmm_ctl_write_begin(__le32 *shared, u32 *seq)
 {
-	WRITE_ONCE(*seq, cpu_to_le32(le32_to_cpu(READ_ONCE(*seq)) + 1));
+	*seq = (*seq + 1) | 1;
+	WRITE_ONCE(*shared, cpu_to_le32(*seq));
 	/* Readers on other nodes must see the odd seq before the data. */
 	wmb();
 }
 
-static void obmm_ctl_write_end(__le32 *seq)
+static void obmm_ctl_write_end(__le32 *shared, u32 *seq)
 {
 	/* The data must be visible before the even seq that validates it. */
 	wmb();
-	WRITE_ONCE(*seq, cpu_to_le32(le32_to_cpu(READ_ONCE(*seq)) + 1));
+	WRITE_ONCE(*shared, cpu_to_le32(++*seq));
 }
 
-static void obmm_ctl_init_header(void)
+static void obmm_ctl_header_expected(struct obmm_emu_ctl_header *h)
 {
-	struct obmm_emu_ctl_header *h = fab.ctl;
-
-	BUILD_BUG_ON(sizeof(struct obmm_emu_ctl_node) >
-		     OBMM_EMU_CTL_NODE_STRIDE);
-	BUILD_BUG_ON(sizeof(struct obmm_emu_ctl_export) >
-		     OBMM_EMU_CTL_RECORD_SIZE);
-	if (le64_to_cpu(READ_ONCE(h->magic)) == OBMM_EMU_CTL_MAGIC)
-		return;
+	memset(h, 0, sizeof(*h));
+	h->magic = cpu_to_le64(OBMM_EMU_CTL_MAGIC);
 	h->version = cpu_to_le32(OBMM_EMU_CTL_VERSION);
 	h->max_nodes = cpu_to_le32(OBMM_EMU_MAX_NODES);
 	h->node_table_off = cpu_to_le32(OBMM_EMU_CTL_NODE_TABLE_OFF);
@@ -242,20 +250,54 @@ static void obmm_ctl_init_header(void)
 	h->records_off = cpu_to_le32(OBMM_EMU_CTL_RECORDS_OFF);
 	h->record_size = cpu_to_le32(OBMM_EMU_CTL_RECORD_SIZE);
 	h->records_per_node = cpu_to_le32(OBMM_EMU_CTL_RECORDS_PER_NODE);
-	/* The layout fields must be visible before the magic. */
-	wmb();
-	WRITE_ONCE(h->magic, cpu_to_le64(OBMM_EMU_CTL_MAGIC));
 }
 
-static void obmm_ctl_node_update(u32 state)
+/*
+ * Write the header when the magic is absent.  With the magic present the
+ * header is checked once, at load: a layout other than this module's is
+ * refused (-EPROTO: the fabric stays disabled), never interpreted.  It is
+ * not read again: the layout this module uses is its own, compiled in.
+ */
+static int obmm_ctl_init_header(void)
+{
+	struct obmm_emu_ctl_header *h = fab.ctl, want, seen;
+
+	BUILD_BUG_ON(sizeof(struct obmm_emu_ctl_node) >
+		     OBMM_EMU_CTL_NODE_STRIDE);
+	BUILD_BUG_ON(sizeof(struct obmm_emu_ctl_export) >
+		     OBMM_EMU_CTL_RECORD_SIZE);
+	obmm_ctl_header_expected(&want);
+	if (le64_to_cpu(READ_ONCE(h->magic)) == OBMM_EMU_CTL_MAGIC) {
+		memcpy(&seen, h, sizeof(seen));
+		if (!memcmp(&seen, &want, offsetof(typeof(want), reserved)))
+			return 0;
+		pr_warn("control region header: version %u, %u nodes, layout %#x/%#x/%#x/%#x/%u, not this module's: fabric disabled\n",
+			le32_to_cpu(seen.version), le32_to_cpu(seen.max_nodes),
+			le32_to_cpu(seen.node_table_off),
+			le32_to_cpu(seen.node_stride),
+			le32_to_cpu(seen.records_off),
+			le32_to_cpu(seen.record_size),
+			le32_to_cpu(seen.records_per_node));
+		return -EPROTO;
+	}
+	memcpy((u8 *)h + sizeof(h->magic), (u8 *)&want + sizeof(want.magic),
+	       sizeof(want) - sizeof(want.magic));
+	/* The layout fields must be visible before the magic. */
+	wmb();
+	WRITE_ONCE(h->magic, want.magic);
+	return 0;
+}
+
+/* Write all of this node's entry from its private state; node_lock held. */
+static void obmm_ctl_node_write_locked(void)
 {
 	struct obmm_emu_ctl_node *n = obmm_ctl_node(obmm_emu_node_id);
 	const struct obmm_emu_window *own = &fab.win[obmm_emu_node_id];
 	__le32 eid_le = cpu_to_le32(eid);
 
-	mutex_lock(&fab.node_lock);
-	obmm_ctl_write_begin(&n->seq);
-	n->state = cpu_to_le32(state);
+	lockdep_assert_held(&fab.node_lock);
+	obmm_ctl_write_begin(&n->seq, &fab.node_seq);
+	n->state = cpu_to_le32(fab.node_state);
 	n->node_id = cpu_to_le32(obmm_emu_node_id);
 	n->cna = cpu_to_le32(cna);
 	memset(n->eid, 0, sizeof(n->eid));
@@ -265,22 +307,26 @@ static void obmm_ctl_node_update(u32 state)
 	n->pool_size = cpu_to_le64(fab.pool_size);
 	n->ram_size = cpu_to_le64(own->size);
 	n->heartbeat_ms = cpu_to_le32(heartbeat_ms);
+	n->reserved = 0;
 	n->heartbeat = cpu_to_le64(fab.heartbeat);
 	n->withdraw_epoch = cpu_to_le64(fab.withdraw_epoch);
 	memcpy(n->ack, fab.acks, sizeof(n->ack));
-	obmm_ctl_write_end(&n->seq);
+	obmm_ctl_write_end(&n->seq, &fab.node_seq);
+}
+
+static void obmm_ctl_node_update(u32 state)
+{
+	mutex_lock(&fab.node_lock);
+	fab.node_state = state;
+	obmm_ctl_node_write_locked();
 	mutex_unlock(&fab.node_lock);
 }
 
 static void obmm_heartbeat_fn(struct work_struct *work)
 {
-	struct obmm_emu_ctl_node *n = obmm_ctl_node(obmm_emu_node_id);
-
 	mutex_lock(&fab.node_lock);
 	fab.heartbeat++;
-	obmm_ctl_write_begin(&n->seq);
-	n->heartbeat = cpu_to_le64(fab.heartbeat);
-	obmm_ctl_write_end(&n->seq);
+	obmm_ctl_node_write_locked();
 	mutex_unlock(&fab.node_lock);
 	schedule_delayed_work(&fab.heartbeat_work,
 			      msecs_to_jiffies(heartbeat_ms));
@@ -313,8 +359,8 @@ int obmm_ctl_publish_export(struct obmm_region *r)
 	if (r->from_user && !r->phys_contig)
 		flags |= OBMM_EMU_REC_FLAG_SCATTERED;
 
-	obmm_ctl_write_begin(&rec->seq);
-	rec->generation = cpu_to_le64(le64_to_cpu(rec->generation) + 1);
+	obmm_ctl_write_begin(&rec->seq, &fab.rec_seq[slot]);
+	rec->generation = cpu_to_le64(++fab.rec_gen[slot]);
 	rec->boot_id = cpu_to_le64(fab.boot_id);
 	rec->mem_id = cpu_to_le64(r->id);
 	rec->uba = cpu_to_le64(r->uba);
@@ -324,8 +370,9 @@ int obmm_ctl_publish_export(struct obmm_region *r)
 	rec->flags = cpu_to_le32(flags);
 	memcpy(rec->deid, r->deid, sizeof(rec->deid));
 	rec->pxm_numa = cpu_to_le32(r->pxm_numa);
+	memset(rec->reserved, 0, sizeof(rec->reserved));
 	rec->state = cpu_to_le32(OBMM_EMU_REC_LIVE);
-	obmm_ctl_write_end(&rec->seq);
+	obmm_ctl_write_end(&rec->seq, &fab.rec_seq[slot]);
 	mutex_unlock(&fab.rec_lock);
 	return 0;
 }
@@ -338,26 +385,24 @@ int obmm_ctl_publish_export(struct obmm_region *r)
  */
 u64 obmm_ctl_withdraw_export(struct obmm_region *r)
 {
-	struct obmm_emu_ctl_node *n = obmm_ctl_node(obmm_emu_node_id);
 	struct obmm_emu_ctl_export *rec;
+	int slot = r->record_slot;
 	u64 epoch;
 
-	if (!fab.ctl || r->record_slot < 0)
+	if (!fab.ctl || slot < 0)
 		return 0;
 	mutex_lock(&fab.rec_lock);
-	rec = obmm_ctl_record(r->record_slot);
-	obmm_ctl_write_begin(&rec->seq);
+	rec = obmm_ctl_record(slot);
+	obmm_ctl_write_begin(&rec->seq, &fab.rec_seq[slot]);
 	rec->state = cpu_to_le32(OBMM_EMU_REC_FREE);
-	rec->generation = cpu_to_le64(le64_to_cpu(rec->generation) + 1);
-	obmm_ctl_write_end(&rec->seq);
-	clear_bit(r->record_slot, fab.rec_used);
+	rec->generation = cpu_to_le64(++fab.rec_gen[slot]);
+	obmm_ctl_write_end(&rec->seq, &fab.rec_seq[slot]);
+	clear_bit(slot, fab.rec_used);
 	r->record_slot = -1;
 
 	mutex_lock(&fab.node_lock);
 	epoch = ++fab.withdraw_epoch;
-	obmm_ctl_write_begin(&n->seq);
-	n->withdraw_epoch = cpu_to_le64(epoch);
-	obmm_ctl_write_end(&n->seq);
+	obmm_ctl_node_write_locked();
 	mutex_unlock(&fab.node_lock);
 	mutex_unlock(&fab.rec_lock);
 	return epoch;
@@ -380,7 +425,6 @@ u64 obmm_fabric_withdraw_epoch(void)
  */
 void obmm_ctl_write_ack(int node, u64 boot_id, u64 epoch)
 {
-	struct obmm_emu_ctl_node *n = obmm_ctl_node(obmm_emu_node_id);
 	struct obmm_emu_ctl_ack ack = {
 		.boot_id = cpu_to_le64(boot_id),
 		.epoch = cpu_to_le64(epoch),
@@ -391,30 +435,35 @@ void obmm_ctl_write_ack(int node, u64 boot_id, u64 epoch)
 	mutex_lock(&fab.node_lock);
 	if (memcmp(&fab.acks[node], &ack, sizeof(ack))) {
 		fab.acks[node] = ack;
-		obmm_ctl_write_begin(&n->seq);
-		n->ack[node] = ack;
-		obmm_ctl_write_end(&n->seq);
+		obmm_ctl_node_write_locked();
 	}
 	mutex_unlock(&fab.node_lock);
 }
 
-/* Withdraw whatever a previous incarnation of this node left behind. */
+/*
+ * Withdraw whatever a previous incarnation of this node left behind, and
+ * take over the seq and generation counts of the entry and the slots (the
+ * only time this node reads its own shared bytes): readers then never see
+ * a count go back, and a slot's generation keeps growing across reloads.
+ */
 static void obmm_ctl_clear_own_records(void)
 {
+	struct obmm_emu_ctl_node *n = obmm_ctl_node(obmm_emu_node_id);
 	struct obmm_emu_ctl_export *rec;
 	int slot;
 
+	fab.node_seq = (le32_to_cpu(READ_ONCE(n->seq)) + 1) & ~1U;
 	for (slot = 0; slot < OBMM_EMU_CTL_RECORDS_PER_NODE; slot++) {
 		rec = obmm_ctl_record(slot);
+		fab.rec_seq[slot] = (le32_to_cpu(READ_ONCE(rec->seq)) + 1) & ~1U;
+		fab.rec_gen[slot] = le64_to_cpu(READ_ONCE(rec->generation));
 		if (le32_to_cpu(rec->state) == OBMM_EMU_REC_FREE &&
 		    !(le32_to_cpu(rec->seq) & 1))
 			continue;
-		obmm_ctl_write_begin(&rec->seq);
+		obmm_ctl_write_begin(&rec->seq, &fab.rec_seq[slot]);
 		rec->state = cpu_to_le32(OBMM_EMU_REC_FREE);
-		rec->generation = cpu_to_le64(le64_to_cpu(rec->generation) + 1);
-		if (le32_to_cpu(rec->seq) & 1)
-			rec->seq = cpu_to_le32(le32_to_cpu(rec->seq) + 1);
-		obmm_ctl_write_end(&rec->seq);
+		rec->generation = cpu_to_le64(++fab.rec_gen[slot]);
+		obmm_ctl_write_end(&rec->seq, &fab.rec_seq[slot]);
 	}
 }
 
@@ -518,7 +567,13 @@ int obmm_fabric_init(void)
 		mutex_destroy(&fab.rec_lock);
 		return -ENOMEM;
 	}
-	obmm_ctl_init_header();
+	if (obmm_ctl_init_header()) {
+		/* Not an error of the load: the fabric is absent (EOPNOTSUPP). */
+		memunmap(fab.ctl);
+		fab.ctl = NULL;
+		obmm_fabric_put_devices();
+		return 0;
+	}
 	obmm_ctl_clear_own_records();
 	return 0;
 }

@@ -16,6 +16,7 @@
 #include <linux/list.h>
 #include <linux/memory.h>
 #include <linux/mutex.h>
+#include <linux/sched.h>
 #include <linux/proc_fs.h>
 #include <linux/seq_file.h>
 #include <linux/slab.h>
@@ -168,6 +169,8 @@ unsigned long obmm_imports_revoke_scan(void)
 		r = ir->region;
 		if (!r->tracked)
 			continue;
+		/* Each record read may spin on a peer's stuck seq. */
+		cond_resched();
 		mutex_lock(&r->mmap_lock);
 		revoked = r->revoked;
 		mapped = r->mmap_count;

@@ -58,6 +58,9 @@ struct obmm_export_dep {
 	int slot;
 	u64 generation;
 	u64 boot_id;
+	/* record unreadable (stuck or churning seq) since, when unreadable */
+	bool unreadable;
+	unsigned long unreadable_since;
 };
 
 enum obmm_region_type {
@@ -244,7 +247,7 @@ u64 obmm_access_acked_epoch(void);
 unsigned int obmm_access_scan_ms(void);
 int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
 			     struct obmm_export_dep *dep);
-const char *obmm_access_dep_lost(const struct obmm_export_dep *dep,
+const char *obmm_access_dep_lost(struct obmm_export_dep *dep,
 				 bool *unsure);
 
 /* ubc.c: the emulated UB controller's sysfs */
