@@ -1,0 +1,114 @@
+"""``python3 -m obmm.fuzz``: the structured fuzzer of obmm_emu, inside a node (as root).
+
+    python3 -m obmm.fuzz --seed 1 --ops 2000                 # single process
+    python3 -m obmm.fuzz --seed 1 --ops 300 --mode concurrent
+    python3 -m obmm.fuzz --seed 1 --ops 2000 --only 3,17,42  # replay a reproducer
+
+Prints one JSON line of figures at the end (ops, seconds, ops/s, fault injection).  On a
+failure: what failed, the replay command, the list shrunk by delta debugging with its own
+replay command and its trace; exit status 1.  Exit status 2: the node cannot be fuzzed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from obmm.fuzz import faults, race
+from obmm.fuzz.engine import Engine, Failure
+from obmm.fuzz.ops import Op, generate, select
+from obmm.fuzz.shrink import ddmin
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python3 -m obmm.fuzz", description=__doc__.split("\n")[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ops", type=int, default=1000, help="operations (concurrent: race rounds)")
+    p.add_argument("--mode", choices=("single", "concurrent"), default="single")
+    p.add_argument("--only", default="", help="comma-separated operation indexes to run")
+    p.add_argument("--no-shrink", action="store_true", help="report the failure unshrunk")
+    p.add_argument("--shrink-budget", type=float, default=180.0, help="seconds (default 180)")
+    p.add_argument("--no-reload", action="store_true", help="never rmmod/insmod the module")
+    p.add_argument("--no-faults", action="store_true", help="no fault injection even if present")
+    p.add_argument("--verbose", "-v", action="store_true", help="print every operation")
+    return p.parse_args(argv)
+
+
+def report(args: argparse.Namespace, failure: Failure, trace: list[str]) -> None:
+    base = f"python3 -m obmm.fuzz --seed {args.seed} --ops {args.ops} --mode {args.mode}"
+    print(f"FUZZ FAILURE: {failure}", flush=True)
+    print(f"replay: {base}", flush=True)
+    if trace:
+        print("trace of the failing run (last 30 steps):")
+        for line in trace[-30:]:
+            print("  " + line)
+
+
+def single(args: argparse.Namespace) -> int:
+    engine = Engine(reload=not args.no_reload, faults_on=not args.no_faults, log=args.verbose)
+    ops = generate(args.seed, args.ops)
+    if args.only:
+        ops = select(ops, [int(i) for i in args.only.split(",") if i])
+    fault_note = ",".join(engine.faults.names) if engine.faults else f"off ({faults.why_absent()})"
+    if args.no_faults:
+        fault_note = "off (--no-faults)"
+    print(f"fuzz: seed {args.seed}, {len(ops)} ops, fault injection {fault_note}, "
+          f"module reload {'on' if engine.reload_ok else 'off'}", flush=True)  # fmt: skip
+    t0 = time.monotonic()
+    failure = engine.run(ops)
+    elapsed = time.monotonic() - t0
+    done = engine.ops_run
+    status = 0
+    if failure is not None:
+        status = 1
+        report(args, failure, engine.trace)
+        if not args.no_shrink and failure.op is not None:
+            shrink(args, engine, ops, failure)
+    engine.close()
+    per_kind = {k: round(1000 * t / n, 1) for k, (n, t) in sorted(engine.stats.items())}
+    figures = {"mode": "single", "seed": args.seed, "ops": done, "seconds": round(elapsed, 2),
+               "ops_per_s": round(done / elapsed, 1) if elapsed else 0.0,
+               "faults": fault_note, "failed": status != 0,
+               "ms_per_kind": per_kind}  # fmt: skip
+    print("fuzz-result " + json.dumps(figures), flush=True)
+    return status
+
+
+def shrink(args: argparse.Namespace, engine: Engine, ops: Sequence[Op], failure: Failure) -> None:
+    assert failure.op is not None
+    prefix = [op for op in ops if op.index <= failure.op.index]
+    want = failure.signature
+
+    def fails(candidate: Sequence[Op]) -> bool:
+        engine.trace = []
+        got = engine.run(candidate)
+        return got is not None and got.signature == want
+
+    small, runs = ddmin(prefix, fails, budget_s=args.shrink_budget)
+    engine.trace = []
+    again = engine.run(small)
+    only = ",".join(str(op.index) for op in small)
+    print(f"minimised to {len(small)} of {len(prefix)} ops in {runs} runs:", flush=True)
+    print(f"replay: python3 -m obmm.fuzz --seed {args.seed} --ops {args.ops} --only {only}")
+    if again is not None:
+        print(f"  fails with: {again}")
+    for line in engine.trace:
+        print("  " + line)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    try:
+        if args.mode == "concurrent":
+            return race.main(args.seed, args.ops, reload=not args.no_reload)
+        return single(args)
+    except RuntimeError as exc:
+        print(f"fuzz: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

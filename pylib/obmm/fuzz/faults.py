@@ -1,0 +1,63 @@
+"""Fault injection (failslab, fail_page_alloc) for the fuzzer, when the kernel has it.
+
+Needs CONFIG_FAULT_INJECTION with CONFIG_FAILSLAB / CONFIG_FAIL_PAGE_ALLOC and debugfs (the
+production Debian guest kernel has neither knob: :meth:`FaultInjection.detect` then returns
+None and the fuzzer says so).  Failures are injected only into the task that arms them
+(``task-filter``), only around one system call of an operation that asks for it, and without
+the stack dump (``verbose`` 0) that the kernel-log check would otherwise read as a report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+DEBUGFS = Path("/sys/kernel/debug")
+KNOBS = ("failslab", "fail_page_alloc")
+MAKE_IT_FAIL = Path("/proc/thread-self/make-it-fail")
+
+
+class FaultInjection:
+    def __init__(self, dirs: list[Path]) -> None:
+        self.dirs = dirs
+        # kept open: an open() while armed could itself be made to fail
+        self._fd = os.open(MAKE_IT_FAIL, os.O_WRONLY)
+        for d in dirs:
+            for name, value in (("task-filter", "Y"), ("probability", "30"), ("interval", "1"),
+                                ("times", "-1"), ("verbose", "0"), ("space", "0")):  # fmt: skip
+                knob = d / name
+                if knob.exists():
+                    knob.write_text(value)
+            for name in ("ignore-gfp-wait", "ignore-gfp-highmem"):
+                if (d / name).exists():
+                    (d / name).write_text("N")
+
+    @property
+    def names(self) -> list[str]:
+        return [d.name for d in self.dirs]
+
+    @classmethod
+    def detect(cls) -> FaultInjection | None:
+        if not (DEBUGFS / KNOBS[0]).exists() and DEBUGFS.is_dir():
+            subprocess.run(["mount", "-t", "debugfs", "none", str(DEBUGFS)], capture_output=True)
+        dirs = [DEBUGFS / k for k in KNOBS if (DEBUGFS / k).is_dir()]
+        if not dirs or not MAKE_IT_FAIL.exists():
+            return None
+        return cls(dirs)
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[None]:
+        os.pwrite(self._fd, b"1", 0)
+        try:
+            yield
+        finally:
+            os.pwrite(self._fd, b"0", 0)
+
+
+def why_absent() -> str:
+    if not DEBUGFS.is_dir():
+        return "no debugfs"
+    return "the kernel has no failslab / fail_page_alloc (CONFIG_FAULT_INJECTION)"

@@ -1,0 +1,264 @@
+"""The node the fuzzer runs on: fabric, pool, module, kernel log, libc calls."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from obmm.tools import logscan
+
+EMU = Path("/sys/kernel/obmm_emu")
+MEMPOOL = Path("/sys/kernel/obmm_mempool")
+SHMDEV_SYSFS = Path("/sys/devices/obmm")
+MODULE = "obmm_emu"
+MODULE_SYSFS = Path("/sys/module") / MODULE
+KO_DEFAULT = Path("/opt/obmm-testbed/kmod") / f"{MODULE}.ko"
+RELOAD_PARAMS = ("node_id", "pool_base", "pool_size")
+NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+MEMID_RE = re.compile(r"MEMID_(\d+)$")
+
+
+def read_int(path: Path) -> int:
+    return int(path.read_text().strip(), 0)
+
+
+@dataclass
+class Fabric:
+    node_id: int
+    cna: int
+    windows: dict[int, tuple[int, int]]
+    pool_base: int
+    pool_size: int
+    granu: int
+
+    @property
+    def own_base(self) -> int:
+        return self.windows[self.node_id][0]
+
+    @property
+    def own_size(self) -> int:
+        return self.windows[self.node_id][1]
+
+    def window_of(self, addr: int, length: int) -> int | None:
+        for node, (base, size) in self.windows.items():
+            if base <= addr < base + size and length <= size - (addr - base):
+                return node
+        return None
+
+
+def _granu(param: Path) -> int:
+    """The memseg size: mem_allocator_granu (memparse syntax) or its 2 MiB default."""
+    text = param.read_text().strip().upper() if param.is_file() else ""
+    units = {"K": 10, "M": 20, "G": 30}
+    try:
+        if text and text[-1] in units:
+            return int(text[:-1], 0) << units[text[-1]]
+        return int(text, 0) if text else 2 << 20
+    except ValueError:
+        return 2 << 20
+
+
+def load_fabric() -> Fabric:
+    if not EMU.is_dir() or read_int(EMU / "enabled") != 1:
+        raise RuntimeError(f"{EMU}: obmm_emu is not loaded with its fabric enabled")
+    windows = {}
+    for w in sorted((EMU / "windows").iterdir()):
+        windows[read_int(w / "node")] = (read_int(w / "base"), read_int(w / "size"))
+    granu = _granu(MODULE_SYSFS / "parameters" / "mem_allocator_granu")
+    return Fabric(
+        node_id=read_int(EMU / "node_id"),
+        cna=read_int(EMU / "cna"),
+        windows=windows,
+        pool_base=read_int(EMU / "pool_base"),
+        pool_size=read_int(EMU / "pool_size"),
+        granu=granu,
+    )
+
+
+def pool_used() -> int:
+    return sum(read_int(d / "used") for d in MEMPOOL.glob("obmm-*"))
+
+
+def pool_total() -> int:
+    return sum(read_int(d / "total") for d in MEMPOOL.glob("obmm-*"))
+
+
+def shmdev_ids() -> set[int]:
+    return {int(n[11:]) for n in os.listdir("/dev") if n.startswith("obmm_shmdev")}
+
+
+def sysfs_ids() -> set[int]:
+    if not SHMDEV_SYSFS.is_dir():
+        return set()
+    return {int(n[11:]) for n in os.listdir(SHMDEV_SYSFS) if n.startswith("obmm_shmdev")}
+
+
+def iomem_memids() -> tuple[set[int], int]:
+    """Ids of the MEMID_<id> resources and the count of DIRECT_IMPORT_UBMEM ones."""
+    ids = set()
+    direct = 0
+    for line in Path("/proc/iomem").read_text().splitlines():
+        name = line.rpartition(" : ")[2]
+        m = MEMID_RE.match(name)
+        if m:
+            ids.add(int(m.group(1)))
+        elif name == "DIRECT_IMPORT_UBMEM":
+            direct += 1
+    return ids, direct
+
+
+def revoked_ids() -> set[int]:
+    text = (EMU / "revoked").read_text().split()
+    return {int(t) for t in text if t.isdigit()}
+
+
+def module_refcnt() -> int:
+    return read_int(MODULE_SYSFS / "refcnt")
+
+
+def mapped_bytes() -> dict[int, int]:
+    """Bytes of this process mapped from each /dev/obmm_shmdev<id>."""
+    out: dict[int, int] = {}
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) < 6 or "obmm_shmdev" not in parts[5]:
+                continue
+            start, _, end = parts[0].partition("-")
+            mem_id = int(parts[5].rpartition("obmm_shmdev")[2])
+            out[mem_id] = out.get(mem_id, 0) + int(end, 16) - int(start, 16)
+    return out
+
+
+def preimport_lines() -> int:
+    path = Path("/proc/obmm/preimport_info")
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+class KernelLog:
+    """New kernel messages since the last look, scanned for reports."""
+
+    def __init__(self) -> None:
+        self.watcher: logscan.KmsgWatcher | None
+        try:
+            self.watcher = logscan.KmsgWatcher()
+        except OSError:
+            self.watcher = None
+
+    def reports(self) -> str:
+        if self.watcher is None:
+            return ""
+        found = logscan.scan(self.watcher.read_new())
+        return logscan.format_reports(found) if found else ""
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+
+
+class Module:
+    """rmmod / insmod of obmm_emu with the parameters it was loaded with."""
+
+    def __init__(self, ko: Path = KO_DEFAULT) -> None:
+        self.ko = ko
+        self.args = [
+            f"{p}={(MODULE_SYSFS / 'parameters' / p).read_text().strip()}"
+            for p in RELOAD_PARAMS
+            if (MODULE_SYSFS / "parameters" / p).is_file()
+        ]
+
+    @property
+    def reloadable(self) -> bool:
+        return self.ko.is_file()
+
+    def rmmod(self) -> bool:
+        return subprocess.run(["rmmod", MODULE], capture_output=True).returncode == 0
+
+    def insmod(self) -> None:
+        if not MODULE_SYSFS.is_dir():
+            subprocess.run(["insmod", str(self.ko), *self.args], check=True, capture_output=True)
+
+    @staticmethod
+    def loaded() -> bool:
+        return (MODULE_SYSFS / "initstate").is_file()
+
+
+# ---- libc calls the bindings do not wrap ----
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long,
+]  # fmt: skip
+_libc.mremap.restype = ctypes.c_void_p
+_libc.mremap.argtypes = [
+    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+]  # fmt: skip
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+MAP_FAILED = (1 << 64) - 1
+MAP_SHARED = 0x01
+MAP_PRIVATE = 0x02
+MAP_FIXED = 0x10
+MAP_ANONYMOUS = 0x20
+MAP_NORESERVE = 0x4000
+MAP_HUGETLB = 0x40000
+MREMAP_MAYMOVE = 1
+MREMAP_FIXED = 2
+
+
+def _err() -> int:
+    return ctypes.get_errno() or errno.EIO
+
+
+def mmap(addr: int, length: int, prot: int, flags: int, fd: int, offset: int) -> tuple[int, int]:
+    """(address, 0) or (0, errno); offset is the unsigned file offset (bit 63 allowed)."""
+    signed = offset - (1 << 64) if offset >= 1 << 63 else offset
+    ret = _libc.mmap(addr or None, length, prot, flags, fd, signed)
+    if ret is None or ret == MAP_FAILED:
+        return 0, _err()
+    return int(ret), 0
+
+
+def munmap(addr: int, length: int) -> int:
+    return 0 if _libc.munmap(addr, length) == 0 else _err()
+
+
+def mprotect(addr: int, length: int, prot: int) -> int:
+    return 0 if _libc.mprotect(addr, length, prot) == 0 else _err()
+
+
+def mremap(addr: int, old: int, new: int, flags: int, new_addr: int = 0) -> tuple[int, int]:
+    ret = _libc.mremap(addr, old, new, flags, new_addr or None)
+    if ret is None or ret == MAP_FAILED:
+        return 0, _err()
+    return int(ret), 0
+
+
+def raw_ioctl(fd: int, request: int, arg: int) -> int:
+    return 0 if _libc.ioctl(fd, request, arg or None) == 0 else _err()
+
+
+def read_word(addr: int) -> bytes:
+    return ctypes.string_at(addr, 8)
+
+
+def write_word(addr: int, data: bytes) -> None:
+    ctypes.memmove(addr, data, len(data))
+
+
+def proc_mem_read(addr: int, size: int) -> tuple[bytes, int]:
+    """Read this process's memory through /proc/self/mem (the VMA's .access)."""
+    fd = os.open("/proc/self/mem", os.O_RDONLY)
+    try:
+        return os.pread(fd, size, addr), 0
+    except OSError as exc:
+        return b"", exc.errno or errno.EIO
+    finally:
+        os.close(fd)

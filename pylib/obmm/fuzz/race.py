@@ -1,0 +1,399 @@
+"""The concurrent mode: threads and processes racing the lifetimes of regions, files, the module.
+
+Every round is one scenario with its parameters (delays, counts) drawn from the seed; the
+outcome of each racing call must be one the scenario allows, and after the round the node must
+be idle again (the single mode's model check with nothing in the model: no region, node, sysfs
+entry, pool memory, iomem resource or module reference left, no kernel report).  A seed
+replays the same rounds with the same parameters; the interleaving itself is up to the
+scheduler, which is the point of racing.
+
+cffi releases the GIL around every C call (ioctl, mmap), so the threads really race in the
+kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import obmm
+from obmm.errors import errno_name
+from obmm.fuzz import node
+from obmm.fuzz.engine import Engine, Failure
+from obmm.fuzz.model import SZ_2M
+from obmm.fuzz.ops import Op
+
+
+@dataclass
+class Round:
+    index: int
+    scenario: str
+    rng: random.Random
+    engine: Engine
+    calls: int = 0
+
+    @property
+    def op(self) -> Op:
+        return Op(self.index, self.scenario, (0,))
+
+    def fail(self, message: str) -> Failure:
+        return Failure(self.op, "race", message)
+
+    def delay(self, max_ms: float) -> None:
+        time.sleep(self.rng.uniform(0, max_ms) / 1000)
+
+    def errno_of(self, fn: Callable[[], object]) -> int:
+        self.calls += 1
+        try:
+            fn()
+        except OSError as exc:
+            return exc.errno or errno.EIO
+        return 0
+
+    def allow(self, what: str, err: int, allowed: set[int]) -> None:
+        if err not in allowed:
+            shown = ", ".join("ok" if e == 0 else errno_name(e) for e in sorted(allowed))
+            got = "ok" if err == 0 else errno_name(err)
+            raise self.fail(f"{what}: {got}, allowed {{{shown}}}")
+
+    @property
+    def dev(self) -> obmm.Obmm:
+        return self.engine.dev
+
+    def loopback(self, exp: obmm.Export) -> obmm.Import:
+        fab = self.engine.fabric
+        addr = fab.own_base + self.dev.query_pa_by_memid(exp.mem_id)
+        return self.dev.import_(addr, exp.length, scna=fab.cna, tokenid=exp.tokenid)
+
+    def until_ok(self, what: str, fn: Callable[[], object], seconds: float = 10.0) -> None:
+        """Retry ``fn`` while it is EBUSY (a racing user still holds the region)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            err = self.errno_of(fn)
+            if err == 0:
+                return
+            self.allow(what, err, {errno.EBUSY})
+            if time.monotonic() > deadline:
+                raise self.fail(f"{what}: still EBUSY after {seconds} s with nothing racing")
+            time.sleep(0.001)
+
+
+def _run_threads(*targets: Callable[[], None]) -> None:
+    """Run targets at once; re-raise the first exception one of them raised."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(targets))
+
+    def wrap(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                start.wait()
+                fn()
+            except BaseException as exc:  # re-raised in the caller's thread
+                errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=wrap(t)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+#: open() of a region being torn down: its node is gone (ENOENT), its id is gone (ENXIO), or
+#: it is being deactivated (EAGAIN, the real driver's "not active").
+GONE = {errno.ENOENT, errno.ENXIO, errno.EAGAIN}
+
+
+def _map_loop(rd: Round, mem_id: int, rounds: int, gone: set[int]) -> None:
+    """Open, map, touch, unmap, close, as fast as possible, until the region is gone."""
+    for _ in range(rounds):
+        try:
+            rd.calls += 1
+            shm = obmm.ShmDev(mem_id)
+        except OSError as exc:
+            rd.allow("open racing the region's end", exc.errno or 0, gone)
+            return
+        try:
+            rd.calls += 1
+            with shm.mmap(SZ_2M) as m:
+                m.write(0, b"race")
+                if m.read(0, 4) != b"race":
+                    raise rd.fail("a mapping did not read back what it wrote")
+        except OSError as exc:
+            rd.allow("mmap racing the region's end", exc.errno or 0, {errno.ENXIO})
+        finally:
+            shm.close()
+
+
+def unexport_vs_mmap(rd: Round) -> None:
+    exp = rd.dev.export(SZ_2M)
+    n = rd.rng.randint(5, 40)
+
+    def kill() -> None:
+        rd.delay(5)
+        rd.until_ok("UNEXPORT racing open/mmap", lambda: rd.dev.unexport(exp.mem_id))
+
+    _run_threads(lambda: _map_loop(rd, exp.mem_id, n, GONE), kill)
+
+
+def unimport_vs_mmap(rd: Round) -> None:
+    exp = rd.dev.export(SZ_2M)
+    imp = rd.loopback(exp)
+    n = rd.rng.randint(5, 40)
+
+    def kill() -> None:
+        rd.delay(5)
+        rd.until_ok("UNIMPORT racing open/mmap", lambda: rd.dev.unimport(imp.mem_id))
+
+    _run_threads(lambda: _map_loop(rd, imp.mem_id, n, GONE), kill)
+    rd.dev.unexport(exp.mem_id)
+
+
+def close_vs_revocation(rd: Round) -> None:
+    """A child maps an import, closes the fd and reads on; UNEXPORT revokes it under it."""
+    exp = rd.dev.export(SZ_2M)
+    imp = rd.loopback(exp)
+    ms = rd.rng.uniform(1, 30)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        shm = obmm.ShmDev(imp.mem_id)
+        m = shm.mmap(SZ_2M)
+        shm.close()
+        os.write(w, b"1")
+        end = time.monotonic() + ms / 1000
+        while time.monotonic() < end:
+            ctypes.string_at(m.addr, 8)
+        os._exit(0)
+    os.close(w)
+    os.read(r, 1)
+    os.close(r)
+    rd.delay(ms)
+    rd.allow(
+        "UNEXPORT under a mapped import", rd.errno_of(lambda: rd.dev.unexport(exp.mem_id)), {0}
+    )
+    if imp.mem_id not in node.revoked_ids():
+        raise rd.fail(f"import {imp.mem_id} not revoked when UNEXPORT returned")
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) != signal.SIGBUS:
+        raise rd.fail(f"reader died of signal {os.WTERMSIG(status)}, not SIGBUS")
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status):
+        raise rd.fail(f"reader exited {os.WEXITSTATUS(status)}")
+    rd.allow(
+        "UNIMPORT after the reader ended", rd.errno_of(lambda: rd.dev.unimport(imp.mem_id)), {0}
+    )
+
+
+def export_pid_vs_exit(rd: Round) -> None:
+    """EXPORT_PID of a child's memory while the child exits."""
+    r, w = os.pipe()
+    life = rd.rng.uniform(0, 10)
+    huge = rd.rng.random() < 0.7
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        flags = node.MAP_PRIVATE | node.MAP_ANONYMOUS | (node.MAP_HUGETLB if huge else 0)
+        addr, err = node.mmap(0, 2 * SZ_2M, 3, flags, -1, 0)
+        if err:
+            os._exit(2)
+        start = (addr + SZ_2M - 1) & ~(SZ_2M - 1) if not huge else addr
+        node.write_word(start, b"pinned!!")
+        os.write(w, start.to_bytes(8, "little"))
+        time.sleep(life / 1000)
+        os._exit(0)
+    os.close(w)
+    raw = os.read(r, 8)
+    os.close(r)
+    if len(raw) != 8:
+        os.waitpid(pid, 0)
+        return  # no huge page for the child: nothing to race
+    va = int.from_bytes(raw, "little")
+    rd.delay(life)
+    out: list[obmm.Export] = []
+
+    def export() -> None:
+        out.append(rd.dev.export_pid(va, SZ_2M, pid=pid))
+
+    err = rd.errno_of(export)
+    allowed = {0, errno.ESRCH, errno.EFAULT, errno.ENOMEM}
+    if not huge:
+        allowed.add(errno.EOPNOTSUPP)
+        allowed.discard(0)
+    rd.allow(f"EXPORT_PID of an exiting child ({'huge' if huge else 'small'} pages)", err, allowed)
+    os.waitpid(pid, 0)
+    for exp in out:
+        err = rd.errno_of(lambda e=exp: rd.dev.unexport(e.mem_id))  # type: ignore[misc]
+        rd.allow("UNEXPORT after the target exited", err, {0})
+
+
+def overlapping_imports(rd: Round) -> None:
+    """Several threads import overlapping ranges of one export: exactly one wins."""
+    exp = rd.dev.export(2 * SZ_2M)
+    fab = rd.engine.fabric
+    base = fab.own_base + rd.dev.query_pa_by_memid(exp.mem_id)
+    lengths = [rd.rng.choice((SZ_2M, 2 * SZ_2M)) for _ in range(rd.rng.randint(2, 4))]
+    results: list[tuple[int, obmm.Import | None]] = []
+    lock = threading.Lock()
+
+    def one(length: int) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                imp = rd.dev.import_(base, length, scna=fab.cna, tokenid=exp.tokenid)
+                res: tuple[int, obmm.Import | None] = (0, imp)
+            except OSError as exc:
+                res = (exc.errno or 0, None)
+            with lock:
+                rd.calls += 1
+                results.append(res)
+
+        return run
+
+    _run_threads(*(one(n) for n in lengths))
+    winners = [imp for err, imp in results if imp is not None]
+    for err, _ in results:
+        rd.allow("overlapping IMPORT", err, {0, errno.EEXIST})
+    for imp in winners:
+        rd.dev.unimport(imp.mem_id)
+    rd.dev.unexport(exp.mem_id)
+    if len(winners) != 1:
+        raise rd.fail(f"{len(winners)} of {len(lengths)} overlapping imports succeeded")
+
+
+def unexport_vs_import(rd: Round) -> None:
+    """IMPORT racing UNEXPORT of its export: refused, or made and then revoked."""
+    exp = rd.dev.export(SZ_2M)
+    fab = rd.engine.fabric
+    addr = fab.own_base + rd.dev.query_pa_by_memid(exp.mem_id)
+    got: list[obmm.Import] = []
+    errs: list[int] = []
+
+    def imp() -> None:
+        rd.delay(2)
+        try:
+            got.append(rd.dev.import_(addr, SZ_2M, scna=fab.cna, tokenid=exp.tokenid))
+        except OSError as exc:
+            errs.append(exc.errno or 0)
+
+    def kill() -> None:
+        rd.delay(2)
+        rd.dev.unexport(exp.mem_id)
+
+    _run_threads(imp, kill)
+    rd.calls += 2
+    for e in errs:
+        rd.allow("IMPORT racing UNEXPORT", e, {errno.EACCES})
+    for i in got:
+        if i.mem_id not in node.revoked_ids():
+            raise rd.fail(f"import {i.mem_id} of a withdrawn export is not revoked")
+        rd.dev.unimport(i.mem_id)
+
+
+def rmmod_vs_open(rd: Round) -> None:
+    """rmmod while another thread opens and closes /dev/obmm."""
+    eng = rd.engine
+    if not eng.reload_ok:
+        return
+    eng.dev.close()
+    n = rd.rng.randint(10, 100)
+    unloaded: list[bool] = []
+
+    def opener() -> None:
+        for _ in range(n):
+            rd.calls += 1
+            try:
+                fd = os.open("/dev/obmm", os.O_RDWR)
+            except OSError as exc:
+                rd.allow(
+                    "open racing rmmod", exc.errno or 0, {errno.ENOENT, errno.ENODEV, errno.ENXIO}
+                )
+                continue
+            os.close(fd)
+
+    def remover() -> None:
+        rd.delay(3)
+        rd.calls += 1
+        unloaded.append(eng.module.rmmod())
+
+    try:
+        _run_threads(opener, remover)
+    finally:
+        eng.module.insmod()
+        eng.dev = obmm.Obmm()
+    if unloaded and unloaded[0]:
+        eng.fabric = node.load_fabric()
+        eng.pool_total = node.pool_total()
+    eng.base_refcnt = node.module_refcnt()
+
+
+def scrub(dev: obmm.Obmm) -> None:
+    """After a failed round: remove whatever regions it left (imports first)."""
+    for kind in ("import", "export"):
+        for mem_id in sorted(node.sysfs_ids()):
+            path = node.SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "type"
+            try:
+                if path.read_text().strip() != kind:
+                    continue
+                (dev.unimport if kind == "import" else dev.unexport)(mem_id)
+            except OSError as exc:
+                print(f"fuzz: cleanup of {kind} {mem_id}: {exc}", flush=True)
+
+
+SCENARIOS: dict[str, Callable[[Round], None]] = {
+    "unexport_vs_mmap": unexport_vs_mmap,
+    "unimport_vs_mmap": unimport_vs_mmap,
+    "close_vs_revocation": close_vs_revocation,
+    "export_pid_vs_exit": export_pid_vs_exit,
+    "overlapping_imports": overlapping_imports,
+    "unexport_vs_import": unexport_vs_import,
+    "rmmod_vs_open": rmmod_vs_open,
+}
+
+
+def main(seed: int, rounds: int, *, reload: bool = True) -> int:
+    engine = Engine(reload=reload, faults_on=False)
+    with contextlib.suppress(OSError):
+        node.NR_HUGEPAGES.write_text(str(node.read_int(node.NR_HUGEPAGES) + 2))
+    master = random.Random(seed)
+    names = sorted(SCENARIOS)
+    print(f"fuzz: seed {seed}, {rounds} race rounds over {', '.join(names)}, "
+          f"module reload {'on' if engine.reload_ok else 'off'}", flush=True)  # fmt: skip
+    t0 = time.monotonic()
+    calls = 0
+    status = 0
+    done = 0
+    for i in range(rounds):
+        name = master.choice(names)
+        rd = Round(i, name, random.Random(master.getrandbits(64)), engine)
+        try:
+            SCENARIOS[name](rd)
+            engine.check(rd.op)
+        except Failure as exc:
+            print(f"FUZZ FAILURE: {exc}", flush=True)
+            print(f"replay: python3 -m obmm.fuzz --mode concurrent --seed {seed} --ops {i + 1}"
+                  f"  (round {i}, {name}; the interleaving is the scheduler's)")  # fmt: skip
+            status = 1
+            scrub(engine.dev)
+            break
+        calls += rd.calls
+        done += 1
+    elapsed = time.monotonic() - t0
+    engine.close()
+    figures = {"mode": "concurrent", "seed": seed, "rounds": done,
+               "ops": calls, "seconds": round(elapsed, 2),
+               "ops_per_s": round(calls / elapsed, 1) if elapsed else 0.0,
+               "failed": status != 0}  # fmt: skip
+    print("fuzz-result " + json.dumps(figures), flush=True)
+    return status
