@@ -12,7 +12,7 @@ APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3 \
 	gcc-aarch64-linux-gnu debian-archive-keyring
 
-.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof hw-test bench patch-check image kmod clean
+.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof hw-test bench patch-check image kmod fuzz clean
 
 setup: setup-apt setup-python setup-node
 
@@ -103,6 +103,28 @@ hw-proof: setup-python
 	$(PYTEST) tests/qemu/test_hw_stage.py -m hw_proof --junitxml=results/hw-proof-junit.xml -o junit_logging=all || st=1; \
 	$(PYTEST) tests/cluster -m hw_proof --junitxml=results/hw-proof-cluster-junit.xml -o junit_logging=all || st=1; \
 	exit $$st
+
+# The structured fuzzer of obmm_emu (pylib/obmm/fuzz) on a fresh 2-node cluster: both nodes fuzz
+# at once (node 1 with seed + 1), FUZZ_OPS single-process operations then FUZZ_ROUNDS race
+# rounds each; a kernel report on either node fails it.  FUZZ_CLUSTER=<name> runs it on node
+# FUZZ_NODE of a cluster already up (`obmm-testbed up --kmod`, a debug kernel's included).
+FUZZ_SEED ?= 1
+FUZZ_OPS ?= 20000
+FUZZ_ROUNDS ?= 300
+FUZZ_NODE ?= 0
+FUZZ_TIMEOUT ?= 3600
+FUZZ = env PYTHONPATH=/opt/obmm-testbed/pylib python3 -m obmm.fuzz
+fuzz-cmd = $(FUZZ) --seed $(1) --ops $(FUZZ_OPS) && $(FUZZ) --mode concurrent --seed $(1) --ops $(FUZZ_ROUNDS)
+fuzz: setup-python
+	@if [ -n "$(FUZZ_CLUSTER)" ]; then \
+		$(VENV)/bin/obmm-testbed ssh --name $(FUZZ_CLUSTER) --timeout $(FUZZ_TIMEOUT) $(FUZZ_NODE) -- \
+			'$(call fuzz-cmd,$(FUZZ_SEED))'; \
+	else \
+		$(MAKE) --no-print-directory image kmod || exit 1; \
+		$(VENV)/bin/obmm-testbed run --nodes 2 --dir none --timeout $(FUZZ_TIMEOUT) \
+			--node 0='$(call fuzz-cmd,$(FUZZ_SEED))' \
+			--node 1='$(call fuzz-cmd,$$(($(FUZZ_SEED) + 1)))'; \
+	fi
 
 # Benchmarks on a QEMU cluster: results in bench-results/<timestamp>/ (JSON, summary.md, PNGs).
 BENCH_ARGS ?=

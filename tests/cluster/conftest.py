@@ -2,8 +2,8 @@
 
 These tests run on the host (they are not copied into the guests).  One session fixture boots a
 cluster (default: the ``pair`` topology, 2 nodes; ``OBMM_CLUSTER_TOPOLOGY`` overrides), builds and
-loads the modules, copies the package, the guest helpers (``guest_side/xnode.py``) and
-``examples/`` into every node, and hands tests a :class:`ClusterHarness` to run commands and
+loads the modules, copies the package, the guest helpers (``guest_side/xnode.py``, ``ctlpoke.py``)
+and ``examples/`` into every node, and hands tests a :class:`ClusterHarness` to run commands and
 Python snippets on node *i*.
 
 Handles travel as in production: the exporter guest publishes them with ``obmm.exchange`` bound
@@ -134,13 +134,14 @@ def xc(cluster: NodeSet) -> Iterator[ClusterHarness]:
     else:
         harness = ClusterHarness(cluster)  # GuestSession copied the package to GUEST_ROOT
     root = repo_root()
-    xnode = Path(__file__).parent / "guest_side" / "xnode.py"
+    helpers = [Path(__file__).parent / "guest_side" / name for name in ("xnode.py", "ctlpoke.py")]
     try:
         for i in range(harness.nodes):
             harness.run(i, f"rm -rf {harness.helpers} {harness.examples}")
             harness.run(i, f"mkdir -p {harness.helpers}")
             conn = harness.conn(i)
-            conn.put(xnode, f"{harness.helpers}/xnode.py")
+            for helper in helpers:
+                conn.put(helper, f"{harness.helpers}/{helper.name}")
             conn.put(root / "examples", str(harness.root))
         yield harness
     finally:

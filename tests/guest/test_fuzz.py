@@ -1,0 +1,37 @@
+"""A short run of the structured fuzzer (obmm.fuzz) with fixed seeds, in the suite's node.
+
+The long runs are ``make fuzz``; these keep a fixed budget in ``make test`` (a few seconds).
+A failure shows the fuzzer's own report: the failing check, the replay command, the trace.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from obmm.fuzz import race
+from obmm.fuzz.engine import Engine
+from obmm.fuzz.ops import generate
+
+pytestmark = pytest.mark.emulator_only
+
+SINGLE_SEED, SINGLE_OPS = 15, 300
+RACE_SEED, RACE_ROUNDS = 15, 8
+
+
+def test_fuzz_single_fixed_seed(fabric: object) -> None:
+    engine = Engine()
+    try:
+        failure = engine.run(generate(SINGLE_SEED, SINGLE_OPS))
+    finally:
+        engine.close()
+    assert failure is None, (
+        f"{failure}\nreplay: python3 -m obmm.fuzz --seed {SINGLE_SEED} --ops {SINGLE_OPS}\n"
+        + "\n".join(engine.trace[-30:])
+    )
+    assert engine.ops_run == SINGLE_OPS
+
+
+def test_fuzz_concurrent_fixed_seed(fabric: object, capsys: pytest.CaptureFixture[str]) -> None:
+    status = race.main(RACE_SEED, RACE_ROUNDS)
+    out = capsys.readouterr().out
+    assert status == 0, out
