@@ -11,6 +11,11 @@
  * grows on every publish and withdraw of the slot, so an importer can tell
  * a re-used slot from the export it resolved.
  *
+ * Nothing here is trusted: any node can write any byte.  A node keeps the
+ * seq and generation counts of its own entry and records in private memory
+ * and never reads its shared bytes back (after load); readers validate
+ * what they copy (README.md, "Trust of the control region").
+ *
  * Acknowledged revocation: a node counts its withdrawals in its own entry
  * (withdraw_epoch, +1 after every record it withdraws).  Node i, once its
  * revocation scan has zapped every import of node j's withdrawn exports,

@@ -14,8 +14,8 @@ from obmm.fuzz.ops import generate
 
 pytestmark = pytest.mark.emulator_only
 
-SINGLE_SEED, SINGLE_OPS = 15, 300
-RACE_SEED, RACE_ROUNDS = 15, 8
+SINGLE_SEED, SINGLE_OPS = 15, 200
+RACE_SEED, RACE_ROUNDS = 15, 6
 
 
 def test_fuzz_single_fixed_seed(fabric: object) -> None:

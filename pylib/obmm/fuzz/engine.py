@@ -77,6 +77,7 @@ class Engine:
         if node.shmdev_ids() or node.sysfs_ids():
             raise RuntimeError("regions exist already: the fuzzer needs an idle node")
         self.base_refcnt = node.module_refcnt()
+        self.base_iomem = node.iomem_others()
         self.peers = [n for n in self.fabric.windows if n != self.fabric.node_id]
         self.buffers = self._buffers()
         self.ops_run = 0
@@ -837,6 +838,11 @@ class Engine:
             raise Failure(
                 op, "state", f"/proc/iomem MEMID {sorted(memids)}, imports {sorted(imports)}"
             )
+        others = node.iomem_others()
+        if others != self.base_iomem:
+            gone = sorted(set(self.base_iomem) - set(others))
+            new = sorted(set(others) - set(self.base_iomem))
+            raise Failure(op, "state", f"/proc/iomem changed: lost {gone}, gained {new}")
         revoked = {i for i, r in m.regions.items() if r.revoked}
         if node.revoked_ids() != revoked:
             raise Failure(

@@ -112,6 +112,15 @@ def iomem_memids() -> tuple[set[int], int]:
     return ids, direct
 
 
+def iomem_others() -> list[str]:
+    """/proc/iomem without the imports' own lines (what no operation may change)."""
+    return [
+        line
+        for line in Path("/proc/iomem").read_text().splitlines()
+        if not line.endswith((" : DIRECT_IMPORT_UBMEM",)) and not MEMID_RE.search(line)
+    ]
+
+
 def revoked_ids() -> set[int]:
     text = (EMU / "revoked").read_text().split()
     return {int(t) for t in text if t.isdigit()}
