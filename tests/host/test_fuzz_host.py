@@ -80,3 +80,16 @@ def test_cli_defaults_and_modes() -> None:
     args = parse(["--seed", "4", "--ops", "10", "--mode", "concurrent"])
     assert (args.seed, args.ops, args.mode) == (4, 10, "concurrent")
     assert parse([]).mode == "single"
+
+
+def test_suffix_first_finds_a_short_failing_tail() -> None:
+    from obmm.fuzz.shrink import suffix_first
+
+    ops = generate(4, 1000)
+    needed = {ops[990].index, ops[999].index}
+
+    def fails(candidate: Sequence[Op]) -> bool:
+        return needed <= {op.index for op in candidate}
+
+    tail, runs = suffix_first(ops, fails, budget_s=10)
+    assert len(tail) == 32 and runs == 2

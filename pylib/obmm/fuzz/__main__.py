@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from obmm.fuzz import faults, race
 from obmm.fuzz.engine import Engine, Failure
 from obmm.fuzz.ops import Op, generate, select
-from obmm.fuzz.shrink import ddmin
+from obmm.fuzz.shrink import ddmin, suffix_first
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -30,7 +30,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("single", "concurrent"), default="single")
     p.add_argument("--only", default="", help="comma-separated operation indexes to run")
     p.add_argument("--no-shrink", action="store_true", help="report the failure unshrunk")
-    p.add_argument("--shrink-budget", type=float, default=180.0, help="seconds (default 180)")
+    p.add_argument("--shrink-budget", type=float, default=300.0, help="seconds (default 300)")
     p.add_argument("--no-reload", action="store_true", help="never rmmod/insmod the module")
     p.add_argument("--no-faults", action="store_true", help="no fault injection even if present")
     p.add_argument("--verbose", "-v", action="store_true", help="print every operation")
@@ -45,6 +45,7 @@ def report(args: argparse.Namespace, failure: Failure, trace: list[str]) -> None
         print("trace of the failing run (last 30 steps):")
         for line in trace[-30:]:
             print("  " + line)
+        sys.stdout.flush()
 
 
 def single(args: argparse.Namespace) -> int:
@@ -87,7 +88,11 @@ def shrink(args: argparse.Namespace, engine: Engine, ops: Sequence[Op], failure:
         got = engine.run(candidate)
         return got is not None and got.signature == want
 
-    small, runs = ddmin(prefix, fails, budget_s=args.shrink_budget)
+    t0 = time.monotonic()
+    tail, runs = suffix_first(prefix, fails, budget_s=args.shrink_budget / 2)
+    left = args.shrink_budget - (time.monotonic() - t0)
+    small, more = ddmin(tail, fails, budget_s=max(left, 10.0))
+    runs += more
     engine.trace = []
     again = engine.run(small)
     only = ",".join(str(op.index) for op in small)
@@ -97,6 +102,7 @@ def shrink(args: argparse.Namespace, engine: Engine, ops: Sequence[Op], failure:
         print(f"  fails with: {again}")
     for line in engine.trace:
         print("  " + line)
+    sys.stdout.flush()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

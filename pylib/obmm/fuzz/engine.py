@@ -312,10 +312,11 @@ class Engine:
         if err:
             return
         mem_id = int(cmd.mem_id)
-        pa = self.dev.query_pa_by_memid(mem_id)
+        segs = tuple(self.dev.query_pa_by_memid(mem_id, o) for o in range(0, length, SZ_2M))
         self.model.regions[mem_id] = Region(
-            mem_id, "pid", length, pa, int(cmd.tokenid), allow_mmap=False, mappable=False
-        )
+            mem_id, "pid", length, segs[0], int(cmd.tokenid), allow_mmap=False,
+            mappable=False, segments=segs,
+        )  # fmt: skip
 
     def _deactivate(self, op: Op, kind: str) -> None:
         exp = kind == "export"
@@ -364,12 +365,9 @@ class Engine:
     def _covering_export(self, addr: int, length: int, tokenid: int) -> Region | None:
         off = addr - self.fabric.own_base
         for r in sorted(self.model.regions.values(), key=lambda r: r.mem_id):
-            if (
-                r.is_export
-                and r.tokenid == tokenid
-                and r.pa <= off
-                and off + length <= r.pa + r.size
-            ):
+            if r.scattered or not r.is_export or r.tokenid != tokenid:
+                continue  # a scattered EXPORT_PID's [pa, pa + size) is not the export
+            if r.pa <= off and off + length <= r.pa + r.size:
                 return r
         return None
 
@@ -457,7 +455,7 @@ class Engine:
             if op.chance(3, 20) or r is None:
                 pa = op.pick(3, (0, U64, self.fabric.pool_base, self.fabric.own_base))
             cmd.pa = pa
-            hit = next((x for x in regions if x.pa <= pa < x.pa + x.size), None)
+            hit = next((x for x in regions if x.offset_of(pa) is not None), None)
             want = {OK} if hit else {errno.ENOENT}
         elif key == 1:
             mem_id = self.pick_region(op, 1)
@@ -474,9 +472,9 @@ class Engine:
             return
         if key == 0 and hit is not None:
             got = (int(cmd.mem_id), int(cmd.offset))
-            if got != (hit.mem_id, pa - hit.pa):
+            if got != (hit.mem_id, hit.offset_of(pa)):
                 raise Failure(op, "model", f"query of pa {pa:#x}: {got}, model {hit.mem_id}")
-        if key == 1 and r is not None and int(cmd.pa) != r.pa + int(cmd.offset):
+        if key == 1 and r is not None and int(cmd.pa) != r.pa_at(int(cmd.offset)):
             raise Failure(op, "model", f"query of {mem_id}+{offset:#x}: pa {int(cmd.pa):#x}")
 
     def _op_preimport(self, op: Op) -> None:

@@ -26,6 +26,27 @@ class Region:
     revoked: bool = False
     dep: int | None = None  # import: the loopback export it depends on
     zeroed: bool = False  # export whose unwritten bytes must read 0
+    # EXPORT_PID: physical address of each 2 MiB memseg (not contiguous: "scattered")
+    segments: tuple[int, ...] = ()
+
+    @property
+    def scattered(self) -> bool:
+        segs = self.segments
+        return any(b != a + SZ_2M for a, b in zip(segs, segs[1:]))
+
+    def offset_of(self, pa: int) -> int | None:
+        """Offset in the region of physical (or, for an import, window) address pa."""
+        if self.segments:
+            for i, base in enumerate(self.segments):
+                if base <= pa < base + SZ_2M:
+                    return i * SZ_2M + pa - base
+            return None
+        return pa - self.pa if self.pa <= pa < self.pa + self.size else None
+
+    def pa_at(self, offset: int) -> int:
+        if self.segments:
+            return self.segments[offset // SZ_2M] + offset % SZ_2M
+        return self.pa + offset
 
     @property
     def is_export(self) -> bool:

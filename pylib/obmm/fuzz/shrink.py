@@ -13,6 +13,23 @@ from collections.abc import Callable, Sequence
 from obmm.fuzz.ops import Op
 
 
+def suffix_first(
+    ops: Sequence[Op], fails: Callable[[Sequence[Op]], bool], *, budget_s: float
+) -> tuple[list[Op], int]:
+    """The shortest tail (8, 32, 128, ... operations) of ``ops`` that still fails, tried
+    first: a failure mostly needs only the recent state, and a short run costs little."""
+    runs = 0
+    deadline = time.monotonic() + budget_s
+    k = 8
+    while k < len(ops) and time.monotonic() < deadline:
+        runs += 1
+        tail = list(ops[-k:])
+        if fails(tail):
+            return tail, runs
+        k *= 4
+    return list(ops), runs
+
+
 def ddmin(
     ops: Sequence[Op],
     fails: Callable[[Sequence[Op]], bool],
