@@ -85,7 +85,7 @@ qemu-test: setup-python
 	$(MAKE) --no-print-directory image kmod || exit 1; \
 	$(SIDE_BY_SIDE) \
 		'qemu=$(PYTEST) tests/qemu -m "not hw_proof" --junitxml=results/qemu-junit.xml -o junit_logging=all' \
-		'cluster=$(PYTEST) tests/cluster -m "not hw_proof" --junitxml=results/cluster-junit.xml -o junit_logging=all' \
+		'cluster=$(PYTEST) tests/cluster -m "not hw_proof and not slow" --junitxml=results/cluster-junit.xml -o junit_logging=all' \
 	|| exit 1; \
 	$(PY) -m obmm.bench.cluster_hook record $$t0 results/qemu-junit.xml results/cluster-junit.xml || true
 
@@ -106,8 +106,10 @@ hw-proof: setup-python
 
 # The structured fuzzer of obmm_emu (pylib/obmm/fuzz) on a fresh 2-node cluster: both nodes fuzz
 # at once (node 1 with seed + 1), FUZZ_OPS single-process operations then FUZZ_ROUNDS race
-# rounds each; a kernel report on either node fails it.  FUZZ_CLUSTER=<name> runs it on node
-# FUZZ_NODE of a cluster already up (`obmm-testbed up --kmod`, a debug kernel's included).
+# rounds each; a kernel report on either node fails it.  Then every control-region trust test
+# (tests/cluster/test_ctl_trust.py, the slow cases qemu-test leaves out included).
+# FUZZ_CLUSTER=<name> runs the fuzzer alone on node FUZZ_NODE of a cluster already up
+# (`obmm-testbed up --kmod`, a debug kernel's included).
 FUZZ_SEED ?= 1
 FUZZ_OPS ?= 20000
 FUZZ_ROUNDS ?= 300
@@ -123,7 +125,8 @@ fuzz: setup-python
 		$(MAKE) --no-print-directory image kmod || exit 1; \
 		$(VENV)/bin/obmm-testbed run --nodes 2 --dir none --timeout $(FUZZ_TIMEOUT) \
 			--node 0='$(call fuzz-cmd,$(FUZZ_SEED))' \
-			--node 1='$(call fuzz-cmd,$$(($(FUZZ_SEED) + 1)))'; \
+			--node 1='$(call fuzz-cmd,$$(($(FUZZ_SEED) + 1)))' || exit 1; \
+		$(PYTEST) tests/cluster/test_ctl_trust.py --junitxml=results/ctl-trust-junit.xml; \
 	fi
 
 # Benchmarks on a QEMU cluster: results in bench-results/<timestamp>/ (JSON, summary.md, PNGs).

@@ -14,7 +14,7 @@ from obmm.fuzz.ops import generate
 
 pytestmark = pytest.mark.emulator_only
 
-SINGLE_SEED, SINGLE_OPS = 15, 200
+SINGLE_SEED, SINGLE_OPS = 15, 150
 RACE_SEED, RACE_ROUNDS = 15, 6
 
 
