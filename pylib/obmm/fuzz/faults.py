@@ -26,14 +26,21 @@ class FaultInjection:
         # kept open: an open() while armed could itself be made to fail
         self._fd = os.open(MAKE_IT_FAIL, os.O_WRONLY)
         for d in dirs:
-            for name, value in (("task-filter", "Y"), ("probability", "30"), ("interval", "1"),
-                                ("times", "-1"), ("verbose", "0"), ("space", "0")):  # fmt: skip
+            for name, value in (("task-filter", "Y"), ("probability", "10"), ("interval", "1"),
+                                ("times", "-1"), ("verbose", "0"), ("space", "0"),
+                                ("ignore-gfp-wait", "N"), ("min-order", "0"),
+                                # user pages (__GFP_HIGHMEM) keep working: the fuzzer's own
+                                # page faults in the armed window must not fail
+                                ("ignore-gfp-highmem", "Y")):  # fmt: skip
                 knob = d / name
                 if knob.exists():
                     knob.write_text(value)
-            for name in ("ignore-gfp-wait", "ignore-gfp-highmem"):
-                if (d / name).exists():
-                    (d / name).write_text("N")
+
+    def close(self) -> None:
+        """Injection off again (probability 0) for whatever runs on this kernel next."""
+        for d in self.dirs:
+            (d / "probability").write_text("0")
+        os.close(self._fd)
 
     @property
     def names(self) -> list[str]:
