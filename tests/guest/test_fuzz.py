@@ -15,7 +15,7 @@ from obmm.fuzz.ops import generate
 pytestmark = pytest.mark.emulator_only
 
 SINGLE_SEED, SINGLE_OPS = 15, 150
-RACE_SEED, RACE_ROUNDS = 15, 6
+RACE_SEED, RACE_ROUNDS = 15, 20
 
 
 def test_fuzz_single_fixed_seed(fabric: object) -> None:
