@@ -16,8 +16,8 @@
 #include <linux/list.h>
 #include <linux/memory.h>
 #include <linux/mutex.h>
-#include <linux/sched.h>
 #include <linux/proc_fs.h>
+#include <linux/sched.h>
 #include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/stringify.h>
