@@ -72,11 +72,12 @@ host-test: setup-python
 image: setup-python
 	$(VENV)/bin/obmm-testbed image
 
-# The guest suite (tests/qemu: tests/guest inside one node, one host result per guest test, then
-# the hardware stage's quick proof on that node) and the 2-node cluster suite (tests/cluster)
-# side by side, each from its own restored (or booted) nodes, output lines prefixed [qemu] and
-# [cluster]; both run to the end even if one fails.  image and kmod first, so their progress is
-# visible and the two do not build them at once.  The testbed's own VM tests are
+# Side by side, each from its own restored (or booted) nodes, output lines prefixed by the job's
+# name, all run to the end even if one fails: [qemu] the guest suite (tests/guest inside one
+# node, one host result per guest test) then the hardware stage's quick proof on that node;
+# [cluster] the 2-node cluster suite; [trust] the cluster suite's control-region trust tests on
+# a pair of their own (they mostly wait out death timeouts).  image and kmod first, so their
+# progress is visible and the jobs do not build them at once.  The testbed's own VM tests are
 # `make testbed-test`, the hardware stage's full proofs `make hw-proof`.  A green run's wall
 # time is recorded (cold if the image was built) for `make bench`.
 SIDE_BY_SIDE := $(PY) -m obmm.tools.side_by_side
@@ -85,9 +86,11 @@ qemu-test: setup-python
 	$(MAKE) --no-print-directory image kmod || exit 1; \
 	$(SIDE_BY_SIDE) \
 		'qemu=$(PYTEST) tests/qemu -m "not hw_proof" --junitxml=results/qemu-junit.xml -o junit_logging=all' \
-		'cluster=$(PYTEST) tests/cluster -m "not hw_proof and not slow" --junitxml=results/cluster-junit.xml -o junit_logging=all' \
+		'cluster=$(PYTEST) tests/cluster -m "not hw_proof" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/cluster-junit.xml -o junit_logging=all' \
+		'trust=$(PYTEST) tests/cluster/test_ctl_trust.py -m "not slow" --junitxml=results/trust-junit.xml -o junit_logging=all' \
 	|| exit 1; \
-	$(PY) -m obmm.bench.cluster_hook record $$t0 results/qemu-junit.xml results/cluster-junit.xml || true
+	$(PY) -m obmm.bench.cluster_hook record $$t0 results/qemu-junit.xml results/cluster-junit.xml \
+		results/trust-junit.xml || true
 
 # The testbed's own tests against QEMU nodes: the runner meeting guests that WARN, hang or
 # panic; snapshots saved, restored and refused; `obmm-testbed run` from an installed wheel.
