@@ -53,6 +53,7 @@
 #define ARRAY_SIZE(a)		(sizeof(a) / sizeof((a)[0]))
 #define BIT(n)			(1U << (n))
 #define MAX_SOURCES		6
+#define WARM_PASSES		4	/* interleaved chase: warm-up loads / timed loads */
 #define SZ_2M			(2UL << 20)
 #define MMAP_FLAG_PMD		(1ULL << 63)	/* OBMM_MMAP_FLAG_HUGETLB_PMD */
 
@@ -955,7 +956,7 @@ static struct chase_node *chase_build(unsigned char *base, const size_t *perm, s
  * Samples in turn: round s measures every source, starting with source
  * s % n, so no source always runs first.  Each sample first walks its set
  * once untimed (the sources before it in the round have just run through
- * the caches), then times --chase-loads loads --best-of times and reports
+ * the caches; at most WARM_PASSES x --chase-loads loads), then times --chase-loads loads --best-of times and reports
  * the fastest: on a host whose cores other work shares, a run it was
  * preempted or crowded out of the caches in says nothing of the memory.  While the set is smaller
  * than the region, each round moves it (the same place in every source)
@@ -966,7 +967,7 @@ static int interleave_chase(const struct opts *o, struct source *src, int n,
 			    size_t ws, double seconds)
 {
 	size_t nodes = ws / sizeof(struct chase_node), *perm, i, j, tmp, k;
-	size_t places = o->length / ws, warm = nodes < o->chase_loads ? nodes : o->chase_loads;
+	size_t places = o->length / ws, warm = WARM_PASSES * o->chase_loads;
 	struct chase_node *p[MAX_SOURCES];
 	struct budget b;
 	int s, x;
@@ -990,6 +991,8 @@ static int interleave_chase(const struct opts *o, struct source *src, int n,
 		perm[i] = perm[j];
 		perm[j] = tmp;
 	}
+	if (warm > nodes)
+		warm = nodes;
 	budget_start(&b, seconds);
 	for (s = 0; s < o->samples; s++) {
 		size_t place = ((size_t)s % places) * ws;

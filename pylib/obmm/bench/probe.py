@@ -102,9 +102,9 @@ class ProbeSettings:
     seed: int = 1
     # Interleaved runs (an import beside local memory): many short samples, so that every
     # source sees the same conditions and a median is not moved by a few disturbed ones.
-    interleave_samples: int = 31
+    interleave_samples: int = 32  # a multiple of the 4 sources: each leads a round as often
     interleave_chase_loads: int = 1 << 14
-    interleave_best_of: int = 5  # a chase sample is the fastest of this many timed runs
+    interleave_best_of: int = 10  # a chase sample is the fastest of this many timed runs
 
     @classmethod
     def quick(cls) -> ProbeSettings:
@@ -118,7 +118,7 @@ class ProbeSettings:
             engram_iters=30,
             bw_size=16 << 20,
             max_seconds=8.0,
-            interleave_samples=21,
+            interleave_samples=20,
             interleave_chase_loads=1 << 13,
         )
 
@@ -147,12 +147,12 @@ class ProbeSettings:
         ]
 
     def interleave_args(self) -> list[str]:
-        """args() with the interleaved runs' sample counts and twice the time budget."""
+        """args() with the interleaved runs' sample counts and four times the time budget."""
         args = self.args()
         for opt, value in (
             ("--samples", self.interleave_samples),
             ("--chase-loads", self.interleave_chase_loads),
-            ("--max-seconds", f"{2 * self.max_seconds:g}"),
+            ("--max-seconds", f"{4 * self.max_seconds:g}"),
         ):
             args[args.index(opt) + 1] = str(value)
         return [*args, "--best-of", str(self.interleave_best_of)]
