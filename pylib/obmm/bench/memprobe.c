@@ -53,7 +53,7 @@
 #define ARRAY_SIZE(a)		(sizeof(a) / sizeof((a)[0]))
 #define BIT(n)			(1U << (n))
 #define MAX_SOURCES		6
-#define WARM_PASSES		4	/* interleaved chase: warm-up loads / timed loads */
+#define WARM_PASSES		1	/* interleaved chase: warm-up loads / timed loads */
 #define SZ_2M			(2UL << 20)
 #define MMAP_FLAG_PMD		(1ULL << 63)	/* OBMM_MMAP_FLAG_HUGETLB_PMD */
 
@@ -953,12 +953,13 @@ static struct chase_node *chase_build(unsigned char *base, const size_t *perm, s
 }
 
 /*
- * Samples in turn: round s measures every source, starting with source
- * s % n, so no source always runs first.  Each sample first walks its set
- * once untimed (the sources before it in the round have just run through
- * the caches; at most WARM_PASSES x --chase-loads loads), then times --chase-loads loads --best-of times and reports
- * the fastest: on a host whose cores other work shares, a run it was
- * preempted or crowded out of the caches in says nothing of the memory.  While the set is smaller
+ * Samples in turn: round s makes --best-of timed runs of --chase-loads
+ * loads on every source, the sources alternating run by run (rotating
+ * which goes first), each run after an untimed one of as many loads (at
+ * most one pass over its set); a source's sample is its fastest run.  So
+ * every source sees the same conditions, and on a host whose cores other
+ * work shares, a run that was preempted or crowded out of the caches does
+ * not decide the figure.  While the set is smaller
  * than the region, each round moves it (the same place in every source)
  * to the next ws bytes, so no figure hangs on where one set happens to
  * lie (cache sets, TLB indexes).  The permutation is the same everywhere.
@@ -999,18 +1000,22 @@ static int interleave_chase(const struct opts *o, struct source *src, int n,
 
 		for (x = 0; x < n && (places > 1 || !s); x++)
 			p[x] = chase_build(src[x].r.base + place, perm, nodes);
-		for (k = 0; k < (size_t)n; k++) {
-			double best = 0, t;
-			int r;
+		double best[MAX_SOURCES] = { 0 }, t;
+		int r;
 
-			x = (int)((k + (size_t)s) % (size_t)n);
-			chase_once(&p[x], warm);
-			for (r = 0; r < o->best_of; r++) {
+		/* The runs of all sources alternate: their best-of windows coincide. */
+		for (r = 0; r < o->best_of; r++) {
+			for (k = 0; k < (size_t)n; k++) {
+				x = (int)((k + (size_t)s + (size_t)r) % (size_t)n);
+				chase_once(&p[x], warm);
 				t = chase_once(&p[x], o->chase_loads);
-				if (!r || t < best)
-					best = t;
+				if (!r || t < best[x])
+					best[x] = t;
 			}
-			emit_source_sample(src[x].label, "chase", ws, "ns", best);
+		}
+		for (k = 0; k < (size_t)n; k++) {
+			x = (int)((k + (size_t)s) % (size_t)n);
+			emit_source_sample(src[x].label, "chase", ws, "ns", best[x]);
 		}
 		if (s + 1 < o->samples && budget_over(&b)) {
 			for (x = 0; x < n; x++)
