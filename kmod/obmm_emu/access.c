@@ -178,8 +178,13 @@ int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
 	int node, slot;
 
 	node = obmm_fabric_window_node(addr, len, &off);
-	if (node < 0 || !obmm_peer_get(node, &peer))
-		return -EACCES;
+	if (node < 0)
+		return obmm_refuse(OBMM_OP_IMPORT, -EACCES,
+				   "emulated UMMU: pa=%pa size=%#llx is not inside one fabric window",
+				   &addr, len);
+	if (!obmm_peer_get(node, &peer))
+		return obmm_refuse(OBMM_OP_IMPORT, -EACCES,
+				   "emulated UMMU: exporter node %d is not alive", node);
 	for (slot = 0; slot < OBMM_EMU_CTL_RECORDS_PER_NODE; slot++) {
 		if (obmm_ctl_record_state(node, slot) != OBMM_EMU_REC_LIVE)
 			continue;
@@ -195,7 +200,9 @@ int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
 		dep->unreadable = false;
 		return 0;
 	}
-	return -EACCES;
+	return obmm_refuse(OBMM_OP_IMPORT, -EACCES,
+			   "emulated UMMU: no live export of node %d covers offset %#llx size %#llx with tokenid %#x",
+			   node, off, len, tokenid);
 }
 
 /*

@@ -26,7 +26,9 @@ static long obmm_dev_ioctl(struct file *file, unsigned int cmd,
 	void __user *uarg = (void __user *)arg;
 
 	if (!obmm_fabric_enabled())
-		return -EOPNOTSUPP;
+		return obmm_refuse("ioctl", -EOPNOTSUPP,
+				   "obmm feature not enabled (cmd %#x; emulator: no fabric window or control region)",
+				   cmd);
 
 	switch (cmd) {
 	case OBMM_CMD_EXPORT:
@@ -46,6 +48,7 @@ static long obmm_dev_ioctl(struct file *file, unsigned int cmd,
 	case OBMM_CMD_UNDECLARE_PREIMPORT:
 		return obmm_undeclare_preimport_ioctl(uarg);
 	default:
+		/* Not logged, as by the real driver: isatty() probes every fd. */
 		return -ENOTTY;
 	}
 }

@@ -63,29 +63,43 @@ static int obmm_export_check_sizes(const struct obmm_cmd_export *cmd,
 	unsigned int i;
 
 	if (cmd->length > OBMM_MAX_LOCAL_NUMA_NODES)
-		return -E2BIG;
+		return obmm_refuse(OBMM_OP_EXPORT, -E2BIG,
+				   "Size list is too long: max=%d, actual_length=%llu",
+				   OBMM_MAX_LOCAL_NUMA_NODES, cmd->length);
 	if (!obmm_pxm_numa_valid(cmd->pxm_numa))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_EXPORT, -EINVAL, "Invalid pxm_numa %d",
+				   cmd->pxm_numa);
 	for (i = 0; i < cmd->length; i++) {
 		if (cmd->size[i] % memseg)
-			return -EINVAL;
+			return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
+					   "The size of new OBMM region %#llx on node %u is not aligned to OBMM memseg size %#llx",
+					   cmd->size[i], i, memseg);
 		if (cmd->size[i] && (i >= nr_node_ids || !node_online(i)))
-			return -ENODEV;
+			return obmm_refuse(OBMM_OP_EXPORT, -ENODEV,
+					   "Cannot export memory from offlined or remote numa node %u",
+					   i);
 		if (check_add_overflow(sum, cmd->size[i], &sum))
-			return -EOVERFLOW;
+			return obmm_refuse(OBMM_OP_EXPORT, -EOVERFLOW,
+					   "Memory size overflowed! (node %u size %#llx)",
+					   i, cmd->size[i]);
 	}
 	if (!sum)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
+				   "The size of new OBMM region is 0. Non-zero value expected");
 
 	pkg = obmm_node_package(cmd->pxm_numa);
 	if (pkg < 0)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
+				   "ub controller pxm %d is not an online node with CPUs",
+				   cmd->pxm_numa);
 	for (i = 0; i < cmd->length; i++) {
 		if (!cmd->size[i])
 			continue;
 		node_pkg = obmm_node_package(i);
 		if (node_pkg < 0 || node_pkg != pkg)
-			return -EINVAL;
+			return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
+					   "Cannot use memory from multiple sockets or memory and ub controller is from different sockets: memory node %u, ub controller pxm: %d",
+					   i, cmd->pxm_numa);
 	}
 	*total = sum;
 	return 0;
@@ -97,19 +111,31 @@ static int obmm_export_alloc(struct obmm_region *r,
 {
 	unsigned int i;
 
+	bool fast = cmd->flags & OBMM_EXPORT_FLAG_FAST;
+	int ret;
+
 	for (i = 0; i < cmd->length; i++) {
 		if (!cmd->size[i])
 			continue;
 		if (!obmm_pool_present() || i != obmm_pool_nid())
-			return -ENODEV;
+			return obmm_refuse(OBMM_OP_EXPORT, -ENODEV,
+					   "no memory pool on node %u (the pool is on node %d)",
+					   i, obmm_pool_present() ? obmm_pool_nid() : -1);
 		if (cmd->size[i] % obmm_pool_granu())
-			return -EINVAL;
+			return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
+					   "invalid size %#llx on node %u: not aligned to mempool granu %#llx",
+					   cmd->size[i], i, obmm_pool_granu());
 	}
-	return obmm_pool_alloc(total, cmd->flags & OBMM_EXPORT_FLAG_FAST,
-			       &r->pa);
+	ret = obmm_pool_alloc(total, fast, &r->pa);
+	if (ret)
+		return obmm_refuse(OBMM_OP_EXPORT, ret,
+				   "cannot allocate %#llx bytes%s from the pool of node %d",
+				   total, fast ? " of cleared memory (FAST)" : "",
+				   obmm_pool_nid());
+	return 0;
 }
 
-static int obmm_export_finish(struct obmm_region *r)
+static int obmm_export_finish(struct obmm_region *r, const char *op)
 {
 	int ret;
 
@@ -118,12 +144,15 @@ static int obmm_export_finish(struct obmm_region *r)
 	/* Emulator: no free record slot is ENOSPC (FIDELITY.md). */
 	ret = obmm_ctl_publish_export(r);
 	if (ret)
-		return ret;
+		return obmm_refuse(op, ret,
+				   "emulator: no free export record slot in the control region (%d per node)",
+				   OBMM_EMU_CTL_RECORDS_PER_NODE);
 	ret = obmm_shmdev_publish(r);
 	if (ret) {
 		/* Published a moment: quarantined like any unexport. */
 		r->withdrawn_epoch = obmm_ctl_withdraw_export(r);
-		return ret;
+		return obmm_refuse(op, ret, "Failed to create device %d. ret=%pe",
+				   r->id, ERR_PTR(ret));
 	}
 	obmm_region_activate(r);
 	return 0;
@@ -134,15 +163,17 @@ static int obmm_export_finish(struct obmm_region *r)
  * caller's copy of the command (of len bytes at cmd) and copied back.  As
  * the real driver: the region stays exported on a copy fault.
  */
-static long obmm_export_reply(const struct obmm_region *r, void __user *uarg,
-			      const void *cmd, size_t len, __u64 *mem_id,
-			      __u64 *uba, __u32 *tokenid)
+static long obmm_export_reply(const struct obmm_region *r, const char *op,
+			      void __user *uarg, const void *cmd, size_t len,
+			      __u64 *mem_id, __u64 *uba, __u32 *tokenid)
 {
 	*mem_id = r->id;
 	*uba = r->uba;
 	*tokenid = r->tokenid;
 	if (copy_to_user(uarg, cmd, len))
-		return -EFAULT;
+		return obmm_refuse(op, -EFAULT,
+				   "failed to write result (mem_id=%d stays exported)",
+				   r->id);
 	return 0;
 }
 
@@ -150,7 +181,8 @@ static long obmm_export_reply(const struct obmm_region *r, void __user *uarg,
  * EXPORT and EXPORT_PID after their own argument checks: a new region with
  * the caller's priv, its vendor info checked, and an id.
  */
-static struct obmm_region *obmm_export_region_new(const void __user *priv,
+static struct obmm_region *obmm_export_region_new(const char *op,
+						  const void __user *priv,
 						  u16 priv_len,
 						  const void __user *vendor,
 						  u16 vendor_len)
@@ -160,12 +192,12 @@ static struct obmm_region *obmm_export_region_new(const void __user *priv,
 
 	r = obmm_region_alloc(OBMM_REGION_EXPORT);
 	if (!r)
-		return ERR_PTR(-ENOMEM);
-	ret = obmm_copy_priv(r, priv, priv_len);
+		return ERR_PTR(obmm_refuse(op, -ENOMEM, "no memory for a region"));
+	ret = obmm_copy_priv(r, priv, priv_len, op);
 	if (!ret)
-		ret = obmm_check_vendor(vendor, vendor_len);
+		ret = obmm_check_vendor(vendor, vendor_len, op);
 	if (!ret)
-		ret = obmm_region_add_id(r);
+		ret = obmm_region_add_id(r, op);
 	if (ret) {
 		obmm_region_free(r);
 		return ERR_PTR(ret);
@@ -182,15 +214,18 @@ long obmm_export_ioctl(void __user *uarg)
 	int ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
-		return -EFAULT;
+		return obmm_refuse(OBMM_OP_EXPORT, -EFAULT,
+				   "failed to load export argument");
 	ret = obmm_export_check_sizes(&cmd, &total);
 	if (ret)
 		return ret;
 	if (cmd.flags & ~OBMM_EXPORT_FLAG_MASK)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
+				   "undefined flags specified in export flags parameter %#llx",
+				   cmd.flags);
 
-	r = obmm_export_region_new(cmd.priv, cmd.priv_len, cmd.vendor_info,
-				   cmd.vendor_len);
+	r = obmm_export_region_new(OBMM_OP_EXPORT, cmd.priv, cmd.priv_len,
+				   cmd.vendor_info, cmd.vendor_len);
 	if (IS_ERR(r))
 		return PTR_ERR(r);
 	ret = obmm_export_alloc(r, &cmd, total);
@@ -208,12 +243,12 @@ long obmm_export_ioctl(void __user *uarg)
 			r->node_count = i + 1;
 	}
 	memcpy(r->deid, cmd.deid, sizeof(r->deid));
-	ret = obmm_export_finish(r);
+	ret = obmm_export_finish(r, OBMM_OP_EXPORT);
 	if (ret)
 		goto err_pool;
 
-	return obmm_export_reply(r, uarg, &cmd, sizeof(cmd), &cmd.mem_id,
-				 &cmd.uba, &cmd.tokenid);
+	return obmm_export_reply(r, OBMM_OP_EXPORT, uarg, &cmd, sizeof(cmd),
+				 &cmd.mem_id, &cmd.uba, &cmd.tokenid);
 
 err_pool:
 	obmm_pool_free(r->pa, total, r->withdrawn_epoch);
@@ -263,14 +298,20 @@ static int obmm_pid_check_pages(struct obmm_region *r)
 	int nid;
 
 	if (!obmm_pxm_numa_valid(r->pxm_numa) || pkg < 0)
-		return -EOPNOTSUPP;
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -EOPNOTSUPP,
+				   "hisi workarounds check no passing: Invalid pxm_numa %d",
+				   r->pxm_numa);
 	for (i = 0; i < r->npages; i++) {
 		if (!obmm_page_is_hugetlb(r->pages[i]))
-			return -EOPNOTSUPP;
+			return obmm_refuse(OBMM_OP_EXPORT_PID, -EOPNOTSUPP,
+					   "hisi workarounds check no passing: Only hugetlbfs pages are allowed (page %lu of %lu)",
+					   i, r->npages);
 		nid = page_to_nid(r->pages[i]);
 		if (nid >= OBMM_MAX_LOCAL_NUMA_NODES ||
 		    obmm_node_package(nid) != pkg)
-			return -EOPNOTSUPP;
+			return obmm_refuse(OBMM_OP_EXPORT_PID, -EOPNOTSUPP,
+					   "hisi workarounds check no passing: page %lu on node %d, not on the package of pxm_numa %d",
+					   i, nid, r->pxm_numa);
 	}
 	return 0;
 }
@@ -283,17 +324,23 @@ static int obmm_pid_check_memsegs(struct obmm_region *r)
 	phys_addr_t first;
 
 	if (r->size % obmm_pool_granu())
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
+				   "length %#llx not a multiple of memseg size %#llx",
+				   r->size, obmm_pool_granu());
 	for (i = 0; i < r->npages; i++) {
 		if (i % per_seg == 0) {
 			first = page_to_phys(r->pages[i]);
 			if (!IS_ALIGNED(first, obmm_pool_granu()))
-				return -EINVAL;
+				break;
 		} else if (page_to_phys(r->pages[i]) !=
 			   first + (i % per_seg) * PAGE_SIZE) {
-			return -EINVAL;
+			break;
 		}
 	}
+	if (i < r->npages)
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
+				   "memseg %lu (page %lu) is not physically contiguous and %#llx-aligned",
+				   i / per_seg, i, obmm_pool_granu());
 	return 0;
 }
 
@@ -351,7 +398,8 @@ static int obmm_pid_get_mm(pid_t nr, struct mm_struct **out)
 
 	if (!nr) {
 		*out = get_task_mm(current);
-		return *out ? 0 : -ESRCH;
+		return *out ? 0 : obmm_refuse(OBMM_OP_EXPORT_PID, -ESRCH,
+					      "get mm from pid(0) failed");
 	}
 	rcu_read_lock();
 	pid = find_pid_ns(nr, &init_pid_ns);
@@ -360,13 +408,17 @@ static int obmm_pid_get_mm(pid_t nr, struct mm_struct **out)
 		get_task_struct(task);
 	rcu_read_unlock();
 	if (!task)
-		return -ESRCH;
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -ESRCH,
+				   "get tsk from pid(%d) failed", nr);
 	mm = get_task_mm(task);
 	if (!mm) {
-		ret = -ESRCH;
+		ret = obmm_refuse(OBMM_OP_EXPORT_PID, -ESRCH,
+				  "get mm from pid(%d) failed", nr);
 	} else if (mm != current->mm && !obmm_pid_may_access(task, mm)) {
 		mmput(mm);
-		ret = -EPERM;
+		ret = obmm_refuse(OBMM_OP_EXPORT_PID, -EPERM,
+				  "emulator: the caller may not access pid(%d) (ptrace credential rule)",
+				  nr);
 	}
 	put_task_struct(task);
 	*out = ret ? NULL : mm;
@@ -485,7 +537,9 @@ void obmm_exports_exit(void)
 static int obmm_pid_check_length(u64 length)
 {
 	if (length >> PAGE_SHIFT > totalram_pages())
-		return -ENOMEM;
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -ENOMEM,
+				   "emulator: length %#llx exceeds the machine's RAM (%lu pages)",
+				   length, totalram_pages());
 	return 0;
 }
 
@@ -495,14 +549,19 @@ static int obmm_pid_pin(struct obmm_region *r, unsigned long va)
 
 	r->pages = kvcalloc(r->npages, sizeof(*r->pages), GFP_KERNEL);
 	if (!r->pages)
-		return -ENOMEM;
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -ENOMEM,
+				   "no memory for a page list of %lu pages", r->npages);
 	pinned = obmm_pin_pages(r->mm, va, r->npages, r->pages);
 	if (pinned < 0)
-		return pinned;
+		return obmm_refuse(OBMM_OP_EXPORT_PID, (int)pinned,
+				   "pin memory failed, %ld (va %#lx, %lu pages)",
+				   pinned, va, r->npages);
 	atomic64_add(pinned, &r->mm->pinned_vm);
 	if (pinned != r->npages) {
 		obmm_pid_unpin(r, pinned);
-		return -ENOMEM;
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -ENOMEM,
+				   "failed to pin user pages(%ld/%lu)!", pinned,
+				   r->npages);
 	}
 	return 0;
 }
@@ -515,16 +574,28 @@ long obmm_export_pid_ioctl(void __user *uarg)
 	int ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
-		return -EFAULT;
-	if (cmd.flags & ~OBMM_EXPORT_FLAG_MASK ||
-	    cmd.flags & OBMM_EXPORT_FLAG_ALLOW_MMAP ||
-	    cmd.flags & OBMM_EXPORT_FLAG_FAST)
-		return -EINVAL;
-	if (!cmd.length || cmd.length % PMD_SIZE)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -EFAULT,
+				   "Failed to load export_pid param");
+	if (cmd.flags & ~OBMM_EXPORT_FLAG_MASK)
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
+				   "invalid flags %#llx encountered in export_user_addr",
+				   cmd.flags);
+	if (cmd.flags & OBMM_EXPORT_FLAG_ALLOW_MMAP)
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
+				   "ALLOW_MMAP flag is not allowed in export_user_addr");
+	if (cmd.flags & OBMM_EXPORT_FLAG_FAST)
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
+				   "FAST flag is not allowed in export_user_addr");
+	if (!cmd.length)
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
+				   "export sizeof 0 memory is not allowed");
+	if (cmd.length % PMD_SIZE)
+		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
+				   "export memory size %#llx is not aligned to PMD_SIZE",
+				   cmd.length);
 
-	r = obmm_export_region_new(cmd.priv, cmd.priv_len, cmd.vendor_info,
-				   cmd.vendor_len);
+	r = obmm_export_region_new(OBMM_OP_EXPORT_PID, cmd.priv, cmd.priv_len,
+				   cmd.vendor_info, cmd.vendor_len);
 	if (IS_ERR(r))
 		return PTR_ERR(r);
 
@@ -544,7 +615,8 @@ long obmm_export_pid_ioctl(void __user *uarg)
 	r->pid_quarantine = kmalloc(sizeof(*r->pid_quarantine), GFP_KERNEL);
 	if (!r->pid_quarantine) {
 		mmput(mm);
-		ret = -ENOMEM;
+		ret = obmm_refuse(OBMM_OP_EXPORT_PID, -ENOMEM,
+				  "no memory for the quarantine entry");
 		goto err_id;
 	}
 	ret = obmm_pid_pin(r, (unsigned long)cmd.va);
@@ -565,7 +637,7 @@ long obmm_export_pid_ioctl(void __user *uarg)
 	r->phys_contig = obmm_pid_pages_contig(r);
 	r->mem_cap = 0;
 	memcpy(r->deid, cmd.deid, sizeof(r->deid));
-	ret = obmm_export_finish(r);
+	ret = obmm_export_finish(r, OBMM_OP_EXPORT_PID);
 	if (ret && r->withdrawn_epoch) {
 		/* The record was published: the pages stay pinned a while. */
 		obmm_pid_quarantine_add(r, r->withdrawn_epoch);
@@ -576,8 +648,8 @@ long obmm_export_pid_ioctl(void __user *uarg)
 	if (ret)
 		goto err_unpin;
 
-	return obmm_export_reply(r, uarg, &cmd, sizeof(cmd), &cmd.mem_id,
-				 &cmd.uba, &cmd.tokenid);
+	return obmm_export_reply(r, OBMM_OP_EXPORT_PID, uarg, &cmd, sizeof(cmd),
+				 &cmd.mem_id, &cmd.uba, &cmd.tokenid);
 
 err_unpin:
 	obmm_pid_unpin(r, r->npages);
@@ -621,8 +693,9 @@ long obmm_unexport_ioctl(void __user *uarg)
 	int ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
-		return -EFAULT;
-	ret = obmm_region_deactivate(cmd.mem_id, cmd.flags,
+		return obmm_refuse(OBMM_OP_UNEXPORT, -EFAULT,
+				   "failed to load unexport argument");
+	ret = obmm_region_deactivate(OBMM_OP_UNEXPORT, cmd.mem_id, cmd.flags,
 				     OBMM_UNEXPORT_FLAG_MASK,
 				     OBMM_REGION_EXPORT, &r);
 	if (ret)

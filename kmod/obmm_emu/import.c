@@ -237,11 +237,17 @@ static int obmm_import_check_flags(u64 flags)
 	bool numa = flags & OBMM_IMPORT_FLAG_NUMA_REMOTE;
 
 	if (flags & ~OBMM_IMPORT_FLAG_MASK)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				   "Invalid import flags %#llx (unknown flags: %#llx)",
+				   flags, flags & ~OBMM_IMPORT_FLAG_MASK);
 	if (mmap == numa)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				   "Exactly one of {ALLOW_MMAP, NUMA_REMOTE} must be specified as import flag (flags %#llx)",
+				   flags);
 	if ((flags & OBMM_IMPORT_FLAG_PREIMPORT) && !numa)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				   "Preimport must be used with NUMA_REMOTE (flags %#llx)",
+				   flags);
 	return 0;
 }
 
@@ -250,18 +256,25 @@ static int obmm_import_check_range(const struct obmm_cmd_import *cmd)
 	u64 end;
 
 	if (!cmd->length)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				   "Zero memory segment size is invalid");
 	if (!IS_ALIGNED(cmd->addr, OBMM_BASIC_GRANU) ||
 	    !IS_ALIGNED(cmd->length, OBMM_BASIC_GRANU))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				   "PA segments not aligned to OBMM basic granu: base=%#llx, size=%#llx, granularity=%#x",
+				   cmd->addr, cmd->length, OBMM_BASIC_GRANU);
 	if (!cmd->addr)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL, "PA=0 unexpected");
 	if (check_add_overflow(cmd->addr, cmd->length, &end))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				   "PA range overflow: base=%#llx, size=%#llx",
+				   cmd->addr, cmd->length);
 	if ((cmd->flags & OBMM_IMPORT_FLAG_NUMA_REMOTE) &&
 	    !(cmd->flags & OBMM_IMPORT_FLAG_PREIMPORT) &&
 	    obmm_base_dist_invalid(cmd->base_dist))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				   "invalid numa base distance %u: reserved values used",
+				   cmd->base_dist);
 	return 0;
 }
 
@@ -282,7 +295,9 @@ static int obmm_import_claim_iomem(struct obmm_region *r,
 	r->ubmem_res.end = start + len - 1;
 	r->ubmem_res.flags = IORESOURCE_MEM;
 	if (request_resource(window, &r->ubmem_res))
-		return -EBUSY;
+		return obmm_refuse(OBMM_OP_IMPORT, -EBUSY,
+				   "failed to setup ubmem resource: ret=%pe (iomem [%pa, +%#llx) is taken)",
+				   ERR_PTR(-EBUSY), &start, len);
 	snprintf(r->memid_name, sizeof(r->memid_name), "MEMID_%d", r->id);
 	r->memid_res.name = r->memid_name;
 	r->memid_res.start = start;
@@ -290,7 +305,9 @@ static int obmm_import_claim_iomem(struct obmm_region *r,
 	r->memid_res.flags = IORESOURCE_MEM;
 	if (request_resource(&r->ubmem_res, &r->memid_res)) {
 		release_resource(&r->ubmem_res);
-		return -EBUSY;
+		return obmm_refuse(OBMM_OP_IMPORT, -EBUSY,
+				   "memid=%d: failed to setup memdev resource: %pe",
+				   r->id, ERR_PTR(-EBUSY));
 	}
 	return 0;
 }
@@ -309,8 +326,12 @@ static int obmm_import_numa(struct obmm_region *r,
 {
 	/* Preimport: no range is ever registered (see top of file). */
 	if (cmd->flags & OBMM_IMPORT_FLAG_PREIMPORT)
-		return -EFAULT;
-	return -EOPNOTSUPP;
+		return obmm_refuse(OBMM_OP_IMPORT, -EFAULT,
+				   "PA %#llx is not registered as preimport",
+				   cmd->addr);
+	return obmm_refuse(OBMM_OP_IMPORT, -EOPNOTSUPP,
+			   "emulator: NUMA_REMOTE memory hot-add is not supported (pa=%#llx, size=%#llx)",
+			   cmd->addr, cmd->length);
 }
 
 long obmm_import_ioctl(void __user *uarg)
@@ -321,29 +342,38 @@ long obmm_import_ioctl(void __user *uarg)
 	int node, ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
-		return -EFAULT;
+		return obmm_refuse(OBMM_OP_IMPORT, -EFAULT,
+				   "failed to load import argument");
 	ret = obmm_import_check_flags(cmd.flags);
 	if (ret)
 		return ret;
 
 	r = obmm_region_alloc(OBMM_REGION_IMPORT);
 	if (!r)
-		return -ENOMEM;
-	ret = obmm_copy_priv(r, cmd.priv, cmd.priv_len);
+		return obmm_refuse(OBMM_OP_IMPORT, -ENOMEM, "no memory for a region");
+	ret = obmm_copy_priv(r, cmd.priv, cmd.priv_len, OBMM_OP_IMPORT);
 	if (ret)
 		goto err_free;
 	ret = obmm_import_check_range(&cmd);
 	if (ret)
 		goto err_free;
-	ret = obmm_region_add_id(r);
+	ret = obmm_region_add_id(r, OBMM_OP_IMPORT);
 	if (ret)
 		goto err_free;
 	if (cmd.scna != obmm_fabric_cna()) {
-		ret = -ENODEV;
+		ret = obmm_refuse(OBMM_OP_IMPORT, -ENODEV,
+				  "%#x is not a known scna (this node's primary_cna is %#x)",
+				  cmd.scna, obmm_fabric_cna());
 		goto err_id;
 	}
 	if (!(cmd.flags & OBMM_IMPORT_FLAG_PREIMPORT)) {
 		ret = obmm_range_insert(r, cmd.addr, cmd.length);
+		if (ret == -EEXIST)
+			obmm_refuse(OBMM_OP_IMPORT, ret,
+				    "PA range [%#llx, %#llx] overlaps another import or preimport range",
+				    cmd.addr, cmd.addr + cmd.length - 1);
+		else if (ret)
+			obmm_refuse(OBMM_OP_IMPORT, ret, "no memory for the PA range");
 		if (ret)
 			goto err_id;
 		ranged = true;
@@ -351,7 +381,9 @@ long obmm_import_ioctl(void __user *uarg)
 	/* ub_memory_validate_pa(); scna was checked above. */
 	node = obmm_fabric_window_node(cmd.addr, cmd.length, NULL);
 	if (node < 0) {
-		ret = -EINVAL;
+		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				  "PA range invalid. Non-UBMEM memory cannot be mmaped as import memory (pa=%#llx, size=%#llx is not inside one fabric window)",
+				  cmd.addr, cmd.length);
 		goto err_range;
 	}
 	r->mem_cap = OBMM_CAP_CACHEABLE | OBMM_CAP_NONCACHEABLE;
@@ -371,8 +403,12 @@ long obmm_import_ioctl(void __user *uarg)
 	if (ret)
 		goto err_iomem;
 	ret = obmm_range_track(r);
-	if (ret)
+	if (ret) {
+		obmm_refuse(OBMM_OP_IMPORT, ret,
+			    "emulated UMMU: the export covering pa=%#llx was withdrawn during the import",
+			    cmd.addr);
 		goto err_iomem;
+	}
 
 	r->pa = cmd.addr;
 	r->size = cmd.length;
@@ -383,14 +419,19 @@ long obmm_import_ioctl(void __user *uarg)
 	memcpy(r->seid, cmd.seid, sizeof(r->seid));
 	memcpy(r->deid, cmd.deid, sizeof(r->deid));
 	ret = obmm_shmdev_publish(r);
-	if (ret)
+	if (ret) {
+		obmm_refuse(OBMM_OP_IMPORT, ret,
+			    "Failed to create import device. ret=%pe", ERR_PTR(ret));
 		goto err_iomem;
+	}
 	obmm_region_activate(r);
 
 	cmd.mem_id = r->id;
 	cmd.numa_id = r->numa_id;
 	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
-		return -EFAULT;
+		return obmm_refuse(OBMM_OP_IMPORT, -EFAULT,
+				   "failed to write import result (mem_id=%d stays imported)",
+				   r->id);
 	return 0;
 
 err_iomem:
@@ -412,8 +453,9 @@ long obmm_unimport_ioctl(void __user *uarg)
 	int ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
-		return -EFAULT;
-	ret = obmm_region_deactivate(cmd.mem_id, cmd.flags,
+		return obmm_refuse(OBMM_OP_UNIMPORT, -EFAULT,
+				   "failed to load unimport argument");
+	ret = obmm_region_deactivate(OBMM_OP_UNIMPORT, cmd.mem_id, cmd.flags,
 				     OBMM_UNIMPORT_FLAG_MASK,
 				     OBMM_REGION_IMPORT, &r);
 	if (ret)
@@ -434,32 +476,54 @@ long obmm_declare_preimport_ioctl(void __user *uarg)
 	int ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
-		return -EFAULT;
-	if (cmd.length % block || cmd.pa % block)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EFAULT,
+				   "failed to load preimport argument");
+	if (cmd.length % block)
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "preimport length %#llx not aligned to %#llx",
+				   cmd.length, block);
+	if (cmd.pa % block)
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "preimport base PA %#llx not aligned to %#llx",
+				   cmd.pa, block);
 	if (check_add_overflow(cmd.pa, cmd.length, &end))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "preimport PA range overflowed (pa=%#llx, length=%#llx)",
+				   cmd.pa, cmd.length);
 	if (!cmd.length)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "invalid preimport length 0");
 	if (cmd.flags & ~OBMM_PREIMPORT_FLAG_MASK)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "undefined preimport flags specified in %#llx",
+				   cmd.flags);
 	if (cmd.scna != obmm_fabric_cna())
-		return -ENODEV;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENODEV,
+				   "%#x is not a known scna (this node's primary_cna is %#x)",
+				   cmd.scna, obmm_fabric_cna());
 	if (obmm_base_dist_invalid(cmd.base_dist))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "invalid numa base distance %u: reserved values used",
+				   cmd.base_dist);
 	if (!cmd.pa)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL, "PA=0 unexpected");
 	start = cmd.pa;
 	end = start + cmd.length - 1;
 	mutex_lock(&obmm_import_mutex);
 	ret = obmm_range_overlaps(start, end) ? -EEXIST : 0;
 	mutex_unlock(&obmm_import_mutex);
 	if (ret)
-		return ret;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, ret,
+				   "PA range [%pa, %pa] overlaps another import or preimport range",
+				   &start, &end);
 	if (obmm_fabric_window_node(cmd.pa, cmd.length, NULL) < 0)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "PA range invalid. Cacheable memory cannot be managed with preimport (pa=%#llx, length=%#llx is not inside one fabric window)",
+				   cmd.pa, cmd.length);
 	/* add_memory_remote(): no numa_remote in this kernel. */
-	return -EOPNOTSUPP;
+	return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EOPNOTSUPP,
+			   "emulator: remote NUMA memory hot-add is not supported (pa=%#llx, length=%#llx)",
+			   cmd.pa, cmd.length);
 }
 
 long obmm_undeclare_preimport_ioctl(void __user *uarg)
@@ -467,9 +531,13 @@ long obmm_undeclare_preimport_ioctl(void __user *uarg)
 	struct obmm_cmd_preimport cmd;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
-		return -EFAULT;
+		return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EFAULT,
+				   "failed to load preimport argument");
 	if (cmd.flags & ~OBMM_UNPREIMPORT_FLAG_MASK)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EINVAL,
+				   "undefined unpreimport flags specified in %#llx",
+				   cmd.flags);
 	/* No preimport range can be registered (see top of file). */
-	return -EFAULT;
+	return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EFAULT,
+			   "PA %#llx is not registered as preimport", cmd.pa);
 }

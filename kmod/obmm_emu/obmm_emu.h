@@ -11,6 +11,7 @@
 #include <linux/kdev_t.h>
 #include <linux/mm_types.h>
 #include <linux/mutex.h>
+#include <linux/printk.h>
 #include <linux/refcount.h>
 #include <linux/sizes.h>
 #include <linux/types.h>
@@ -102,6 +103,12 @@ struct obmm_region {
 	enum obmm_mmap_mode mmap_mode;
 	unsigned int mmap_count;
 	bool ownership_init;
+	/*
+	 * PMD granule on x86 PAT: a kernel mapping of the whole region in
+	 * the current mmap_mode, held while it is mapped, whose memtype
+	 * reservation gives the huge entries their caching mode (shmdev.c).
+	 */
+	void __iomem *pmd_memtype;
 	/* import only: access revoked, new mmaps fail and PTEs are zapped */
 	bool revoked;
 	/*
@@ -143,6 +150,43 @@ struct obmm_region {
 	bool tracked;		/* under the revocation scan */
 };
 
+/*
+ * The refusal log.  Every refused ioctl leaves one kernel log line that
+ * names the operation, the errno, the check and the offending values, the
+ * real driver's wording where it logs one:
+ *
+ *   obmm_emu: IMPORT refused (-EINVAL): PA=0 unexpected
+ *
+ * Write each refusal where its check is made, as
+ *
+ *   return obmm_refuse("IMPORT", -EINVAL, "PA=0 unexpected");
+ *
+ * The macro evaluates to its errno, so it replaces a plain return.  Lines
+ * are rate-limited per call site (printk_ratelimit defaults: 10 per 5 s),
+ * so a flood of bad calls cannot flood the log.  One refusal, one line:
+ * a helper that logs takes the operation's name; its caller does not log.
+ */
+#define obmm_refuse(op, err, fmt, ...)					\
+({									\
+	int __obmm_err = (err);						\
+									\
+	pr_err_ratelimited("%s refused (%pe): " fmt "\n", (op),	\
+			   ERR_PTR(__obmm_err), ##__VA_ARGS__);		\
+	__obmm_err;							\
+})
+
+/* Operation names of the refusal log (the ioctl names without OBMM_CMD_). */
+#define OBMM_OP_EXPORT			"EXPORT"
+#define OBMM_OP_EXPORT_PID		"EXPORT_PID"
+#define OBMM_OP_UNEXPORT		"UNEXPORT"
+#define OBMM_OP_IMPORT			"IMPORT"
+#define OBMM_OP_UNIMPORT		"UNIMPORT"
+#define OBMM_OP_ADDR_QUERY		"ADDR_QUERY"
+#define OBMM_OP_DECLARE_PREIMPORT	"DECLARE_PREIMPORT"
+#define OBMM_OP_UNDECLARE_PREIMPORT	"UNDECLARE_PREIMPORT"
+#define OBMM_OP_UPDATE_RANGE		"SHMDEV_UPDATE_RANGE"
+#define OBMM_OP_MMAP			"SHMDEV_MMAP"
+
 static inline struct obmm_region *to_obmm_region(struct device *dev)
 {
 	return container_of(dev, struct obmm_region, dev);
@@ -154,16 +198,18 @@ extern int obmm_emu_node_id;
 /* region.c */
 struct obmm_region *obmm_region_alloc(enum obmm_region_type type);
 void obmm_region_free(struct obmm_region *r);
-int obmm_region_add_id(struct obmm_region *r);
+int obmm_region_add_id(struct obmm_region *r, const char *op);
 void obmm_region_remove_id(struct obmm_region *r);
 void obmm_region_activate(struct obmm_region *r);
-int obmm_region_deactivate(u64 mem_id, u64 flags, u64 valid_flags,
-			   enum obmm_region_type type, struct obmm_region **out);
+int obmm_region_deactivate(const char *op, u64 mem_id, u64 flags,
+			   u64 valid_flags, enum obmm_region_type type,
+			   struct obmm_region **out);
 void obmm_region_reactivate(struct obmm_region *r);
 struct obmm_region *obmm_region_get_by_id(int id, int *err);
 void obmm_region_put(struct obmm_region *r);
-int obmm_copy_priv(struct obmm_region *r, const void __user *priv, u16 len);
-int obmm_check_vendor(const void __user *vendor, u16 len);
+int obmm_copy_priv(struct obmm_region *r, const void __user *priv, u16 len,
+		   const char *op);
+int obmm_check_vendor(const void __user *vendor, u16 len, const char *op);
 long obmm_addr_query_ioctl(void __user *uarg);
 void obmm_regions_init(void);
 void obmm_regions_exit(void);
@@ -245,6 +291,7 @@ void obmm_access_start(void);
 void obmm_access_stop(void);
 u64 obmm_access_acked_epoch(void);
 unsigned int obmm_access_scan_ms(void);
+/* Logs its refusal (IMPORT) itself. */
 int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
 			     struct obmm_export_dep *dep);
 const char *obmm_access_dep_lost(struct obmm_export_dep *dep,

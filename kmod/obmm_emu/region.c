@@ -55,7 +55,7 @@ void obmm_region_free(struct obmm_region *r)
 	put_device(&r->dev);
 }
 
-int obmm_region_add_id(struct obmm_region *r)
+int obmm_region_add_id(struct obmm_region *r, const char *op)
 {
 	int id;
 
@@ -64,7 +64,9 @@ int obmm_region_add_id(struct obmm_region *r)
 		       OBMM_MAX_VALID_REGIONID + 1, GFP_KERNEL);
 	mutex_unlock(&obmm_region_mutex);
 	if (id < 0)
-		return id == -ENOMEM ? -ENOMEM : -ENOSPC;
+		return obmm_refuse(op, id == -ENOMEM ? -ENOMEM : -ENOSPC,
+				   "Failed to allocate mem_id, ret=%pe",
+				   ERR_PTR(id));
 	r->id = id;
 	return 0;
 }
@@ -96,35 +98,43 @@ void obmm_region_reactivate(struct obmm_region *r)
  * ENOENT, unknown flags EINVAL, no such region ENOENT, in use EBUSY, other
  * type EINVAL.
  */
-int obmm_region_deactivate(u64 mem_id, u64 flags, u64 valid_flags,
-			   enum obmm_region_type type, struct obmm_region **out)
+int obmm_region_deactivate(const char *op, u64 mem_id, u64 flags,
+			   u64 valid_flags, enum obmm_region_type type,
+			   struct obmm_region **out)
 {
 	struct obmm_region *r;
 	int ret = 0;
 
 	if (mem_id < OBMM_MIN_VALID_REGIONID || mem_id > OBMM_MAX_VALID_REGIONID)
-		return -ENOENT;
+		return obmm_refuse(op, -ENOENT,
+				   "mem_id=%llu is out of valid mem_id range", mem_id);
 	if (flags & ~valid_flags)
-		return -EINVAL;
+		return obmm_refuse(op, -EINVAL, "invalid flags %#llx", flags);
 	mutex_lock(&obmm_region_mutex);
 	r = idr_find(&obmm_region_idr, (unsigned long)mem_id);
 	if (!r) {
 		ret = -ENOENT;
-		goto out;
-	}
-	if (!refcount_dec_if_one(&r->ref)) {
+	} else if (!refcount_dec_if_one(&r->ref)) {
 		ret = -EBUSY;
-		goto out;
-	}
-	if (r->type != type) {
+	} else if (r->type != type) {
 		refcount_set(&r->ref, 1);
 		ret = -EINVAL;
-		goto out;
+	} else {
+		*out = r;
 	}
-	*out = r;
-out:
 	mutex_unlock(&obmm_region_mutex);
-	return ret;
+	if (ret == -ENOENT)
+		return obmm_refuse(op, ret,
+				   "failed to deactivate: region with mem_id=%llu not found",
+				   mem_id);
+	if (ret == -EBUSY)
+		return obmm_refuse(op, ret,
+				   "failed to deactivate: region %llu is being used or in creation/destruction process",
+				   mem_id);
+	if (ret)
+		return obmm_refuse(op, ret, "mem_id=%llu region type mismatched (it is an %s)",
+				   mem_id, type == OBMM_REGION_EXPORT ? "import" : "export");
+	return 0;
 }
 
 /* shmdev open: a reference for an active region, else -EAGAIN. */
@@ -151,27 +161,35 @@ void obmm_region_put(struct obmm_region *r)
 	mutex_unlock(&obmm_region_mutex);
 }
 
-int obmm_copy_priv(struct obmm_region *r, const void __user *priv, u16 len)
+int obmm_copy_priv(struct obmm_region *r, const void __user *priv, u16 len,
+		   const char *op)
 {
 	if (len > OBMM_MAX_PRIV_LEN)
-		return -EINVAL;
+		return obmm_refuse(op, -EINVAL, "priv_len=%u too large (limit=%u)",
+				   len, OBMM_MAX_PRIV_LEN);
 	if (len && copy_from_user(r->priv, priv, len))
-		return -EFAULT;
+		return obmm_refuse(op, -EFAULT,
+				   "failed to save private data (priv=%#lx, priv_len=%u)",
+				   (unsigned long)priv, len);
 	r->priv_len = len;
 	return 0;
 }
 
-int obmm_check_vendor(const void __user *vendor, u16 len)
+int obmm_check_vendor(const void __user *vendor, u16 len, const char *op)
 {
 	void *buf;
 
 	if (len > OBMM_MAX_VENDOR_LEN)
-		return -EINVAL;
+		return obmm_refuse(op, -EINVAL,
+				   "invalid vendor_len = %#x, should less than %#x",
+				   len, OBMM_MAX_VENDOR_LEN);
 	if (!len)
 		return 0;
 	buf = memdup_user(vendor, len);
 	if (IS_ERR(buf))
-		return PTR_ERR(buf);
+		return obmm_refuse(op, (int)PTR_ERR(buf),
+				   "failed to save vendor data (vendor_info=%#lx, vendor_len=%u)",
+				   (unsigned long)vendor, len);
 	/* The UMMU attributes have no meaning without a UMMU. */
 	kfree(buf);
 	return 0;
@@ -212,6 +230,29 @@ static u64 obmm_region_offset_to_pa(struct obmm_region *r, u64 offset)
 	       (offset & ~PAGE_MASK);
 }
 
+/* The one refusal line of ADDR_QUERY, after the region lock is dropped. */
+static int obmm_addr_query_refuse(const struct obmm_cmd_addr_query *cmd,
+				  int ret)
+{
+	if (cmd->key_type == OBMM_QUERY_BY_PA)
+		return obmm_refuse(OBMM_OP_ADDR_QUERY, ret,
+				   "no active region contains pa=%#llx", cmd->pa);
+	if (cmd->key_type != OBMM_QUERY_BY_ID_OFFSET)
+		return obmm_refuse(OBMM_OP_ADDR_QUERY, ret,
+				   "invalid query key type: %u", cmd->key_type);
+	if (ret == -EINVAL)
+		return obmm_refuse(OBMM_OP_ADDR_QUERY, ret,
+				   "mem_id=%llu: invalid offset %#llx (size exceeded)",
+				   cmd->mem_id, cmd->offset);
+	if (cmd->mem_id < OBMM_MIN_VALID_REGIONID ||
+	    cmd->mem_id > OBMM_MAX_VALID_REGIONID)
+		return obmm_refuse(OBMM_OP_ADDR_QUERY, ret,
+				   "mem_id=%llu is out of valid mem_id range",
+				   cmd->mem_id);
+	return obmm_refuse(OBMM_OP_ADDR_QUERY, ret, "region %llu not found",
+			   cmd->mem_id);
+}
+
 long obmm_addr_query_ioctl(void __user *uarg)
 {
 	struct obmm_cmd_addr_query cmd;
@@ -220,7 +261,8 @@ long obmm_addr_query_ioctl(void __user *uarg)
 	u64 offset;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
-		return -EFAULT;
+		return obmm_refuse(OBMM_OP_ADDR_QUERY, -EFAULT,
+				   "failed to load addr_query argument");
 
 	mutex_lock(&obmm_region_mutex);
 	switch (cmd.key_type) {
@@ -256,9 +298,12 @@ long obmm_addr_query_ioctl(void __user *uarg)
 	}
 	mutex_unlock(&obmm_region_mutex);
 
-	if (!ret && copy_to_user(uarg, &cmd, sizeof(cmd)))
-		ret = -EFAULT;
-	return ret;
+	if (ret)
+		return obmm_addr_query_refuse(&cmd, ret);
+	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
+		return obmm_refuse(OBMM_OP_ADDR_QUERY, -EFAULT,
+				   "failed to write obmm_query result");
+	return 0;
 }
 
 void obmm_regions_init(void)

@@ -6,15 +6,30 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/fs.h>
+#include <linux/io.h>
 #include <linux/mm.h>
+#include <linux/huge_mm.h>	/* after mm.h, which it needs */
 #include <linux/module.h>
 #include <linux/mount.h>
+#include <linux/pfn_t.h>
 #include <linux/pseudo_fs.h>
 #include <linux/uaccess.h>
 
 #include "obmm_emu.h"
 
 #define OBMM_SHMDEV_VMA_NAME	"OBMM_SHM"
+
+/*
+ * PMD-granule mappings get huge (2 MiB) entries, installed on first touch
+ * by obmm_vm_fault() with vmf_insert_pfn_pmd() (the real driver maps them
+ * at mmap with the OLK-only remap_pfn_range_try_pmd()).  Without THP the
+ * kernel has no huge pfn entries: they are mapped with 4 KiB PTEs.
+ */
+#ifdef CONFIG_TRANSPARENT_HUGEPAGE
+#define OBMM_PMD_HUGE		1
+#else
+#define OBMM_PMD_HUGE		0
+#endif
 
 /* The module's pseudo filesystem, home of the regions' own inodes. */
 #define OBMM_EMU_FS_NAME	"obmm_emu_region"
@@ -130,23 +145,98 @@ static void obmm_vm_open(struct vm_area_struct *vma)
 	mutex_unlock(&r->mmap_lock);
 }
 
+/*
+ * x86 PAT: vmf_insert_pfn_pmd() takes the caching mode of the pfn from the
+ * memtype reservation that covers it (none: uncached), and only
+ * remap_pfn_range() reserves one for a VMA.  So while a PMD-granule
+ * region is mapped it holds a kernel mapping of itself with the VMA's
+ * protection: the same reservation remap_pfn_range() would make (WB or
+ * WC, as PAT and the MTRRs allow), which the huge entries then get.
+ * mmap_lock held.
+ */
+static int obmm_pmd_memtype_get(struct obmm_region *r, pgprot_t prot)
+{
+#if defined(CONFIG_X86_PAT) && defined(CONFIG_HAVE_IOREMAP_PROT)
+	if (r->pmd_memtype)
+		return 0;
+	r->pmd_memtype = ioremap_prot(r->pa, r->size, pgprot_val(prot));
+	if (!r->pmd_memtype)
+		return -EINVAL;
+#endif
+	return 0;
+}
+
+static void obmm_pmd_memtype_put(struct obmm_region *r)
+{
+	if (r->pmd_memtype)
+		iounmap(r->pmd_memtype);
+	r->pmd_memtype = NULL;
+}
+
 static void obmm_vm_close(struct vm_area_struct *vma)
 {
 	struct obmm_region *r = vma->vm_private_data;
 
 	mutex_lock(&r->mmap_lock);
-	if (!--r->mmap_count)
+	if (!--r->mmap_count) {
 		r->mmap_mode = OBMM_MMAP_MODE_NONE;
+		obmm_pmd_memtype_put(r);
+	}
 	mutex_unlock(&r->mmap_lock);
 }
 
+static bool obmm_vma_huge(const struct obmm_region *r)
+{
+	return OBMM_PMD_HUGE && r->mmap_granu == OBMM_MMAP_GRANU_PMD;
+}
+
+/* Offset in the region of a user address of the VMA. */
+static u64 obmm_vma_offset(const struct vm_area_struct *vma,
+			   unsigned long addr)
+{
+	return ((u64)vma->vm_pgoff << PAGE_SHIFT) + (addr - vma->vm_start);
+}
+
+#if OBMM_PMD_HUGE
+/* The huge entry of the 2 MiB around vmf->address. */
+static vm_fault_t obmm_pmd_fault(struct vm_fault *vmf, struct obmm_region *r)
+{
+	struct vm_area_struct *vma = vmf->vma;
+	unsigned long haddr = vmf->address & PMD_MASK;
+	u64 off = obmm_vma_offset(vma, haddr);
+
+	/* mmap and split keep PMD-granule VMAs aligned; defensive. */
+	if (haddr < vma->vm_start || haddr + PMD_SIZE > vma->vm_end ||
+	    off + PMD_SIZE > r->size)
+		return VM_FAULT_SIGBUS;
+	if (pmd_none(*vmf->pmd))
+		return vmf_insert_pfn_pmd(vmf, phys_to_pfn_t(r->pa + off, PFN_DEV),
+					  vmf->flags & FAULT_FLAG_WRITE);
+	/* A page table is already there: map the one page. */
+	return vmf_insert_pfn(vma, vmf->address,
+			      PHYS_PFN(r->pa + obmm_vma_offset(vma, vmf->address)));
+}
+#endif
+
 static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
 {
+	struct obmm_region *r = vmf->vma->vm_private_data;
+	vm_fault_t ret = VM_FAULT_SIGBUS;
+
 	/*
-	 * Every page is installed at mmap time; a fault is an error, or an
-	 * access after revocation zapped the PTEs.
+	 * Page granule: every page is installed at mmap time, so a fault is
+	 * an error or an access after revocation zapped the PTEs: SIGBUS.
+	 * PMD granule: the first touch of each 2 MiB maps it, unless the
+	 * region was revoked (checked under mmap_lock, which revocation
+	 * takes before it zaps: no entry can be installed after the zap).
 	 */
-	return VM_FAULT_SIGBUS;
+	mutex_lock(&r->mmap_lock);
+#if OBMM_PMD_HUGE
+	if (!r->revoked && obmm_vma_huge(r))
+		ret = obmm_pmd_fault(vmf, r);
+#endif
+	mutex_unlock(&r->mmap_lock);
+	return ret;
 }
 
 static int obmm_vm_may_split(struct vm_area_struct *vma, unsigned long addr)
@@ -185,6 +275,47 @@ static const char *obmm_vm_name(struct vm_area_struct *vma)
 	return OBMM_SHMDEV_VMA_NAME;
 }
 
+#ifdef CONFIG_HAVE_IOREMAP_PROT
+/*
+ * ptrace / GDB access (access_process_vm() falls back to this for pfnmap
+ * VMAs).  generic_access_phys() walks to a PTE and cannot take a huge
+ * entry, so the physical address comes from the region instead; the
+ * page is mapped with the VMA's protection, as generic_access_phys() does.
+ */
+static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
+			  void *buf, int len, int write)
+{
+	struct obmm_region *r = vma->vm_private_data;
+	int offset = offset_in_page(addr);
+	u64 off = obmm_vma_offset(vma, addr);
+	void __iomem *maddr;
+	int ret = -EINVAL;
+
+	if (!(vma->vm_flags & (write ? VM_WRITE : VM_READ)) ||
+	    off >= r->size)
+		return -EINVAL;
+	len = min_t(int, len, PAGE_SIZE - offset);
+	mutex_lock(&r->mmap_lock);
+	if (r->revoked)
+		goto out;
+	maddr = ioremap_prot(r->pa + off - offset, PAGE_SIZE,
+			     pgprot_val(vma->vm_page_prot));
+	if (!maddr) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	if (write)
+		memcpy_toio(maddr + offset, buf, len);
+	else
+		memcpy_fromio(buf, maddr + offset, len);
+	iounmap(maddr);
+	ret = len;
+out:
+	mutex_unlock(&r->mmap_lock);
+	return ret;
+}
+#endif
+
 static const struct vm_operations_struct obmm_vm_ops = {
 	.open = obmm_vm_open,
 	.close = obmm_vm_close,
@@ -199,7 +330,7 @@ static const struct vm_operations_struct obmm_vm_ops = {
 	.pagesize = obmm_vm_pagesize,
 	.name = obmm_vm_name,
 #ifdef CONFIG_HAVE_IOREMAP_PROT
-	.access = generic_access_phys,
+	.access = obmm_vm_access,
 #endif
 };
 
@@ -223,6 +354,22 @@ static int obmm_mmap_check_access(struct file *file, unsigned long vm_flags)
 	return 0;
 }
 
+/* Install the mapping: every PTE now, or (PMD granule) huge entries on touch. */
+static int obmm_shm_map(struct obmm_region *r, struct vm_area_struct *vma,
+			u64 offset, enum obmm_mmap_granu granu)
+{
+	unsigned long len = vma->vm_end - vma->vm_start;
+
+	if (OBMM_PMD_HUGE && granu == OBMM_MMAP_GRANU_PMD) {
+		/* The flags remap_pfn_range() sets, as if it ran. */
+		obmm_vma_set_flags(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND |
+				   VM_DONTDUMP);
+		return obmm_pmd_memtype_get(r, vma->vm_page_prot);
+	}
+	return remap_pfn_range(vma, vma->vm_start, PHYS_PFN(r->pa + offset),
+			       len, vma->vm_page_prot);
+}
+
 static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 {
 	struct obmm_region *r = file->private_data;
@@ -234,18 +381,29 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	int ret;
 
 	if (!(vma->vm_flags & VM_MAYSHARE))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_MMAP, -EINVAL,
+				   "mmap region %d: MAP_PRIVATE is not supported, use MAP_SHARED",
+				   r->id);
 	if (!r->allow_mmap)
-		return -EPERM;
+		return obmm_refuse(OBMM_OP_MMAP, -EPERM,
+				   "mmap region %d: not allow to be mmaped", r->id);
 	ret = obmm_mmap_check_access(file, vma->vm_flags);
 	if (ret)
-		return ret;
+		return obmm_refuse(OBMM_OP_MMAP, ret,
+				   "mmap region %d: invalid vma permission: vm_flags: %#lx, f_mode: %#x",
+				   r->id, (unsigned long)vma->vm_flags,
+				   (__force unsigned int)file->f_mode);
 	if (offset & OBMM_MMAP_FLAG_HUGETLB_PMD) {
 		offset &= ~OBMM_MMAP_FLAG_HUGETLB_PMD;
 		if (!IS_ALIGNED(vma->vm_start, PMD_SIZE) ||
-		    !IS_ALIGNED(vma->vm_end, PMD_SIZE) ||
-		    !IS_ALIGNED(offset, PMD_SIZE))
-			return -EINVAL;
+		    !IS_ALIGNED(vma->vm_end, PMD_SIZE))
+			return obmm_refuse(OBMM_OP_MMAP, -EINVAL,
+					   "PMD mmap vma not PMD-aligned: start=%#lx end=%#lx",
+					   vma->vm_start, vma->vm_end);
+		if (!IS_ALIGNED(offset, PMD_SIZE))
+			return obmm_refuse(OBMM_OP_MMAP, -EINVAL,
+					   "PMD mmap offset not PMD-aligned: offset=%#llx",
+					   offset);
 		granu = OBMM_MMAP_GRANU_PMD;
 	}
 	if (obmm_file_cacheable(file)) {
@@ -258,29 +416,41 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 
 	mutex_lock(&r->mmap_lock);
 	if (r->mmap_granu != OBMM_MMAP_GRANU_NONE && r->mmap_granu != granu) {
-		ret = -EPERM;
+		ret = obmm_refuse(OBMM_OP_MMAP, -EPERM,
+				  "map with PAGE_SIZE and PMD_SIZE granu should not be mixed on the same region %d",
+				  r->id);
 		goto out;
 	}
 	if (offset >= r->size || len > r->size - offset) {
-		ret = -EINVAL;
+		ret = obmm_refuse(OBMM_OP_MMAP, -EINVAL,
+				  "mmap region %d: offset:%#llx, size:%#lx over region size: %#llx",
+				  r->id, offset, len, r->size);
 		goto out;
 	}
 	if (r->mmap_count && r->mmap_mode != mode) {
-		ret = -EPERM;
+		ret = obmm_refuse(OBMM_OP_MMAP, -EPERM,
+				  "region %d cannot be mapped to cc and nc at the same time",
+				  r->id);
 		goto out;
 	}
 	/* Emulator: the export of a revoked import is gone. */
 	if (r->revoked) {
-		ret = -ENXIO;
+		ret = obmm_refuse(OBMM_OP_MMAP, -ENXIO,
+				  "emulator: import %d was revoked (its export is gone)",
+				  r->id);
 		goto out;
 	}
 
 	obmm_vma_set_flags(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_LOCKED);
 	vma->vm_page_prot = prot;
-	ret = remap_pfn_range(vma, vma->vm_start, PHYS_PFN(r->pa + offset),
-			      len, prot);
-	if (ret)
+	/* The region offset without the PMD flag, as the real driver. */
+	vma->vm_pgoff = offset >> PAGE_SHIFT;
+	ret = obmm_shm_map(r, vma, offset, granu);
+	if (ret) {
+		obmm_refuse(OBMM_OP_MMAP, ret, "Failed to mmap region %d. ret=%pe",
+			    r->id, ERR_PTR(ret));
 		goto out;
+	}
 	/* Only a counted mapping gets the close hook. */
 	vma->vm_private_data = r;
 	vma->vm_ops = &obmm_vm_ops;
@@ -360,31 +530,49 @@ static long obmm_update_range(struct file *file, void __user *uarg)
 	int ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
-		return -EFAULT;
+		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EFAULT,
+				   "failed to load update_range argument");
 	if (!obmm_file_cacheable(file))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
+				   "Ownership operation is not applicable to o-sync mmap %d",
+				   r->id);
 	mutex_lock(&r->mmap_lock);
 	granu = obmm_granu_size(r->mmap_granu);
 	ret = r->ownership_init ? 0 : -EINVAL;
 	mutex_unlock(&r->mmap_lock);
 	if (ret)
-		return ret;
+		return obmm_refuse(OBMM_OP_UPDATE_RANGE, ret,
+				   "error updating ownership: ownership of memdev %d not initialized",
+				   r->id);
 	if (cmd.start >= cmd.end)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
+				   "invalid range: start=%#llx end=%#llx",
+				   cmd.start, cmd.end);
 	if (!IS_ALIGNED(cmd.start, granu) || !IS_ALIGNED(cmd.end, granu))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
+				   "ownership update must be aligned: pid=%d start=%#llx end=%#llx granularity=%#lx",
+				   current->pid, cmd.start, cmd.end, granu);
 	ret = obmm_mem_state_check_access(file, cmd.mem_state);
 	if (ret)
-		return ret;
+		return obmm_refuse(OBMM_OP_UPDATE_RANGE, ret,
+				   "mem_state %#x needs access the file was not opened for (f_mode %#x)",
+				   cmd.mem_state, (__force unsigned int)file->f_mode);
 	if (!obmm_mem_state_valid(cmd.mem_state))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
+				   "Invalid mem_state: %#x", cmd.mem_state);
 	if (cmd.cache_ops > OBMM_SHM_CACHE_INFER)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
+				   "invalid cache_ops %u", cmd.cache_ops);
 	/*
 	 * The emulated fabric is cache coherent: the ownership switch is
 	 * validated, the cache maintenance it asks for is a no-op.
 	 */
-	return obmm_update_range_walk(r, cmd.start, cmd.end);
+	ret = obmm_update_range_walk(r, cmd.start, cmd.end);
+	if (ret)
+		return obmm_refuse(OBMM_OP_UPDATE_RANGE, ret,
+				   "[%#llx, %#llx) is not wholly mapped by region %d",
+				   cmd.start, cmd.end, r->id);
+	return 0;
 }
 
 static long obmm_shm_ioctl(struct file *file, unsigned int cmd,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from obmm_fixtures import SZ_2M, SZ_4K, ChildResult, expect_errno, exported
+from obmm_fixtures import SZ_2M, SZ_4K, ChildResult, Fabric, expect_errno, exported, imported
 
 import obmm
 from obmm import abi
@@ -180,9 +180,13 @@ def test_two_cacheable_mappings_share_bytes(region: obmm.Export) -> None:
 # ---- VMA behaviour ----
 
 
-def test_mprotect_is_eopnotsupp(region: obmm.Export) -> None:
-    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
-        expect_errno(errno.EOPNOTSUPP, libc_call, "mprotect", m.addr, SZ_2M, obmm.PROT_READ)
+@pytest.mark.parametrize("pmd", [False, True], ids=["page", "pmd"])
+def test_mprotect_is_eopnotsupp(region: obmm.Export, pmd: bool) -> None:
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(2 * SZ_2M, pmd=pmd) as m:
+        m.write(SZ_2M, b"before")
+        expect_errno(errno.EOPNOTSUPP, libc_call, "mprotect", m.addr + SZ_2M, SZ_2M, obmm.PROT_READ)
+        m.write(SZ_2M, b"after!")  # still writable: nothing was changed or split
+        assert m.read(SZ_2M, 6) == b"after!"
 
 
 def test_mremap_move_is_eopnotsupp(region: obmm.Export) -> None:
@@ -210,24 +214,28 @@ def test_mremap_grow_is_refused(region: obmm.Export) -> None:
         expect_errno(errno.EFAULT, libc_call, "mremap", m.addr, SZ_2M, 2 * SZ_2M, 0, None)
 
 
-def test_mapping_not_inherited_by_fork(region: obmm.Export, child: object) -> None:
-    """VM_DONTCOPY: a forked child does not have the mapping."""
+@pytest.mark.parametrize("pmd", [False, True], ids=["page", "pmd"])
+def test_mapping_not_inherited_by_fork(region: obmm.Export, child: object, pmd: bool) -> None:
+    """VM_DONTCOPY: a forked child does not have the mapping; the parent's stays whole."""
     code = f"""
 import os, obmm, signal
 shm = obmm.ShmDev({region.mem_id})
-m = shm.mmap({SZ_2M})
+m = shm.mmap({2 * SZ_2M}, pmd={pmd})
+m.write({SZ_2M}, b"parent")
 pid = os.fork()
 if pid == 0:
     import ctypes
-    ctypes.c_char.from_address(m.addr).value
+    ctypes.c_char.from_address(m.addr + {SZ_2M}).value
     os._exit(0)
 _, status = os.waitpid(pid, 0)
-print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0)
+print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0, m.read({SZ_2M}, 6).decode())
 m.close()
 """
     res: ChildResult = child(code)  # type: ignore[operator]
     assert res.returncode == 0, res.stderr
-    assert int(res.stdout.strip()) == signal.SIGSEGV
+    sig, data = res.stdout.split()
+    assert int(sig) == signal.SIGSEGV
+    assert data == "parent"
 
 
 def test_vma_name_in_maps(region: obmm.Export) -> None:
@@ -248,16 +256,130 @@ def test_partial_munmap_keeps_rest(region: obmm.Export) -> None:
         _libc.munmap(ctypes.c_void_p(m.addr), ctypes.c_size_t(SZ_2M))
 
 
-def test_ptrace_access_reads_mapping(region: obmm.Export) -> None:
-    """vm_ops->access: /proc/<pid>/mem (and so gdb) can read and write the mapping."""
-    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(SZ_2M) as m:
-        m.write(64, b"peek")
+@pytest.mark.parametrize("pmd", [False, True], ids=["page", "pmd"])
+def test_ptrace_access_reads_mapping(region: obmm.Export, pmd: bool) -> None:
+    """vm_ops->access: /proc/<pid>/mem (and so gdb) can read and write the mapping
+    (through a huge entry too: generic_access_phys() cannot walk one)."""
+    with obmm.ShmDev(region.mem_id) as shm, shm.mmap(2 * SZ_2M, pmd=pmd) as m:
+        m.write(SZ_2M + 64, b"peek")
         with open("/proc/self/mem", "r+b", buffering=0) as mem:
-            mem.seek(m.addr + 64)
+            mem.seek(m.addr + SZ_2M + 64)
             assert mem.read(4) == b"peek"
-            mem.seek(m.addr + 128)
+            mem.seek(m.addr + SZ_2M + 128)
             mem.write(b"poke")
-        assert m.read(128, 4) == b"poke"
+        assert m.read(SZ_2M + 128, 4) == b"poke"
+
+
+# ---- PMD-granule mappings: huge entries ----
+
+SZ_64M = 32 * SZ_2M
+
+
+def vm_pte_kib() -> int:
+    """This process's page-table memory (/proc/self/status VmPTE, kB)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmPTE:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmPTE in /proc/self/status")
+
+
+def touch_every_2m(m: obmm.Mapping) -> None:
+    for off in range(0, m.length, SZ_2M):
+        m.write(off, off.to_bytes(8, "little"))
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["cacheable", "o_sync"])
+def test_pmd_mapping_uses_huge_entries(dev: obmm.Obmm, sync: bool) -> None:
+    """64 MiB mapped with 4 KiB PTEs needs 32 page tables (128 kB of VmPTE); the PMD-granule
+    mapping, every 2 MiB touched, adds none (at most the one PMD table above them)."""
+    with exported(dev, SZ_64M) as page_exp, exported(dev, SZ_64M) as pmd_exp:
+        with obmm.ShmDev(page_exp.mem_id, sync=sync) as shm:
+            before = vm_pte_kib()
+            with shm.mmap(SZ_64M) as m:
+                touch_every_2m(m)
+                page_tables = vm_pte_kib() - before
+        with obmm.ShmDev(pmd_exp.mem_id, sync=sync) as shm:
+            before = vm_pte_kib()
+            with shm.mmap(SZ_64M, pmd=True) as m:
+                touch_every_2m(m)
+                pmd_tables = vm_pte_kib() - before
+                for off in range(0, SZ_64M, SZ_2M):
+                    assert int.from_bytes(m.read(off, 8), "little") == off
+    assert page_tables >= 32 * 4, page_tables
+    assert pmd_tables <= 8, pmd_tables
+
+
+def test_pmd_mapping_reaches_the_same_bytes(dev: obmm.Obmm, fabric: Fabric) -> None:
+    """What the exporter writes through huge entries, a page-granule import reads, and back."""
+    with exported(dev, 4 * SZ_2M) as exp, imported(dev, fabric, exp) as imp:  # noqa: SIM117
+        with obmm.ShmDev(exp.mem_id) as es, es.mmap(pmd=True) as em:
+            with obmm.ShmDev(imp.mem_id) as is_, is_.mmap() as im:
+                for off in range(SZ_2M - 8, 4 * SZ_2M, SZ_2M):
+                    em.write(off, b"0123456789abcdef"[: min(16, 4 * SZ_2M - off)])
+                for off in range(SZ_2M - 8, 4 * SZ_2M, SZ_2M):
+                    n = min(16, 4 * SZ_2M - off)
+                    assert im.read(off, n) == b"0123456789abcdef"[:n]
+                im.write(3 * SZ_2M + 100, b"back")
+                assert em.read(3 * SZ_2M + 100, 4) == b"back"
+
+
+def test_pmd_partial_munmap(region: obmm.Export, child: object) -> None:
+    """Unmapping whole 2 MiB pieces of a PMD mapping (head included: no per-VMA PAT
+    reservation) leaves the rest mapped with its data; the unmapped piece faults SIGSEGV;
+    a cut inside a PMD is refused (may_split)."""
+    code = f"""
+import ctypes, os, obmm
+libc = ctypes.CDLL(None, use_errno=True)
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+SZ = {SZ_2M}
+shm = obmm.ShmDev({region.mem_id})
+m = shm.mmap(4 * SZ, pmd=True)
+for i in range(4):
+    m.write(i * SZ + 8, b"piece%d" % i)
+assert libc.munmap(m.addr + SZ + 4096, SZ) == -1 and ctypes.get_errno() == 22
+assert libc.munmap(m.addr + SZ, SZ) == 0
+assert libc.munmap(m.addr, SZ) == 0
+out = [ctypes.string_at(m.addr + i * SZ + 8, 6).decode() for i in (2, 3)]
+pid = os.fork()
+if pid == 0:
+    ctypes.c_char.from_address(m.addr + SZ + 8).value
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+out.append(str(os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0))
+assert libc.munmap(m.addr + 2 * SZ, 2 * SZ) == 0
+print(" ".join(out))
+"""
+    res: ChildResult = child(code)  # type: ignore[operator]
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["piece2", "piece3", str(int(signal.SIGSEGV))]
+
+
+def test_pmd_mapping_has_the_page_mapping_memtype(dev: obmm.Obmm) -> None:
+    """x86 PAT: huge entries get the caching mode a page-granule mapping of the same mode gets
+    (the region's memtype reservation, /sys/kernel/debug/x86/pat_memtype_list; WB / WC where
+    PAT and MTRRs allow, uncached-minus for both in the TCG guests, whose kernel skips PAT
+    setup); the reservation goes with the last mapping."""
+    memtypes = Path("/sys/kernel/debug/x86/pat_memtype_list")
+    if not memtypes.parent.parent.is_dir():
+        subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], check=False)
+    if not memtypes.is_file():
+        pytest.skip("no x86 PAT memtype list (not x86, or no debugfs)")
+
+    def kinds(exp: obmm.Export) -> list[str]:
+        pa = dev.query_pa_by_memid(exp.mem_id, 0)
+        span = f"[mem 0x{pa:016x}-0x{pa + 2 * SZ_2M:016x}]"  # memtype_seq_show()
+        return [ln.split()[-1] for ln in memtypes.read_text().splitlines() if span in ln]
+
+    for sync in (True, False):
+        with exported(dev, 2 * SZ_2M) as page_exp, exported(dev, 2 * SZ_2M) as pmd_exp:
+            with obmm.ShmDev(page_exp.mem_id, sync=sync) as shm, shm.mmap() as m:
+                touch_every_2m(m)
+                page_kinds = kinds(page_exp)
+            with obmm.ShmDev(pmd_exp.mem_id, sync=sync) as shm, shm.mmap(pmd=True) as m:
+                touch_every_2m(m)
+                pmd_kinds = kinds(pmd_exp)
+            assert kinds(pmd_exp) == []
+        assert len(page_kinds) == 1 and pmd_kinds == page_kinds, (sync, page_kinds, pmd_kinds)
 
 
 # ---- OBMM_SHMDEV_UPDATE_RANGE ----

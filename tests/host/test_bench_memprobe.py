@@ -3,6 +3,7 @@ Engram fill / verification catches corrupted rows."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import struct
 import subprocess
@@ -261,3 +262,36 @@ def test_figures_pair_with_local_baseline(memprobe: Path, tmp_path: Path) -> Non
     overhead = float(local.env["clock_overhead_ns"])
     raw = local.values("load", 4)
     assert lf["data.load.local"].samples == [max(v - overhead, 0.0) for v in raw]
+
+
+def test_interleave_takes_samples_in_turn(memprobe: Path, tmp_path: Path) -> None:
+    """--interleave: every source gets every sample, sample k of each round starting with the
+    next source, all in one process; the output splits into one ProbeOutput per source."""
+    spec = f"a=anon,b=anon-thp,c=file:{tmp_path / 'f'}"
+    proc = run(memprobe, "--interleave", spec, "--length", "2M", *SMALL, "--tests", "load,chase")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(ln) for ln in proc.stdout.splitlines()]
+    chase = [ln["source"] for ln in lines if ln["kind"] == "sample" and ln["test"] == "chase"]
+    per_size = 3 * 3  # samples x sources
+    assert len(chase) == 3 * per_size
+    first = chase[:per_size]
+    assert first == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # rotated each round
+    loads = [ln["source"] for ln in lines if ln["kind"] == "sample" and ln["test"] == "load"]
+    assert len(loads) == 50 * 3 and loads[:6] == ["a", "b", "c", "b", "c", "a"]
+    outs = parse_output(proc.stdout).by_source()
+    assert list(outs) == ["a", "b", "c"]
+    for out in outs.values():
+        assert len(out.values("chase", 64 << 10)) == 3
+        assert len(out.values("load", 4)) == 50
+    figs = {f.name: f for f in figures_from_probe(outs["c"], "c", baseline_source="a")}
+    assert figs["data.chase.c.64KiB"].baseline == "data.chase.a.64KiB"
+    assert figs["data.load.c"].baseline == "data.load.a"
+
+
+@pytest.mark.parametrize(
+    "spec", ["a", "a=bogus", "=anon", "a=shmdev", "a=anon:/x", ",".join(["a=anon"] * 7)]
+)
+def test_interleave_bad_list_exits_1(memprobe: Path, spec: str) -> None:
+    proc = run(memprobe, "--interleave", spec, "--length", "2M")
+    assert proc.returncode == 1
+    assert "--interleave" in proc.stderr

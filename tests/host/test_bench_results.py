@@ -202,7 +202,10 @@ def test_json_round_trip(tmp_path: Path) -> None:
 def test_summary_table_has_ratio_and_published_section() -> None:
     run = synthetic_run()
     text = summary_markdown(run)
-    assert "| figure | value (median) | p99 | n | baseline | baseline value | ratio |" in text
+    assert (
+        "| figure | min | median | max | p99 | n | baseline | baseline min / median / max "
+        "| ratio |" in text
+    )
     cross = run.figure("engram.prefetch.cross-node.128tok")
     assert cross is not None
     ratio = run.ratio(cross)

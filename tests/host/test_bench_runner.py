@@ -25,6 +25,8 @@ from obmm.bench.runner import BenchConfig, BenchError, run_cluster_bench, run_lo
 pytestmark = pytest.mark.needs_gcc
 
 SHMDEV = re.compile(r"^/dev/obmm_shmdev(\d+)$")
+# an --interleave item of an import: LABEL=shmdev[-pmd]:/dev/obmm_shmdev<id>
+SHMDEV_SOURCE = re.compile(r"=shmdev(?:-pmd)?:/dev/obmm_shmdev(\d+)")
 TINY = ProbeSettings(
     chase_sizes=(4 << 10, 256 << 10),
     chase_loads=10000,
@@ -34,6 +36,9 @@ TINY = ProbeSettings(
     engram_iters=5,
     bw_size=1 << 20,
     max_seconds=3.0,
+    interleave_samples=3,
+    interleave_chase_loads=5000,
+    interleave_best_of=2,
 )
 
 
@@ -105,6 +110,7 @@ class FakeCluster:
         out = []
         for a in argv:
             m = SHMDEV.match(a)
+            a = SHMDEV_SOURCE.sub(lambda s: "=file:" + self._path_of(int(s.group(1))), a)
             out.append(self._path_of(int(m.group(1))) if m else a)
         if "--shmdev" in out:
             out[out.index("--shmdev")] = "--file"
@@ -129,8 +135,18 @@ def test_two_nodes_every_source(tmp_path: Path, config: BenchConfig) -> None:
     names = {f.name for f in run.figures if f.ok}
     for src in ("local", "loopback", "loopback-sync", "cross-node", "cross-node-sync"):
         assert f"data.chase.{src}.256KiB" in names, src
+        assert f"data.load.{src}" in names, src
         assert f"data.read.{src}" in names
         assert f"engram.prefetch.{src}.128tok" in names
+    # an import's latency figures pair with local memory measured in the same process
+    for src in ("loopback", "loopback-sync", "cross-node", "cross-node-sync"):
+        for test in ("chase.{}.256KiB", "load.{}"):
+            page = run.figure("data." + test.format(src))
+            pmd = run.figure("data." + test.format(f"{src}-pmd"))
+            assert page is not None and pmd is not None
+            assert page.baseline == "data." + test.format(f"{src}-local")
+            assert pmd.baseline == "data." + test.format(f"{src}-local-thp")
+            assert run.ratio(page) is not None and run.ratio(pmd) is not None
     assert "control.export.2MiB" in names
     # every paired figure has its baseline in the same run
     for fig in run.figures:
@@ -144,7 +160,15 @@ def test_two_nodes_every_source(tmp_path: Path, config: BenchConfig) -> None:
     fills = [n for n, a in probes if "--fill" in a]
     assert fills == [0, 0, 0, 0]  # before each of the 4 import sources
     cross_runs = [a for n, a in probes if n == 1]
-    assert len(cross_runs) == 2 and "--sync" in cross_runs[1]
+    assert len(cross_runs) == 4 and "--sync" in cross_runs[1]
+    interleaved = [a for a in cross_runs if "--interleave" in a]
+    assert len(interleaved) == 2 and "--sync" in interleaved[1]
+    spec = interleaved[0][interleaved[0].index("--interleave") + 1]
+    assert re.fullmatch(
+        r"cross-node-local=anon,cross-node-local-thp=anon-thp,"
+        r"cross-node=shmdev:/dev/obmm_shmdev\d+,cross-node-pmd=shmdev-pmd:/dev/obmm_shmdev\d+",
+        spec,
+    ), spec
     # every region was released
     assert fake.exports == {} and fake.imports == {}
     assert run.env.node_count == 2

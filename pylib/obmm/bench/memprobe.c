@@ -6,6 +6,14 @@
  * --shmdev PATH (an OBMM region, MAP_SHARED; --sync opens it O_SYNC) and
  * --file PATH (a regular file mapped MAP_SHARED, for host tests).
  *
+ * --interleave LABEL=KIND[:PATH],... maps several sources of --length bytes
+ * in this one process and runs the load and chase tests on them in turn,
+ * sample by sample, rotating which goes first: every source is measured
+ * under the same conditions (what else runs on the host then), so their
+ * ratios are not skewed by when each ran.  KIND: anon (4 KiB pages), anon-thp
+ * (2 MiB pages), shmdev, shmdev-pmd (the PMD mmap flag), file.  Samples then
+ * carry "source":LABEL.
+ *
  * Output: one JSON object per line.  Every timed sample is printed:
  *   {"kind":"sample","test":T,"param":P,"unit":U,"value":V}
  * plus "env", "info", "skip", "verify" and a final "done" line.
@@ -44,6 +52,10 @@
 #define NSEC_PER_MSEC		1000000.0
 #define ARRAY_SIZE(a)		(sizeof(a) / sizeof((a)[0]))
 #define BIT(n)			(1U << (n))
+#define MAX_SOURCES		6
+#define WARM_PASSES		1	/* interleaved chase: warm-up loads / timed loads */
+#define SZ_2M			(2UL << 20)
+#define MMAP_FLAG_PMD		(1ULL << 63)	/* OBMM_MMAP_FLAG_HUGETLB_PMD */
 
 #define EXIT_USAGE		1
 #define EXIT_SETUP		2
@@ -90,6 +102,8 @@ struct opts {
 	int load_samples;
 	double max_seconds;
 	uint64_t seed;
+	char *interleave;	/* --interleave list, parsed into sources */
+	int best_of;		/* interleaved chase: a sample is the fastest of this many */
 };
 
 struct region {
@@ -136,6 +150,12 @@ static void emit_sample(const char *test, size_t param, const char *unit,
 			double value)
 {
 	printf("{\"kind\":\"sample\",\"test\":\"%s\",\"param\":%zu,\"unit\":\"%s\",\"value\":%.9g}\n", test, param, unit, value);
+}
+
+static void emit_source_sample(const char *source, const char *test,
+			       size_t param, const char *unit, double value)
+{
+	printf("{\"kind\":\"sample\",\"source\":\"%s\",\"test\":\"%s\",\"param\":%zu,\"unit\":\"%s\",\"value\":%.9g}\n", source, test, param, unit, value);
 }
 
 static void emit_skip(const char *test, size_t param, const char *reason)
@@ -256,6 +276,9 @@ static void print_usage(FILE *f)
 		"  --engram-tokens L tokens per prefetch, e.g. 32,128 (128)\n"
 		"  --engram-iters N  timed prefetches after %d warm-up ones (%d)\n"
 		"  --max-seconds S   time budget shared by the tests (%.0f)\n"
+		"  --interleave L    LABEL=KIND[:PATH],... load and chase on each in turn\n"
+		"                    (KIND anon, anon-thp, shmdev, shmdev-pmd, file)\n"
+		"  --best-of N       interleaved chase: a sample is the fastest of N timed runs (1)\n"
 		"  --seed N          random seed (1)\n",
 		DEF_CHASE_LOADS, DEF_SAMPLES, DEF_LOAD_SAMPLES, ENGRAM_ROWS,
 		ENGRAM_WARMUP, ENGRAM_ITERS, DEF_MAX_SECONDS);
@@ -265,7 +288,8 @@ enum {
 	OPT_LOCAL = 256, OPT_SHMDEV, OPT_FILE, OPT_LENGTH, OPT_OFFSET, OPT_SYNC,
 	OPT_FILL, OPT_TESTS, OPT_CHASE_SIZES, OPT_CHASE_LOADS, OPT_BW_SIZE,
 	OPT_SAMPLES, OPT_LOAD_SAMPLES, OPT_ENGRAM_ROWS, OPT_ENGRAM_TOKENS,
-	OPT_ENGRAM_ITERS, OPT_MAX_SECONDS, OPT_SEED, OPT_HELP,
+	OPT_ENGRAM_ITERS, OPT_MAX_SECONDS, OPT_SEED, OPT_INTERLEAVE, OPT_BEST_OF,
+	OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -287,6 +311,8 @@ static const struct option long_opts[] = {
 	{ "engram-iters", required_argument, NULL, OPT_ENGRAM_ITERS },
 	{ "max-seconds", required_argument, NULL, OPT_MAX_SECONDS },
 	{ "seed", required_argument, NULL, OPT_SEED },
+	{ "interleave", required_argument, NULL, OPT_INTERLEAVE },
+	{ "best-of", required_argument, NULL, OPT_BEST_OF },
 	{ "help", no_argument, NULL, OPT_HELP },
 	{ NULL, 0, NULL, 0 },
 };
@@ -373,6 +399,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			bad = parse_size(optarg, &v);
 			o->seed = v ? v : 1;
 			break;
+		case OPT_INTERLEAVE:
+			o->kind = "interleave";
+			o->interleave = optarg;
+			break;
+		case OPT_BEST_OF:
+			bad = parse_int(optarg, &o->best_of) || o->best_of < 1;
+			break;
 		case 'h':
 		case OPT_HELP:
 			print_usage(stdout);
@@ -390,8 +423,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		fprintf(stderr, "memprobe: give exactly one of --local, --shmdev, --file\n");
 		return -1;
 	}
-	if (!strcmp(o->kind, "shmdev") && !o->length) {
-		fprintf(stderr, "memprobe: --shmdev needs --length\n");
+	if ((!strcmp(o->kind, "shmdev") || !strcmp(o->kind, "interleave")) &&
+	    !o->length) {
+		fprintf(stderr, "memprobe: --%s needs --length\n", o->kind);
 		return -1;
 	}
 	if (!strcmp(o->kind, "local") && !o->length) {
@@ -782,6 +816,295 @@ static int count_blocks(const struct opts *o, size_t nr_chase)
 	return n ? n : 1;
 }
 
+/* ---- interleaved sources ---- */
+
+struct source {
+	char *label;
+	char *kind;
+	char *path;
+	struct region r;
+	unsigned char *mapping;	/* what munmap() gets (anon-thp: the unaligned base) */
+	size_t mapped;
+};
+
+/* LABEL=KIND[:PATH],... into src[]; the list is split in place. */
+static int parse_sources(char *list, struct source *src, int max)
+{
+	char *save = NULL, *item;
+	int n = 0;
+
+	for (item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+		char *eq = strchr(item, '='), *colon;
+
+		if (n == max || !eq || eq == item)
+			return -1;
+		*eq = '\0';
+		src[n].label = item;
+		src[n].kind = eq + 1;
+		colon = strchr(src[n].kind, ':');
+		src[n].path = NULL;
+		if (colon) {
+			*colon = '\0';
+			src[n].path = colon + 1;
+		}
+		if (strcmp(src[n].kind, "anon") && strcmp(src[n].kind, "anon-thp") &&
+		    strcmp(src[n].kind, "shmdev") && strcmp(src[n].kind, "shmdev-pmd") &&
+		    strcmp(src[n].kind, "file"))
+			return -1;
+		if (!strncmp(src[n].kind, "anon", 4) != !src[n].path)
+			return -1;
+		n++;
+	}
+	return n;
+}
+
+static int map_anon(struct source *s, size_t length, int huge)
+{
+	size_t extra = huge ? SZ_2M : 0;
+	uintptr_t base;
+
+	s->mapped = length + extra;
+	s->mapping = mmap(NULL, s->mapped, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (s->mapping == MAP_FAILED) {
+		perror("memprobe: mmap anonymous");
+		return -1;
+	}
+	base = ((uintptr_t)s->mapping + extra - 1) & ~(uintptr_t)(extra ? extra - 1 : 0);
+	if (!huge)
+		base = (uintptr_t)s->mapping;
+	/* Page size chosen explicitly: the guest's THP default is not ours. */
+	madvise((void *)base, length, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+	s->r.base = (unsigned char *)base;
+	s->r.length = length;
+	s->r.fd = -1;
+	memset(s->r.base, 0, length);
+	return 0;
+}
+
+static int map_source(const struct opts *o, struct source *s)
+{
+	int flags = O_RDWR | O_CLOEXEC;
+	off_t off = 0;
+
+	if (!strcmp(s->kind, "anon") || !strcmp(s->kind, "anon-thp"))
+		return map_anon(s, o->length, !strcmp(s->kind, "anon-thp"));
+	if (o->sync && strcmp(s->kind, "file"))
+		flags |= O_SYNC;
+	if (!strcmp(s->kind, "file"))
+		flags |= O_CREAT;
+	s->r.fd = open(s->path, flags, 0600);
+	if (s->r.fd < 0) {
+		fprintf(stderr, "memprobe: open %s: %s\n", s->path, strerror(errno));
+		return -1;
+	}
+	if (!strcmp(s->kind, "file") && ftruncate(s->r.fd, (off_t)o->length)) {
+		perror("memprobe: ftruncate");
+		close(s->r.fd);
+		return -1;
+	}
+	if (!strcmp(s->kind, "shmdev-pmd"))
+		off = (off_t)MMAP_FLAG_PMD;
+	s->r.length = o->length;
+	s->mapped = o->length;
+	s->mapping = mmap(NULL, o->length, PROT_READ | PROT_WRITE, MAP_SHARED, s->r.fd, off);
+	if (s->mapping == MAP_FAILED) {
+		fprintf(stderr, "memprobe: mmap %s (%s) length %zu: %s\n", s->path, s->kind,
+			o->length, strerror(errno));
+		close(s->r.fd);
+		return -1;
+	}
+	s->r.base = s->mapping;
+	/* Fault every page in now (a PMD mapping maps on first touch). */
+	memset(s->r.base, 0, o->length);
+	return 0;
+}
+
+static void unmap_source(struct source *s)
+{
+	munmap(s->mapping, s->mapped);
+	if (s->r.fd >= 0)
+		close(s->r.fd);
+}
+
+/* One timed chase of `loads` dependent loads from *p; returns ns per load. */
+static double chase_once(struct chase_node **p, size_t loads)
+{
+	struct chase_node *q = *p;
+	double t0 = now_ns();
+	size_t k;
+
+	for (k = 0; k < loads; k++)
+		q = *(struct chase_node * volatile *)&q->next;
+	*p = q;
+	return (now_ns() - t0) / (double)loads;
+}
+
+/* The chase list of perm[] in the ws bytes at base. */
+static struct chase_node *chase_build(unsigned char *base, const size_t *perm, size_t nodes)
+{
+	struct chase_node *list = (struct chase_node *)base;
+	size_t i;
+
+	for (i = 0; i < nodes; i++)
+		list[i].next = &list[perm[i]];
+	barrier_mem();
+	return &list[0];
+}
+
+/*
+ * Samples in turn: round s makes --best-of timed runs of --chase-loads
+ * loads on every source, the sources alternating run by run (rotating
+ * which goes first), each run after an untimed one of as many loads (at
+ * most one pass over its set); a source's sample is its fastest run.  So
+ * every source sees the same conditions, and on a host whose cores other
+ * work shares, a run that was preempted or crowded out of the caches does
+ * not decide the figure.  While the set is smaller
+ * than the region, each round moves it (the same place in every source)
+ * to the next ws bytes, so no figure hangs on where one set happens to
+ * lie (cache sets, TLB indexes).  The permutation is the same everywhere.
+ */
+static int interleave_chase(const struct opts *o, struct source *src, int n,
+			    size_t ws, double seconds)
+{
+	size_t nodes = ws / sizeof(struct chase_node), *perm, i, j, tmp, k;
+	size_t places = o->length / ws, warm = WARM_PASSES * o->chase_loads;
+	struct chase_node *p[MAX_SOURCES];
+	struct budget b;
+	int s, x;
+
+	if (nodes < 2) {
+		for (x = 0; x < n; x++)
+			printf("{\"kind\":\"skip\",\"source\":\"%s\",\"test\":\"chase\",\"param\":%zu,\"reason\":\"working set smaller than two cache lines\"}\n",
+			       src[x].label, ws);
+		return 0;
+	}
+	perm = malloc(nodes * sizeof(*perm));
+	if (!perm) {
+		fprintf(stderr, "memprobe: out of memory for the permutation\n");
+		return -1;
+	}
+	for (i = 0; i < nodes; i++)
+		perm[i] = i;
+	for (i = nodes - 1; i > 0; i--) {
+		j = rng_below(i);
+		tmp = perm[i];
+		perm[i] = perm[j];
+		perm[j] = tmp;
+	}
+	if (warm > nodes)
+		warm = nodes;
+	budget_start(&b, seconds);
+	for (s = 0; s < o->samples; s++) {
+		size_t place = ((size_t)s % places) * ws;
+
+		for (x = 0; x < n && (places > 1 || !s); x++)
+			p[x] = chase_build(src[x].r.base + place, perm, nodes);
+		double best[MAX_SOURCES] = { 0 }, t;
+		int r;
+
+		/* The runs of all sources alternate: their best-of windows coincide. */
+		for (r = 0; r < o->best_of; r++) {
+			for (k = 0; k < (size_t)n; k++) {
+				x = (int)((k + (size_t)s + (size_t)r) % (size_t)n);
+				chase_once(&p[x], warm);
+				t = chase_once(&p[x], o->chase_loads);
+				if (!r || t < best[x])
+					best[x] = t;
+			}
+		}
+		for (k = 0; k < (size_t)n; k++) {
+			x = (int)((k + (size_t)s) % (size_t)n);
+			emit_source_sample(src[x].label, "chase", ws, "ns", best[x]);
+		}
+		if (s + 1 < o->samples && budget_over(&b)) {
+			for (x = 0; x < n; x++)
+				printf("{\"kind\":\"truncated\",\"source\":\"%s\",\"test\":\"chase\",\"param\":%zu,\"samples\":%d,\"wanted\":%d,\"reason\":\"max-seconds\"}\n",
+				       src[x].label, ws, s + 1, o->samples);
+			break;
+		}
+	}
+	free(perm);
+	for (x = 0; x < n; x++)
+		sink_u64((uint64_t)(uintptr_t)p[x]);
+	return 0;
+}
+
+/* One 4 B load at the same random line of every source, in turn. */
+static void interleave_load(const struct opts *o, struct source *src, int n, double seconds)
+{
+	size_t slots = o->length / CACHELINE, line;
+	uint64_t acc = 0;
+	struct budget b;
+	int s, k, x;
+
+	budget_start(&b, seconds);
+	for (s = 0; s < o->load_samples; s++) {
+		line = rng_below(slots);
+		for (k = 0; k < n; k++) {
+			const volatile uint32_t *q;
+			double t0, t1;
+
+			x = (k + s) % n;
+			q = (const volatile uint32_t *)(src[x].r.base + line * CACHELINE);
+			t0 = now_ns();
+			acc += *q;
+			t1 = now_ns();
+			emit_source_sample(src[x].label, "load", 4, "ns", t1 - t0);
+		}
+		if (s + 1 < o->load_samples && budget_over(&b)) {
+			for (x = 0; x < n; x++)
+				printf("{\"kind\":\"truncated\",\"source\":\"%s\",\"test\":\"load\",\"param\":4,\"samples\":%d,\"wanted\":%d,\"reason\":\"max-seconds\"}\n",
+				       src[x].label, s + 1, o->load_samples);
+			break;
+		}
+	}
+	sink_u64(acc);
+}
+
+static int interleave_main(struct opts *o, double start)
+{
+	struct source src[MAX_SOURCES];
+	double per_block;
+	int n, x, i, rc = 0, blocks;
+
+	n = parse_sources(o->interleave, src, MAX_SOURCES);
+	if (n < 1) {
+		fprintf(stderr, "memprobe: bad --interleave list (LABEL=KIND[:PATH],..., at most %d)\n",
+			MAX_SOURCES);
+		return EXIT_USAGE;
+	}
+	for (x = 0; x < n; x++) {
+		if (map_source(o, &src[x])) {
+			while (x--)
+				unmap_source(&src[x]);
+			return EXIT_SETUP;
+		}
+	}
+	printf("{\"kind\":\"env\",\"source\":\"interleave\",\"sources\":%d,\"sync\":%s,\"length\":%zu,\"page_size\":%ld,\"clock_overhead_ns\":%.3f,\"seed\":%llu}\n",
+	       n, o->sync ? "true" : "false", o->length, sysconf(_SC_PAGESIZE),
+	       clock_overhead(), (unsigned long long)o->seed);
+	blocks = ((o->tests & T_LOAD) ? 1 : 0) + ((o->tests & T_CHASE) ? o->nr_chase : 0);
+	per_block = o->max_seconds / (blocks ? blocks : 1);
+	if (o->tests & T_LOAD)
+		interleave_load(o, src, n, per_block);
+	for (i = 0; (o->tests & T_CHASE) && i < o->nr_chase; i++) {
+		if (o->chase_sizes[i] > o->length) {
+			for (x = 0; x < n; x++)
+				printf("{\"kind\":\"skip\",\"source\":\"%s\",\"test\":\"chase\",\"param\":%zu,\"reason\":\"working set larger than the region\"}\n",
+				       src[x].label, o->chase_sizes[i]);
+			continue;
+		}
+		if (interleave_chase(o, src, n, o->chase_sizes[i], per_block))
+			rc = EXIT_SETUP;
+	}
+	printf("{\"kind\":\"done\",\"ok\":%s,\"elapsed_s\":%.3f}\n",
+	       rc ? "false" : "true", (now_ns() - start) / NSEC_PER_SEC);
+	for (x = 0; x < n; x++)
+		unmap_source(&src[x]);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	struct opts o = {
@@ -797,6 +1120,7 @@ int main(int argc, char **argv)
 		.load_samples = DEF_LOAD_SAMPLES,
 		.max_seconds = DEF_MAX_SECONDS,
 		.seed = 1,
+		.best_of = 1,
 	};
 	struct region r;
 	struct engram e;
@@ -808,6 +1132,8 @@ int main(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	rng_state = o.seed;
+	if (!strcmp(o.kind, "interleave"))
+		return interleave_main(&o, start);
 	if (map_region(&o, &r))
 		return EXIT_SETUP;
 	print_env(&o, &r);

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 
-from obmm.bench.probe import SOURCE_TITLES
+from obmm.bench.probe import source_title
 from obmm.bench.results import (
     PUBLISHED,
     Figure,
@@ -42,7 +42,7 @@ def _sources(figs: Sequence[Figure]) -> list[str]:
 
 
 def _title(source: str) -> str:
-    return SOURCE_TITLES.get(source, source)
+    return source_title(source)
 
 
 def _short_label(source: str) -> str:

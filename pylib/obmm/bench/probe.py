@@ -32,6 +32,34 @@ SOURCE_TITLES = {
     "cross-node-sync": "cross-node import, O_SYNC",
 }
 
+# Interleaved runs (memprobe --interleave): a mapping and, in the same process, the local
+# memory it is compared with, named after it.
+LOCAL_SUFFIX = "-local"  # anonymous memory, 4 KiB pages: the page-granule mapping's baseline
+LOCAL_THP_SUFFIX = "-local-thp"  # anonymous memory, 2 MiB pages: the PMD mapping's baseline
+PMD_SUFFIX = "-pmd"  # the same kind of import mapped with the PMD flag (huge entries)
+INTERLEAVED_TESTS = "load,chase"
+
+
+def interleaved_sources(name: str) -> dict[str, str | None]:
+    """The sources of one interleaved run of mapping `name`, each with its baseline."""
+    local, thp = f"{name}{LOCAL_SUFFIX}", f"{name}{LOCAL_THP_SUFFIX}"
+    return {local: None, thp: local, name: local, f"{name}{PMD_SUFFIX}": thp}
+
+
+def source_title(source: str) -> str:
+    """What a source is, interleaved ones included ("cross-node import, PMD mapping")."""
+    for suffix, what in (
+        (LOCAL_THP_SUFFIX, "local memory, 2 MiB pages, beside"),
+        (LOCAL_SUFFIX, "local memory, 4 KiB pages, beside"),
+    ):
+        if source.endswith(suffix):
+            base = source[: -len(suffix)]
+            return f"{what} {SOURCE_TITLES.get(base, base)}"
+    if source.endswith(PMD_SUFFIX):
+        base = source[: -len(PMD_SUFFIX)]
+        return f"{SOURCE_TITLES.get(base, base)}, PMD mapping"
+    return SOURCE_TITLES.get(source, source)
+
 
 def source_text() -> str:
     return resources.files("obmm.bench").joinpath(SOURCE_NAME).read_text()
@@ -72,6 +100,11 @@ class ProbeSettings:
     bw_size: int = 64 << 20
     max_seconds: float = 30.0
     seed: int = 1
+    # Interleaved runs (an import beside local memory): many short samples, so that every
+    # source sees the same conditions and a median is not moved by a few disturbed ones.
+    interleave_samples: int = 32  # a multiple of the 4 sources: each leads a round as often
+    interleave_chase_loads: int = 1 << 14
+    interleave_best_of: int = 10  # a chase sample is the fastest of this many timed runs
 
     @classmethod
     def quick(cls) -> ProbeSettings:
@@ -85,6 +118,8 @@ class ProbeSettings:
             engram_iters=30,
             bw_size=16 << 20,
             max_seconds=8.0,
+            interleave_samples=20,
+            interleave_chase_loads=1 << 13,
         )
 
     def args(self) -> list[str]:
@@ -111,6 +146,17 @@ class ProbeSettings:
             str(self.seed),
         ]
 
+    def interleave_args(self) -> list[str]:
+        """args() with the interleaved runs' sample counts and four times the time budget."""
+        args = self.args()
+        for opt, value in (
+            ("--samples", self.interleave_samples),
+            ("--chase-loads", self.interleave_chase_loads),
+            ("--max-seconds", f"{4 * self.max_seconds:g}"),
+        ):
+            args[args.index(opt) + 1] = str(value)
+        return [*args, "--best-of", str(self.interleave_best_of)]
+
     def region_bytes(self) -> int:
         """Bytes a source needs for every test at full size (Engram tables or the largest set)."""
         engram = self.engram_rows * ENGRAM_TABLES * ENGRAM_ROW_BYTES
@@ -131,6 +177,25 @@ class ProbeOutput:
 
     def values(self, test: str, param: int) -> list[float]:
         return [float(s["value"]) for s in self.samples.get((test, param), [])]
+
+    def by_source(self) -> dict[str, ProbeOutput]:
+        """An interleaved run's output, one ProbeOutput per source label (in first-seen order)."""
+        outs: dict[str, ProbeOutput] = {}
+
+        def of(obj: dict[str, Any]) -> ProbeOutput:
+            label = str(obj.get("source", ""))
+            if label not in outs:
+                outs[label] = ProbeOutput(env=self.env, info=self.info, done=self.done)
+            return outs[label]
+
+        for rows in self.samples.values():
+            for row in rows:
+                of(row).samples.setdefault((str(row["test"]), int(row["param"])), []).append(row)
+        for skip in self.skips:
+            of(skip).skips.append(skip)
+        for cut in self.truncated:
+            of(cut).truncated.append(cut)
+        return outs
 
 
 def parse_output(text: str) -> ProbeOutput:

@@ -438,7 +438,10 @@ def summary_markdown(run: Run, *, plots: Sequence[str] = ()) -> str:
     headline = [
         f
         for f in run.figures
-        if f.ok and f.group in ("data", "engram") and "cross-node" in str(f.params.get("source"))
+        if f.ok
+        and f.group in ("data", "engram")
+        and "cross-node" in str(f.params.get("source"))
+        and not str(f.params.get("source")).endswith(("-local", "-local-thp"))
     ]
     if headline:
         lines += ["## Headline: remote / local", ""]
@@ -454,22 +457,30 @@ def summary_markdown(run: Run, *, plots: Sequence[str] = ()) -> str:
     lines += [
         "## This run",
         "",
-        "| figure | value (median) | p99 | n | baseline | baseline value | ratio |",
-        "|---|---:|---:|---:|---|---:|---:|",
+        "| figure | min | median | max | p99 | n | baseline | baseline min / median / max "
+        "| ratio |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for fig in run.figures:
         if not fig.ok:
             continue
         base = run.baseline_of(fig)
         ratio = run.ratio(fig)
+        base_stats = (
+            " / ".join(fmt_value(v, fig.unit) for v in (base.minimum, base.median, base.maximum))
+            if base
+            else "-"
+        )
         lines.append(
-            "| {} | {} | {} | {} | {} | {} | {} |".format(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
                 _md_escape(fig.name),
+                fmt_value(fig.minimum, fig.unit),
                 fmt_value(fig.median, fig.unit),
+                fmt_value(fig.maximum, fig.unit),
                 fmt_value(fig.p99, fig.unit),
                 len(fig.samples),
                 _md_escape(fig.baseline or "-"),
-                fmt_value(base.median if base else None, fig.unit),
+                base_stats,
                 "-" if ratio is None else f"x{ratio:.2f}",
             )
         )
