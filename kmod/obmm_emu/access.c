@@ -268,6 +268,9 @@ u64 obmm_access_acked_epoch(void)
 	const struct obmm_peer *p;
 	int j;
 
+	/* A loopback borrow of withdrawn memory is still being unplugged. */
+	if (obmm_imports_own_borrow_pending())
+		return 0;
 	top = obmm_fabric_withdraw_epoch();
 	mutex_lock(&peer_lock);
 	obmm_peers_update();

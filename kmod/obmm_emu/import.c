@@ -2,19 +2,27 @@
 /*
  * obmm_emu: OBMM_CMD_IMPORT, OBMM_CMD_UNIMPORT and the preimport ioctls.
  *
- * NUMA_REMOTE ("borrow") imports need the OLK numa_remote memory hot-add,
- * which stock kernels lack: every argument check is made as the real
- * driver makes it, then the hot-add step fails with -EOPNOTSUPP.  So no
- * preimport range is ever registered.
+ * NUMA_REMOTE ("borrow") imports hot-add their window range as memory of
+ * a remote NUMA node after every check the real driver makes (borrow.c);
+ * UNIMPORT offlines and removes it.  A preimport declaration reserves a
+ * range and a node; NUMA_REMOTE|PREIMPORT imports inside it take its
+ * memory blocks and hot-add them (the real driver adds the whole range
+ * isolated at DECLARE and un-isolates at import; stock kernels cannot
+ * isolate hot-added memory, so nothing is added before the import).
  *
- * After the real driver's checks, an ALLOW_MMAP import must pass the
- * emulated UMMU check of access.c (-EACCES); the revocation scan then
- * walks the import ranges (obmm_imports_revoke_scan()).
+ * After the real driver's checks an import must pass the emulated UMMU
+ * check of access.c (-EACCES); the revocation scan then walks the import
+ * ranges (obmm_imports_revoke_scan()).  A revoked borrow is unplugged by
+ * a work item, and until it is, this node does not acknowledge the
+ * exporter's withdrawals: the exporter cannot reuse memory this kernel
+ * may still be using.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/bitmap.h>
 #include <linux/list.h>
 #include <linux/memory.h>
+#include <linux/module.h>
 #include <linux/mutex.h>
 #include <linux/proc_fs.h>
 #include <linux/sched.h>
@@ -23,35 +31,113 @@
 #include <linux/stringify.h>
 #include <linux/sysfs.h>
 #include <linux/uaccess.h>
+#include <linux/workqueue.h>
 
 #include "obmm_emu.h"
 
-/* Direct import PA ranges (the real driver's maple tree). */
+/*
+ * The real driver's maple tree of PA ranges: direct imports and preimport
+ * declarations (which no other range may overlap), and imports inside a
+ * declaration (inner: skipped by overlap checks and PA lookups, walked by
+ * the revocation scan).
+ */
 struct obmm_import_range {
 	struct list_head link;
 	phys_addr_t start;
 	phys_addr_t end;	/* inclusive */
-	struct obmm_region *region;
+	struct obmm_region *region;	/* NULL for a declaration */
+	struct obmm_preimport *pre;	/* a declaration */
+	bool inner;
+};
+
+/* A DECLARE_PREIMPORT range: its node, datapath and memory blocks. */
+struct obmm_preimport {
+	struct obmm_import_range range;
+	bool ready;
+	int numa_id;
+	u32 scna;
+	u32 dcna;
+	u8 seid[OBMM_EMU_EID_LEN];
+	u8 deid[OBMM_EMU_EID_LEN];
+	unsigned int use_count;
+	unsigned long nbits;
+	unsigned long *blocks;	/* memory blocks taken by imports */
+	struct resource res;	/* "PREIMPORT_UBMEM" */
 };
 
 static DEFINE_MUTEX(obmm_import_mutex);
 static LIST_HEAD(obmm_import_ranges);
+/* The revocation scan saw a loopback borrow not yet unplugged. */
+static bool obmm_own_borrow_pending;
+
+static void obmm_unplug_work_fn(struct work_struct *work);
+static DECLARE_WORK(obmm_unplug_work, obmm_unplug_work_fn);
 
 #define OBMM_PROC_DIR		"obmm"
 #define OBMM_PROC_PREIMPORT	"preimport_info"
 #define OBMM_PROC_MODE		0400
+#define OBMM_PREIMPORT_RES_NAME	"PREIMPORT_UBMEM"
+
+/* /proc/obmm/preimport_info column widths (the real driver's). */
+#define OBMM_PI_PA_WIDTH	16
+#define OBMM_PI_CNA_WIDTH	8
+#define OBMM_PI_HALF_EID_WIDTH	18
+#define OBMM_PI_FULL_EID_WIDTH	(2 * OBMM_PI_HALF_EID_WIDTH + 1)
+#define OBMM_PI_NID_WIDTH	3
 
 static struct proc_dir_entry *obmm_proc_dir;
 
-/* /proc/obmm/preimport_info: the header; no range is ever registered. */
+/* EID halves as the real driver prints them (native u64 at 8 and 0). */
+static u64 obmm_eid_hi(const u8 *eid)
+{
+	u64 v;
+
+	memcpy(&v, eid + sizeof(v), sizeof(v));
+	return v;
+}
+
+static u64 obmm_eid_lo(const u8 *eid)
+{
+	u64 v;
+
+	memcpy(&v, eid, sizeof(v));
+	return v;
+}
+
+/* /proc/obmm/preimport_info: a header, then one line per declared range. */
 static int obmm_preimport_info_show(struct seq_file *m, void *v)
 {
-	seq_puts(m, "pa_start - pa_end : dcna scna deid seid nid\n");
+	struct obmm_import_range *ir;
+	struct obmm_preimport *pre;
+
+	seq_printf(m, "%-*s - %-*s : %-*s %-*s    %-*s %-*s    %-*s\n",
+		   OBMM_PI_PA_WIDTH, "pa_start", OBMM_PI_PA_WIDTH, "pa_end",
+		   OBMM_PI_CNA_WIDTH, "dcna", OBMM_PI_CNA_WIDTH, "scna",
+		   OBMM_PI_FULL_EID_WIDTH, "deid", OBMM_PI_FULL_EID_WIDTH, "seid",
+		   OBMM_PI_NID_WIDTH, "nid");
+	mutex_lock(&obmm_import_mutex);
+	list_for_each_entry(ir, &obmm_import_ranges, link) {
+		pre = ir->pre;
+		if (!pre || !pre->ready)
+			continue;
+		seq_printf(m, "%-*llx - %-*llx : %#-*x %#-*x    %#0*llx:%#0*llx %#0*llx:%#0*llx    %-*d\n",
+			   OBMM_PI_PA_WIDTH, (u64)ir->start,
+			   OBMM_PI_PA_WIDTH, (u64)ir->end,
+			   OBMM_PI_CNA_WIDTH, pre->dcna,
+			   OBMM_PI_CNA_WIDTH, pre->scna,
+			   OBMM_PI_HALF_EID_WIDTH, obmm_eid_hi(pre->deid),
+			   OBMM_PI_HALF_EID_WIDTH, obmm_eid_lo(pre->deid),
+			   OBMM_PI_HALF_EID_WIDTH, obmm_eid_hi(pre->seid),
+			   OBMM_PI_HALF_EID_WIDTH, obmm_eid_lo(pre->seid),
+			   OBMM_PI_NID_WIDTH, pre->numa_id);
+	}
+	mutex_unlock(&obmm_import_mutex);
 	return 0;
 }
 
 int obmm_imports_init(void)
 {
+	obmm_borrow_init();
 	obmm_proc_dir = proc_mkdir(OBMM_PROC_DIR, NULL);
 	if (!obmm_proc_dir)
 		return -ENOMEM;
@@ -66,17 +152,9 @@ int obmm_imports_init(void)
 
 void obmm_imports_exit(void)
 {
+	cancel_work_sync(&obmm_unplug_work);
 	proc_remove(obmm_proc_dir);
 	obmm_proc_dir = NULL;
-}
-
-static u64 obmm_memory_block_size(void)
-{
-#ifdef CONFIG_MEMORY_HOTPLUG
-	return memory_block_size_bytes();
-#else
-	return OBMM_EMU_DEFAULT_MEMBLOCK;
-#endif
 }
 
 static bool obmm_range_overlaps(phys_addr_t start, phys_addr_t end)
@@ -84,9 +162,20 @@ static bool obmm_range_overlaps(phys_addr_t start, phys_addr_t end)
 	struct obmm_import_range *ir;
 
 	list_for_each_entry(ir, &obmm_import_ranges, link)
-		if (start <= ir->end && ir->start <= end)
+		if (!ir->inner && start <= ir->end && ir->start <= end)
 			return true;
 	return false;
+}
+
+/* The direct import or declaration holding @pa (query_pa_range()). */
+static struct obmm_import_range *obmm_range_find(phys_addr_t pa)
+{
+	struct obmm_import_range *ir;
+
+	list_for_each_entry(ir, &obmm_import_ranges, link)
+		if (!ir->inner && ir->start <= pa && pa <= ir->end)
+			return ir;
+	return NULL;
 }
 
 static int obmm_range_insert(struct obmm_region *r, phys_addr_t start,
@@ -126,6 +215,103 @@ static void obmm_range_remove(struct obmm_region *r)
 	mutex_unlock(&obmm_import_mutex);
 }
 
+static bool obmm_preimport_datapath_differs(const struct obmm_preimport *pre,
+					    const struct obmm_cmd_import *cmd)
+{
+	return pre->scna != cmd->scna || pre->dcna != cmd->dcna ||
+	       memcmp(pre->seid, cmd->seid, sizeof(pre->seid)) ||
+	       memcmp(pre->deid, cmd->deid, sizeof(pre->deid));
+}
+
+static void obmm_preimport_blocks(const struct obmm_preimport *pre,
+				  phys_addr_t start, phys_addr_t end,
+				  unsigned long *first, unsigned long *last)
+{
+	u64 block = obmm_memory_block_bytes();
+
+	*first = (start - pre->range.start) / block;
+	*last = (end - pre->range.start) / block;
+}
+
+/*
+ * preimport_commit_prefilled(): the declaration holding the import's PA
+ * must be ready, have its datapath and contain the whole range, whose
+ * memory blocks must be free (EFAULT unregistered, EINVAL a direct
+ * import, EAGAIN not ready, EINVAL datapath or range, EEXIST a block
+ * used).  Takes the blocks and puts the import on the range list.
+ */
+static int obmm_preimport_commit(struct obmm_region *r,
+				 const struct obmm_cmd_import *cmd)
+{
+	phys_addr_t start = cmd->addr, end = cmd->addr + cmd->length - 1;
+	struct obmm_import_range *ir, *inner;
+	struct obmm_preimport *pre;
+	unsigned long first, last;
+	int ret = 0;
+
+	inner = kzalloc(sizeof(*inner), GFP_KERNEL);
+	if (!inner)
+		return -ENOMEM;
+	mutex_lock(&obmm_import_mutex);
+	ir = obmm_range_find(start);
+	if (!ir) {
+		ret = -EFAULT;
+		goto out;
+	}
+	pre = ir->pre;
+	if (!pre) {
+		ret = -EINVAL;
+		goto out;
+	}
+	if (!pre->ready) {
+		ret = -EAGAIN;
+		goto out;
+	}
+	if (obmm_preimport_datapath_differs(pre, cmd)) {
+		ret = -EINVAL;
+		goto out;
+	}
+	if (start < ir->start || end > ir->end) {
+		ret = -EINVAL;
+		goto out;
+	}
+	obmm_preimport_blocks(pre, start, end, &first, &last);
+	if (find_next_bit(pre->blocks, last + 1, first) <= last) {
+		ret = -EEXIST;
+		goto out;
+	}
+	bitmap_set(pre->blocks, first, last - first + 1);
+	pre->use_count++;
+	r->pre = pre;
+	r->ubmem = &pre->res;
+	r->numa_id = pre->numa_id;
+	inner->start = start;
+	inner->end = end;
+	inner->region = r;
+	inner->inner = true;
+	list_add_tail(&inner->link, &obmm_import_ranges);
+	inner = NULL;
+out:
+	mutex_unlock(&obmm_import_mutex);
+	kfree(inner);
+	return ret;
+}
+
+/* preimport_uncommit_prefilled(): give the blocks back. */
+static void obmm_preimport_uncommit(struct obmm_region *r)
+{
+	struct obmm_preimport *pre = r->pre;
+	unsigned long first, last;
+
+	mutex_lock(&obmm_import_mutex);
+	obmm_preimport_blocks(pre, r->pa, r->pa + r->size - 1, &first, &last);
+	bitmap_clear(pre->blocks, first, last - first + 1);
+	WARN_ON(!pre->use_count);
+	pre->use_count--;
+	mutex_unlock(&obmm_import_mutex);
+	r->pre = NULL;
+}
+
 /*
  * Put an import under the revocation scan before it can be mapped, and
  * check its export once more under the scan's lock: a scan that ran since
@@ -158,7 +344,7 @@ static int obmm_range_track(struct obmm_region *r)
 unsigned long obmm_imports_revoke_scan(void)
 {
 	struct obmm_import_range *ir;
-	unsigned long unsure_mask = 0;
+	unsigned long unsure_mask = 0, borrowed = 0;
 	struct obmm_region *r;
 	const char *why;
 	unsigned int mapped;
@@ -167,7 +353,7 @@ unsigned long obmm_imports_revoke_scan(void)
 	mutex_lock(&obmm_import_mutex);
 	list_for_each_entry(ir, &obmm_import_ranges, link) {
 		r = ir->region;
-		if (!r->tracked)
+		if (!r || !r->tracked)
 			continue;
 		/* Each record read may spin on a peer's stuck seq. */
 		cond_resched();
@@ -175,23 +361,72 @@ unsigned long obmm_imports_revoke_scan(void)
 		revoked = r->revoked;
 		mapped = r->mmap_count;
 		mutex_unlock(&r->mmap_lock);
-		if (revoked) {
-			if (mapped)
-				obmm_shmdev_revoke(r);
-			continue;
+		if (!revoked) {
+			unsure = false;
+			why = obmm_access_dep_lost(&r->dep, &unsure);
+			if (unsure)
+				unsure_mask |= BIT(r->dep.node);
+			if (!why)
+				continue;
+			pr_info("import mem_id %d revoked: %s (node %d record %d)\n",
+				r->id, why, r->dep.node, r->dep.slot);
+			mapped = 1;
 		}
-		unsure = false;
-		why = obmm_access_dep_lost(&r->dep, &unsure);
-		if (unsure)
-			unsure_mask |= BIT(r->dep.node);
-		if (!why)
-			continue;
-		obmm_shmdev_revoke(r);
-		pr_info("import mem_id %d revoked: %s (node %d record %d)\n",
-			r->id, why, r->dep.node, r->dep.slot);
+		if (mapped)
+			obmm_shmdev_revoke(r);
+		/* Not acknowledged while this kernel may use the memory. */
+		if (READ_ONCE(r->plugged))
+			borrowed |= BIT(r->dep.node);
 	}
+	WRITE_ONCE(obmm_own_borrow_pending,
+		   !!(borrowed & BIT(obmm_emu_node_id)));
 	mutex_unlock(&obmm_import_mutex);
-	return unsure_mask;
+	if (borrowed)
+		queue_work(system_long_wq, &obmm_unplug_work);
+	return unsure_mask | borrowed;
+}
+
+bool obmm_imports_own_borrow_pending(void)
+{
+	return READ_ONCE(obmm_own_borrow_pending);
+}
+
+/*
+ * Unplug revoked borrows: offline (migrating the pages in use to local
+ * memory) and remove them.  The region stays, revoked, until UNIMPORT.
+ * A removal that fails is retried when the next scan queues this again.
+ */
+static void obmm_unplug_work_fn(struct work_struct *work)
+{
+	struct obmm_import_range *ir;
+	struct obmm_region *r;
+	int ret;
+
+	obmm_borrow_lock();
+	for (;;) {
+		r = NULL;
+		mutex_lock(&obmm_import_mutex);
+		list_for_each_entry(ir, &obmm_import_ranges, link) {
+			if (ir->region && ir->region->plugged &&
+			    obmm_shmdev_revoked(ir->region)) {
+				r = ir->region;
+				break;
+			}
+		}
+		mutex_unlock(&obmm_import_mutex);
+		/* UNIMPORT waits for the borrow lock before it frees r. */
+		if (!r)
+			break;
+		ret = obmm_borrow_remove_locked(r, true);
+		if (ret) {
+			pr_warn_ratelimited("import mem_id %d: revoked borrowed memory not removed yet: %d\n",
+					    r->id, ret);
+			break;
+		}
+		pr_info("import mem_id %d: revoked borrowed memory removed from node %d\n",
+			r->id, r->numa_id);
+	}
+	obmm_borrow_unlock();
 }
 
 /*
@@ -212,7 +447,8 @@ ssize_t obmm_imports_show_revoked(char *buf)
 
 	mutex_lock(&obmm_import_mutex);
 	list_for_each_entry(ir, &obmm_import_ranges, link) {
-		if (!ir->region->tracked || !obmm_shmdev_revoked(ir->region))
+		if (!ir->region || !ir->region->tracked ||
+		    !obmm_shmdev_revoked(ir->region))
 			continue;
 		if (len + OBMM_REVOKED_ENTRY_MAX > room) {
 			more = true;
@@ -281,34 +517,36 @@ static int obmm_import_check_range(const struct obmm_cmd_import *cmd)
 #define OBMM_DIRECT_IMPORT_NAME	"DIRECT_IMPORT_UBMEM"
 
 /*
- * Steps 9 and 11 of IMPORT: the ubmem and memdev iomem resources.  The
- * ubmem resource is requested as a child of the window's BAR, never
- * inserted above it: insert_resource() of a range equal to the BAR would
- * make it the BAR's parent, and releasing it would unlink the BAR too.
+ * Step 9 of IMPORT: the ubmem iomem resource.  It is requested as a child
+ * of the window's BAR, never inserted above it: insert_resource() of a
+ * range equal to the BAR would make it the BAR's parent, and releasing
+ * it would unlink the BAR too.
  */
-static int obmm_import_claim_iomem(struct obmm_region *r,
-				   struct resource *window, phys_addr_t start,
-				   u64 len)
+static int obmm_import_claim_ubmem(struct obmm_region *r,
+				   struct resource *window)
 {
 	r->ubmem_res.name = OBMM_DIRECT_IMPORT_NAME;
-	r->ubmem_res.start = start;
-	r->ubmem_res.end = start + len - 1;
+	r->ubmem_res.start = r->pa;
+	r->ubmem_res.end = r->pa + r->size - 1;
 	r->ubmem_res.flags = IORESOURCE_MEM;
 	if (request_resource(window, &r->ubmem_res))
-		return obmm_refuse(OBMM_OP_IMPORT, -EBUSY,
-				   "failed to setup ubmem resource: ret=%pe (iomem [%pa, +%#llx) is taken)",
-				   ERR_PTR(-EBUSY), &start, len);
+		return -EBUSY;
+	r->ubmem = &r->ubmem_res;
+	return 0;
+}
+
+/* Step 11: "MEMID_<id>", under the borrowed "System RAM" if there is one. */
+static int obmm_import_claim_memid(struct obmm_region *r)
+{
+	struct resource *parent = obmm_borrow_ram_res(r);
+
 	snprintf(r->memid_name, sizeof(r->memid_name), "MEMID_%d", r->id);
 	r->memid_res.name = r->memid_name;
-	r->memid_res.start = start;
-	r->memid_res.end = start + len - 1;
+	r->memid_res.start = r->pa;
+	r->memid_res.end = r->pa + r->size - 1;
 	r->memid_res.flags = IORESOURCE_MEM;
-	if (request_resource(&r->ubmem_res, &r->memid_res)) {
-		release_resource(&r->ubmem_res);
-		return obmm_refuse(OBMM_OP_IMPORT, -EBUSY,
-				   "memid=%d: failed to setup memdev resource: %pe",
-				   r->id, ERR_PTR(-EBUSY));
-	}
+	if (request_resource(parent ?: r->ubmem, &r->memid_res))
+		return -EBUSY;
 	return 0;
 }
 
@@ -320,25 +558,59 @@ static void obmm_import_release_iomem(struct obmm_region *r)
 		release_resource(&r->ubmem_res);
 }
 
-/* The hot-add part of an import: unsupported without OLK numa_remote. */
+/* Take a borrowed range out again (rollback and UNIMPORT). */
+static int obmm_import_unplug(struct obmm_region *r)
+{
+	int ret;
+
+	if (!r->numa_remote)
+		return 0;
+	ret = obmm_borrow_lock_interruptible();
+	if (ret)
+		return ret;
+	ret = obmm_borrow_remove_locked(r, false);
+	obmm_borrow_unlock();
+	return ret;
+}
+
+/*
+ * Step 10, NUMA_REMOTE: every window range is cacheable (so the real
+ * driver's EINVAL for a non-cacheable one cannot occur); the emulated
+ * UMMU check comes before anything is added; then add_memory_remote()
+ * (EPERM for any failure, as the real driver).  base_dist is validated in
+ * step 4 but not applied: x86 Linux cannot change node distances after
+ * boot (FIDELITY.md).
+ */
 static int obmm_import_numa(struct obmm_region *r,
 			    const struct obmm_cmd_import *cmd)
 {
-	/* Preimport: no range is ever registered (see top of file). */
-	if (cmd->flags & OBMM_IMPORT_FLAG_PREIMPORT)
-		return obmm_refuse(OBMM_OP_IMPORT, -EFAULT,
-				   "PA %#llx is not registered as preimport",
-				   cmd->addr);
-	return obmm_refuse(OBMM_OP_IMPORT, -EOPNOTSUPP,
-			   "emulator: NUMA_REMOTE memory hot-add is not supported (pa=%#llx, size=%#llx)",
-			   cmd->addr, cmd->length);
+	int nid, ret;
+
+	ret = obmm_access_check_import(cmd->addr, cmd->length, cmd->tokenid,
+				       &r->dep);
+	if (ret)
+		return ret;
+	ret = obmm_range_track(r);
+	if (ret)
+		return ret;
+	ret = obmm_borrow_lock_interruptible();
+	if (ret)
+		return ret;
+	nid = obmm_borrow_add_locked(r, r->pre ? r->numa_id : cmd->numa_id);
+	obmm_borrow_unlock();
+	if (nid < 0) {
+		pr_err("mem_id %d: remote NUMA creation failed: %d\n", r->id, nid);
+		return -EPERM;
+	}
+	r->numa_id = nid;
+	return 0;
 }
 
 long obmm_import_ioctl(void __user *uarg)
 {
 	struct obmm_cmd_import cmd;
 	struct obmm_region *r;
-	bool ranged = false;
+	bool ranged = false, numa, pre;
 	int node, ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
@@ -347,6 +619,8 @@ long obmm_import_ioctl(void __user *uarg)
 	ret = obmm_import_check_flags(cmd.flags);
 	if (ret)
 		return ret;
+	numa = cmd.flags & OBMM_IMPORT_FLAG_NUMA_REMOTE;
+	pre = cmd.flags & OBMM_IMPORT_FLAG_PREIMPORT;
 
 	r = obmm_region_alloc(OBMM_REGION_IMPORT);
 	if (!r)
@@ -366,7 +640,7 @@ long obmm_import_ioctl(void __user *uarg)
 				  cmd.scna, obmm_fabric_cna());
 		goto err_id;
 	}
-	if (!(cmd.flags & OBMM_IMPORT_FLAG_PREIMPORT)) {
+	if (!pre) {
 		ret = obmm_range_insert(r, cmd.addr, cmd.length);
 		if (ret == -EEXIST)
 			obmm_refuse(OBMM_OP_IMPORT, ret,
@@ -387,43 +661,44 @@ long obmm_import_ioctl(void __user *uarg)
 		goto err_range;
 	}
 	r->mem_cap = OBMM_CAP_CACHEABLE | OBMM_CAP_NONCACHEABLE;
-	if (!(cmd.flags & OBMM_IMPORT_FLAG_PREIMPORT)) {
-		ret = obmm_import_claim_iomem(r, obmm_fabric_window(node)->res,
-					      cmd.addr, cmd.length);
-		if (ret)
-			goto err_range;
-	}
-	if (cmd.flags & OBMM_IMPORT_FLAG_NUMA_REMOTE) {
-		ret = obmm_import_numa(r, &cmd);
-		goto err_iomem;
-	}
-	/* Emulated UMMU: a live export with this tokenid must cover it. */
-	ret = obmm_access_check_import(cmd.addr, cmd.length, cmd.tokenid,
-				       &r->dep);
-	if (ret)
-		goto err_iomem;
-	ret = obmm_range_track(r);
-	if (ret) {
-		obmm_refuse(OBMM_OP_IMPORT, ret,
-			    "emulated UMMU: the export covering pa=%#llx was withdrawn during the import",
-			    cmd.addr);
-		goto err_iomem;
-	}
-
 	r->pa = cmd.addr;
 	r->size = cmd.length;
-	r->allow_mmap = true;
+	r->numa_remote = numa;
+	r->preimport = pre;
+	r->numa_id = NUMA_NO_NODE;
+	if (pre)
+		ret = obmm_preimport_commit(r, &cmd);
+	else
+		ret = obmm_import_claim_ubmem(r, obmm_fabric_window(node)->res);
+	if (ret)
+		goto err_range;
+	if (numa) {
+		ret = obmm_import_numa(r, &cmd);
+		if (ret)
+			goto err_iomem;
+	}
+	ret = obmm_import_claim_memid(r);
+	if (ret)
+		goto err_unplug;
+	if (!numa) {
+		/* Emulated UMMU: a live export with this tokenid must cover it. */
+		ret = obmm_access_check_import(cmd.addr, cmd.length,
+					       cmd.tokenid, &r->dep);
+		if (ret)
+			goto err_iomem;
+		ret = obmm_range_track(r);
+		if (ret)
+			goto err_iomem;
+	}
+
+	r->allow_mmap = !numa;
 	r->scna = cmd.scna;
 	r->dcna = cmd.dcna;
-	r->numa_id = NUMA_NO_NODE;
 	memcpy(r->seid, cmd.seid, sizeof(r->seid));
 	memcpy(r->deid, cmd.deid, sizeof(r->deid));
 	ret = obmm_shmdev_publish(r);
-	if (ret) {
-		obmm_refuse(OBMM_OP_IMPORT, ret,
-			    "Failed to create import device. ret=%pe", ERR_PTR(ret));
-		goto err_iomem;
-	}
+	if (ret)
+		goto err_unplug;
 	obmm_region_activate(r);
 
 	cmd.mem_id = r->id;
@@ -434,10 +709,16 @@ long obmm_import_ioctl(void __user *uarg)
 				   r->id);
 	return 0;
 
+err_unplug:
+	if (r->memid_res.parent)
+		release_resource(&r->memid_res);
+	WARN_ON(obmm_import_unplug(r));
 err_iomem:
 	obmm_import_release_iomem(r);
+	if (r->pre)
+		obmm_preimport_uncommit(r);
 err_range:
-	if (ranged)
+	if (ranged || pre)
 		obmm_range_remove(r);
 err_id:
 	obmm_region_remove_id(r);
@@ -460,84 +741,195 @@ long obmm_unimport_ioctl(void __user *uarg)
 				     OBMM_REGION_IMPORT, &r);
 	if (ret)
 		return ret;
+	/* remove_memory_remote()'s errno when the memory cannot go yet. */
+	ret = obmm_import_unplug(r);
+	if (ret) {
+		obmm_region_reactivate(r);
+		return ret;
+	}
 	obmm_shmdev_unpublish(r);
 	obmm_import_release_iomem(r);
+	if (r->pre)
+		obmm_preimport_uncommit(r);
 	obmm_range_remove(r);
 	obmm_region_remove_id(r);
 	obmm_region_free(r);
 	return 0;
 }
 
+/* The real driver's check_preimport_cmd(), in its order. */
+static int obmm_preimport_check(const struct obmm_cmd_preimport *cmd)
+{
+	u64 block = obmm_memory_block_bytes();
+	phys_addr_t end;
+
+	if (cmd->length % block || cmd->pa % block)
+		return -EINVAL;
+	if (check_add_overflow(cmd->pa, cmd->length, &end))
+		return -EINVAL;
+	if (!cmd->length)
+		return -EINVAL;
+	if (cmd->flags & ~OBMM_PREIMPORT_FLAG_MASK)
+		return -EINVAL;
+	if (cmd->scna != obmm_fabric_cna())
+		return -ENODEV;
+	if (obmm_base_dist_invalid(cmd->base_dist))
+		return -EINVAL;
+	if (!cmd->pa)
+		return -EINVAL;
+	return 0;
+}
+
+static void obmm_preimport_free(struct obmm_preimport *pre)
+{
+	bitmap_free(pre->blocks);
+	kfree(pre);
+}
+
+/* Take a declaration off the list (it may not be ready yet). */
+static void obmm_preimport_unlist(struct obmm_preimport *pre)
+{
+	mutex_lock(&obmm_import_mutex);
+	list_del(&pre->range.link);
+	mutex_unlock(&obmm_import_mutex);
+}
+
+/*
+ * DECLARE_PREIMPORT: the real driver's checks and order (module get
+ * EPERM, check_preimport_cmd(), EEXIST overlap, EBUSY iomem, EINVAL not
+ * UB memory, EPERM no node), then the range is listed with its node.  The
+ * EINVAL of a range outside every window comes before the iomem claim
+ * (its resource nests under the window's BAR).  No memory is added yet.
+ */
+static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
+{
+	struct obmm_preimport *pre;
+	int node, nid, ret;
+
+	ret = obmm_preimport_check(cmd);
+	if (ret)
+		return ret;
+	pre = kzalloc(sizeof(*pre), GFP_KERNEL);
+	if (!pre)
+		return -ENOMEM;
+	pre->nbits = cmd->length / obmm_memory_block_bytes();
+	pre->blocks = bitmap_zalloc(pre->nbits, GFP_KERNEL);
+	if (!pre->blocks) {
+		kfree(pre);
+		return -ENOMEM;
+	}
+	pre->range.start = cmd->pa;
+	pre->range.end = cmd->pa + cmd->length - 1;
+	pre->range.pre = pre;
+	pre->scna = cmd->scna;
+	pre->dcna = cmd->dcna;
+	memcpy(pre->seid, cmd->seid, sizeof(pre->seid));
+	memcpy(pre->deid, cmd->deid, sizeof(pre->deid));
+
+	mutex_lock(&obmm_import_mutex);
+	ret = obmm_range_overlaps(pre->range.start, pre->range.end) ?
+	      -EEXIST : 0;
+	if (!ret)
+		list_add_tail(&pre->range.link, &obmm_import_ranges);
+	mutex_unlock(&obmm_import_mutex);
+	if (ret)
+		goto err_free;
+	node = obmm_fabric_window_node(cmd->pa, cmd->length, NULL);
+	if (node < 0) {
+		ret = -EINVAL;
+		goto err_unlist;
+	}
+	pre->res.name = OBMM_PREIMPORT_RES_NAME;
+	pre->res.start = pre->range.start;
+	pre->res.end = pre->range.end;
+	pre->res.flags = IORESOURCE_MEM;
+	if (request_resource(obmm_fabric_window(node)->res, &pre->res)) {
+		ret = -EBUSY;
+		goto err_unlist;
+	}
+	/* add_memory_remote(numa_id, ..., MEMORY_KEEP_ISOLATED) */
+	nid = obmm_borrow_claim_node(cmd->numa_id);
+	if (nid == NUMA_NO_NODE) {
+		pr_err("preimport: no remote NUMA node %d\n", cmd->numa_id);
+		ret = -EPERM;
+		goto err_res;
+	}
+	pre->numa_id = nid;
+	cmd->numa_id = nid;
+	mutex_lock(&obmm_import_mutex);
+	pre->ready = true;
+	mutex_unlock(&obmm_import_mutex);
+	return 0;
+
+err_res:
+	release_resource(&pre->res);
+err_unlist:
+	obmm_preimport_unlist(pre);
+err_free:
+	obmm_preimport_free(pre);
+	return ret;
+}
+
 long obmm_declare_preimport_ioctl(void __user *uarg)
 {
 	struct obmm_cmd_preimport cmd;
-	u64 block = obmm_memory_block_size();
-	phys_addr_t start, end;
 	int ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EFAULT,
-				   "failed to load preimport argument");
-	if (cmd.length % block)
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "preimport length %#llx not aligned to %#llx",
-				   cmd.length, block);
-	if (cmd.pa % block)
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "preimport base PA %#llx not aligned to %#llx",
-				   cmd.pa, block);
-	if (check_add_overflow(cmd.pa, cmd.length, &end))
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "preimport PA range overflowed (pa=%#llx, length=%#llx)",
-				   cmd.pa, cmd.length);
-	if (!cmd.length)
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "invalid preimport length 0");
-	if (cmd.flags & ~OBMM_PREIMPORT_FLAG_MASK)
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "undefined preimport flags specified in %#llx",
-				   cmd.flags);
-	if (cmd.scna != obmm_fabric_cna())
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENODEV,
-				   "%#x is not a known scna (this node's primary_cna is %#x)",
-				   cmd.scna, obmm_fabric_cna());
-	if (obmm_base_dist_invalid(cmd.base_dist))
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "invalid numa base distance %u: reserved values used",
-				   cmd.base_dist);
-	if (!cmd.pa)
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL, "PA=0 unexpected");
-	start = cmd.pa;
-	end = start + cmd.length - 1;
-	mutex_lock(&obmm_import_mutex);
-	ret = obmm_range_overlaps(start, end) ? -EEXIST : 0;
-	mutex_unlock(&obmm_import_mutex);
-	if (ret)
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, ret,
-				   "PA range [%pa, %pa] overlaps another import or preimport range",
-				   &start, &end);
-	if (obmm_fabric_window_node(cmd.pa, cmd.length, NULL) < 0)
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "PA range invalid. Cacheable memory cannot be managed with preimport (pa=%#llx, length=%#llx is not inside one fabric window)",
-				   cmd.pa, cmd.length);
-	/* add_memory_remote(): no numa_remote in this kernel. */
-	return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EOPNOTSUPP,
-			   "emulator: remote NUMA memory hot-add is not supported (pa=%#llx, length=%#llx)",
-			   cmd.pa, cmd.length);
+		return -EFAULT;
+	/* Each declared range holds a module reference, as in the real driver. */
+	if (!try_module_get(THIS_MODULE))
+		return -EPERM;
+	ret = obmm_preimport_declare(&cmd);
+	if (ret) {
+		module_put(THIS_MODULE);
+		return ret;
+	}
+	/* The range stays declared, as in the real driver. */
+	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
+		return -EFAULT;
+	return 0;
 }
 
+/*
+ * UNDECLARE_PREIMPORT: EINVAL flags, EFAULT PA not registered, EINVAL a
+ * direct import, EAGAIN not ready, EINVAL not the exact range, EBUSY
+ * still imported from.
+ */
 long obmm_undeclare_preimport_ioctl(void __user *uarg)
 {
 	struct obmm_cmd_preimport cmd;
+	struct obmm_import_range *ir;
+	struct obmm_preimport *pre = NULL;
+	int ret = 0;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
 		return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EFAULT,
 				   "failed to load preimport argument");
 	if (cmd.flags & ~OBMM_UNPREIMPORT_FLAG_MASK)
-		return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EINVAL,
-				   "undefined unpreimport flags specified in %#llx",
-				   cmd.flags);
-	/* No preimport range can be registered (see top of file). */
-	return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EFAULT,
-			   "PA %#llx is not registered as preimport", cmd.pa);
+		return -EINVAL;
+	mutex_lock(&obmm_import_mutex);
+	ir = obmm_range_find(cmd.pa);
+	if (!ir)
+		ret = -EFAULT;
+	else if (!ir->pre)
+		ret = -EINVAL;
+	else if (!ir->pre->ready)
+		ret = -EAGAIN;
+	else if (ir->start != cmd.pa || ir->end != cmd.pa + cmd.length - 1)
+		ret = -EINVAL;
+	else if (ir->pre->use_count)
+		ret = -EBUSY;
+	if (!ret) {
+		pre = ir->pre;
+		list_del(&pre->range.link);
+	}
+	mutex_unlock(&obmm_import_mutex);
+	if (ret)
+		return ret;
+	release_resource(&pre->res);
+	obmm_borrow_release_node(pre->numa_id);
+	obmm_preimport_free(pre);
+	module_put(THIS_MODULE);
+	return 0;
 }

@@ -53,6 +53,7 @@
  * record had when the import was made.
  */
 struct obmm_pid_quarantine;
+struct obmm_preimport;
 
 struct obmm_export_dep {
 	int node;
@@ -139,13 +140,19 @@ struct obmm_region {
 
 	/* import */
 	struct resource ubmem_res;	/* "DIRECT_IMPORT_UBMEM" in iomem */
-	struct resource memid_res;	/* "MEMID_<id>", child of ubmem_res */
+	/* ubmem_res, or the "PREIMPORT_UBMEM" of the declaration it is in */
+	struct resource *ubmem;
+	/* "MEMID_<id>": child of ubmem (or of the borrowed "System RAM") */
+	struct resource memid_res;
 	char memid_name[OBMM_MEMID_NAME_LEN];
 	u32 scna;
 	u32 dcna;
 	int numa_id;
 	bool numa_remote;
 	bool preimport;
+	/* NUMA_REMOTE: the range is hot-added (borrow.c lock) */
+	bool plugged;
+	struct obmm_preimport *pre;	/* PREIMPORT: its declaration */
 	struct obmm_export_dep dep;
 	bool tracked;		/* under the revocation scan */
 };
@@ -243,6 +250,7 @@ long obmm_undeclare_preimport_ioctl(void __user *uarg);
 int obmm_imports_init(void);
 void obmm_imports_exit(void);
 unsigned long obmm_imports_revoke_scan(void);
+bool obmm_imports_own_borrow_pending(void);
 ssize_t obmm_imports_show_revoked(char *buf);
 
 /* shmdev.c */
@@ -296,6 +304,19 @@ int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
 			     struct obmm_export_dep *dep);
 const char *obmm_access_dep_lost(struct obmm_export_dep *dep,
 				 bool *unsure);
+
+/* borrow.c: NUMA_REMOTE memory hot-plug */
+u64 obmm_memory_block_bytes(void);
+void obmm_borrow_init(void);
+void obmm_borrow_lock(void);
+int obmm_borrow_lock_interruptible(void);
+void obmm_borrow_unlock(void);
+bool obmm_borrow_node_remote(int nid);
+int obmm_borrow_claim_node(int nid);
+void obmm_borrow_release_node(int nid);
+int obmm_borrow_add_locked(struct obmm_region *r, int nid);
+int obmm_borrow_remove_locked(struct obmm_region *r, bool keep_memid);
+struct resource *obmm_borrow_ram_res(struct obmm_region *r);
 
 /* ubc.c: the emulated UB controller's sysfs */
 int obmm_ubc_init(void);

@@ -226,13 +226,23 @@ static void obmm_pool_zero_work(struct work_struct *work)
 	}
 }
 
-static unsigned long obmm_pool_find(unsigned long n, bool fast)
+/*
+ * Free granules for an export of n granules, lowest first.  An export of
+ * whole memory blocks first looks for a block-aligned run: only such a
+ * range can be borrowed (NUMA_REMOTE hot-adds whole memory blocks, and a
+ * window maps the pool at its own physical offsets).
+ */
+static unsigned long obmm_pool_find_aligned(unsigned long n, bool fast,
+					    unsigned long align)
 {
-	unsigned long start = 0, idx, dirty;
+	unsigned long start = 0, idx, dirty, off;
 
+	/* Granule index 0 sits at the_pool.base, which may not be aligned. */
+	off = (the_pool.base / the_pool.granu) & align;
 	for (;;) {
-		idx = bitmap_find_next_zero_area(the_pool.used_map, the_pool.nr, start,
-						 n, 0);
+		idx = bitmap_find_next_zero_area_off(the_pool.used_map,
+						     the_pool.nr, start, n,
+						     align, off);
 		if (idx >= the_pool.nr || !fast)
 			return idx;
 		dirty = find_next_bit(the_pool.dirty_map, idx + n, idx);
@@ -240,6 +250,20 @@ static unsigned long obmm_pool_find(unsigned long n, bool fast)
 			return idx;
 		start = dirty + 1;
 	}
+}
+
+static unsigned long obmm_pool_find(unsigned long n, bool fast)
+{
+	u64 block = obmm_memory_block_bytes();
+	unsigned long idx, align = 0;
+
+	if (block > the_pool.granu && !(n * the_pool.granu % block)) {
+		align = block / the_pool.granu - 1;
+		idx = obmm_pool_find_aligned(n, fast, align);
+		if (idx < the_pool.nr)
+			return idx;
+	}
+	return obmm_pool_find_aligned(n, fast, 0);
 }
 
 /*

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from obmm.testbed import qemu
+from obmm.testbed import acpi, qemu
 from obmm.testbed import snapshot as snapshot_mod
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image, create_overlay
@@ -559,6 +559,13 @@ class Cluster:
         incoming: bool = False,
     ) -> None:
         """Start every QEMU at once, then check each bound its port (retry those that lost it)."""
+        # The ACPI tables are not part of a snapshot's files: a pure function of the shape.
+        acpi.write_tables(
+            self.rundir,
+            cpus=self.topology.cpus,
+            memory_bytes=self.topology.memory_mib << 20,
+            cluster_nodes=self.topology.nodes,
+        )
         avoid = _ports_in_use_by_clusters()
         ports = allocate_ports(self.topology.nodes, avoid=sorted(avoid))
         extras = [tuple(extra_args(i)) if extra_args else () for i in range(self.topology.nodes)]

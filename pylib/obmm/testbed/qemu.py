@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from obmm.testbed import acpi
 from obmm.testbed.errors import TestbedError
 
 MAX_NODES = 8
@@ -242,6 +243,9 @@ def kernel_cmdline(
         "rw",
         "panic=-1",
         f"mem={topology.kernel_mem_mib}M",
+        # Borrowed (NUMA_REMOTE) memory is onlined by the kernel as it is hot-added, into
+        # ZONE_MOVABLE so that no kernel allocation can keep UNIMPORT from removing it.
+        "memhp_default_state=online_movable",
         # EXPORT_PID tests pin hugetlbfs pages; reserved at boot, before memory fragments.
         f"hugepages={BOOT_HUGEPAGES}",
         "loglevel=7",
@@ -300,6 +304,8 @@ def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
         "-display",
         "none",
         "-no-reboot",
+        # The spare remote NUMA nodes borrowing hot-adds to (obmm.testbed.acpi).
+        *[a for t in acpi.table_paths(node.rundir) for a in ("-acpitable", f"file={t}")],
         *(["-bios", node.firmware] if node.firmware else []),
         "-kernel",
         str(node.kernel),
