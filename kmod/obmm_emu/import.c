@@ -382,7 +382,7 @@ unsigned long obmm_imports_revoke_scan(void)
 		   !!(borrowed & BIT(obmm_emu_node_id)));
 	mutex_unlock(&obmm_import_mutex);
 	if (borrowed)
-		queue_work(system_long_wq, &obmm_unplug_work);
+		queue_work(system_unbound_wq, &obmm_unplug_work);
 	return unsure_mask | borrowed;
 }
 

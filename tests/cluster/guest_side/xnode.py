@@ -120,19 +120,151 @@ def fetch(host: str, port: int, name: str) -> Handle:
     return exchange.fetch(host, port, name, connect_timeout=10, read_timeout=20)
 
 
-def import_handle(handle: Handle, *, tokenid: int | None = None) -> obmm.Import:
-    """Resolve the decoder address of `handle` and import it (the region persists)."""
+def import_handle(
+    handle: Handle, *, tokenid: int | None = None, flags: int = obmm.abi.OBMM_IMPORT_FLAG_ALLOW_MMAP
+) -> obmm.Import:
+    """Resolve the decoder address of `handle` and import it (the region persists).
+
+    `flags` NUMA_REMOTE borrows it: the result's numa_id is the node it was hot-added to.
+    """
     addr = decoder.default_decoder().resolve(handle.node_id, handle.uba, handle.length)
     with obmm.Obmm() as dev:
         return dev.import_(
             addr,
             handle.length,
+            flags=flags,
             scna=local_cna(),
             dcna=handle.scna,
             tokenid=handle.tokenid if tokenid is None else tokenid,
             seid=local_eid(),
             deid=handle.seid,
         )
+
+
+# -- borrowing (NUMA_REMOTE) -------------------------------------------------------------------
+
+PAGE = 4096
+# mbind(2) numbers (glibc has no wrapper; libnuma's is not installed).
+SYS_MBIND = {"x86_64": 237, "aarch64": 235}
+MPOL_BIND = 2
+
+
+def page_marker(marker: bytes, index: int) -> bytes:
+    """What `fill` writes at the start of page `index`: the marker, then the index."""
+    return marker + index.to_bytes(8, "little")
+
+
+def node_pages(address: int) -> dict[int, int]:
+    """Pages per NUMA node of the mapping at `address` (/proc/self/numa_maps)."""
+    for line in Path("/proc/self/numa_maps").read_text().splitlines():
+        fields = line.split()
+        if int(fields[0], 16) != address:
+            continue
+        return {int(f[1:].split("=")[0]): int(f.split("=")[1]) for f in fields
+                if f[0] == "N" and "=" in f}  # fmt: skip
+    return {}
+
+
+def mbind(address: int, size: int, node: int) -> None:
+    import ctypes
+    import platform
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    mask = ctypes.c_ulong(1 << node)
+    rc = libc.syscall(SYS_MBIND[platform.machine()], ctypes.c_void_p(address),
+                      ctypes.c_ulong(size), MPOL_BIND, ctypes.byref(mask),
+                      ctypes.c_ulong(node + 2), 0)  # fmt: skip
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mbind to node {node}: {os.strerror(err)}")
+
+
+def fill(args: argparse.Namespace) -> int:
+    """Fill `--size` bytes of fresh anonymous memory with page markers; report where they are.
+
+    Run under `numactl --membind=N`, or with `--mbind N` (only this buffer bound to N).  Writes
+    `ready` (JSON: pid, pages, pages per node).  With `--hold` it then waits: SIGUSR1 checks
+    every marker again and writes `<ready>.verified` (JSON: ok, pages per node); SIGTERM ends it.
+    `--pin` keeps the first page in a pipe (unmovable) until SIGUSR2 (then `<ready>.unpinned`).
+    """
+    import ctypes
+    import mmap as mmap_mod
+
+    marker = bytes.fromhex(args.marker)
+    buf = mmap_mod.mmap(-1, args.size, flags=mmap_mod.MAP_PRIVATE | mmap_mod.MAP_ANONYMOUS)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    if args.mbind is not None:
+        mbind(address, args.size, args.mbind)
+    pages = args.size // PAGE
+    for i in range(pages):
+        buf[i * PAGE : i * PAGE + len(marker) + 8] = page_marker(marker, i)
+    pinned: list[int] = []
+    if args.pin:
+        # A page held by a pipe (vmsplice) cannot be migrated: memory offlining must wait.
+        class IoVec(ctypes.Structure):
+            _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pinned = list(os.pipe())
+        iov = IoVec(address, PAGE)
+        if libc.vmsplice(pinned[1], ctypes.byref(iov), 1, 0) != PAGE:
+            raise OSError(ctypes.get_errno(), "vmsplice")
+    tmp = args.ready + ".tmp"
+    Path(tmp).write_text(json.dumps({"pid": os.getpid(), "pages": pages,
+                                     "nodes": node_pages(address)}))  # fmt: skip
+    os.replace(tmp, args.ready)
+    if not args.hold:
+        return 0
+
+    def on_usr1(signum: int, frame: object) -> None:
+        ok = all(buf[i * PAGE : i * PAGE + len(marker) + 8] == page_marker(marker, i)
+                 for i in range(pages))  # fmt: skip
+        Path(args.ready + ".verified").write_text(
+            json.dumps({"ok": ok, "nodes": node_pages(address)})
+        )
+
+    def on_usr2(signum: int, frame: object) -> None:
+        for fd in pinned:
+            os.close(fd)  # the pipe's reference to the page goes with it
+        pinned.clear()
+        Path(args.ready + ".unpinned").write_text("ok")
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+    signal.signal(signal.SIGUSR2, on_usr2)
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def find_markers(mem_id: int, marker: bytes) -> list[int]:
+    """The page indices whose markers this node finds in its region `mem_id` (sorted, unique)."""
+    found = set()
+    with obmm.ShmDev(mem_id) as shm, shm.mmap() as m:
+        data = m.read(0, m.length)
+    pos = data.find(marker)
+    while pos >= 0:
+        if pos % PAGE == 0:
+            found.add(int.from_bytes(data[pos + len(marker) : pos + len(marker) + 8], "little"))
+        pos = data.find(marker, pos + 1)
+    return sorted(found)
+
+
+def node_memory(node: int) -> int:
+    """MemTotal of NUMA node `node` in bytes (0 when the node is gone)."""
+    path = Path(f"/sys/devices/system/node/node{node}/meminfo")
+    if not path.exists():
+        return 0
+    for line in path.read_text().splitlines():
+        if "MemTotal:" in line:
+            return int(line.split()[-2]) * 1024
+    return 0
 
 
 def unimport(mem_id: int) -> None:
@@ -279,6 +411,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready", required=True)
     p.add_argument("--limit", type=float, default=120.0)
     p.set_defaults(func=touch_loop)
+    p = sub.add_parser("fill")
+    p.add_argument("--size", type=int, required=True)
+    p.add_argument("--marker", required=True, help="hex bytes written at every page start")
+    p.add_argument("--mbind", type=int, default=None)
+    p.add_argument("--hold", action="store_true")
+    p.add_argument("--pin", action="store_true", help="hold one page in a pipe until SIGUSR2")
+    p.add_argument("--ready", required=True)
+    p.set_defaults(func=fill)
     p = sub.add_parser("agent")
     p.set_defaults(func=agent)
     args = parser.parse_args(argv)

@@ -1,0 +1,169 @@
+"""Borrowing across nodes: node B hot-adds node A's export as memory of a remote NUMA node.
+
+A exports 128 MiB (one memory block) and publishes its handle; B imports it with NUMA_REMOTE,
+a NUMA node with that much memory appears on B, a process on B bound to it fills it with page
+markers, and A finds the markers through its own mapping of the export: the borrowed memory is
+A's RAM.  UNIMPORT removes the node's memory; revocation (A unexports while B borrows) makes B
+migrate the pages away and remove the memory before it acknowledges, so A's pool never hands out
+memory B's kernel still uses.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import pytest
+from test_xnode import A, B, Exporter, exporter
+from xharness import ClusterHarness
+
+pytestmark = pytest.mark.emulator_only
+
+SZ_128M = 128 << 20
+NUMA_REMOTE = 0x4
+MARKER = b"OBMM-BORROW-"
+# The process on B fills this much of the 128 MiB node (Python itself needs some of it).
+FILL = 96 << 20
+# Unexport -> B's scan -> migration of FILL under TCG -> removal -> ack -> A's pool free.
+REVOKE_UNPLUG_S = 120.0
+# How long B is watched holding revoked memory it cannot offline (quarantine_ms is 1 s).
+HELD_CHECK_S = 5.0
+
+
+def borrow_on(xc: ClusterHarness, exp: Exporter) -> tuple[int, int]:
+    """B fetches A's handle and imports it with NUMA_REMOTE: (mem_id, numa_id)."""
+    doc = xc.py_json(
+        B,
+        "import json, xnode\n"
+        f"h = xnode.fetch({exp.host!r}, {exp.port}, {exp.name!r})\n"
+        f"imp = xnode.import_handle(h, flags={NUMA_REMOTE})\n"
+        "print(json.dumps([imp.mem_id, imp.numa_id]))\n",
+        timeout=180,
+    )
+    return int(doc[0]), int(doc[1])
+
+
+def node_memory(xc: ClusterHarness, node: int, nid: int) -> int:
+    return int(xc.py_json(node, f"import json, xnode\nprint(json.dumps(xnode.node_memory({nid})))\n"))
+
+
+def borrowed_iomem(xc: ClusterHarness, node: int) -> str:
+    return xc.run(node, "grep -E 'System RAM \\(Remote\\)|MEMID_|IMPORT_UBMEM' /proc/iomem || true").out
+
+
+def memory_blocks_of(xc: ClusterHarness, node: int, nid: int) -> str:
+    return xc.run(node, f"ls -d /sys/devices/system/node/node{nid}/memory* 2>/dev/null || true").out
+
+
+def pool_used(xc: ClusterHarness, node: int) -> int:
+    out = xc.run(node, "cat /sys/kernel/obmm_mempool/obmm-*/used").out
+    return sum(int(v, 0) for v in out.split())
+
+
+def wait_pool_empty(xc: ClusterHarness, node: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    used = pool_used(xc, node)
+    while used and time.monotonic() < deadline:
+        time.sleep(1)
+        used = pool_used(xc, node)
+    return used
+
+
+def fill_on_b(xc: ClusterHarness, tmp: str, command_prefix: str, extra: str, name: str) -> dict:
+    ready = f"{tmp}/fill-{name}.json"
+    xc.spawn(
+        B,
+        f"exec {command_prefix}{xc.python} -m xnode fill --size {FILL} --marker {MARKER.hex()} "
+        f"{extra} --ready {ready}",
+        name=f"fill-{name}",
+    )
+    return dict(json.loads(xc.wait_file(B, ready, timeout=300, log=f"/tmp/fill-{name}.log")))
+
+
+def find_on_a(xc: ClusterHarness, exp: Exporter) -> list[int]:
+    return list(
+        xc.py_json(
+            A,
+            "import json, xnode\n"
+            f"print(json.dumps(xnode.find_markers({exp.mem_id}, {MARKER!r})))\n",
+            timeout=300,
+        )
+    )
+
+
+def test_b_borrows_a_memory_as_a_numa_node(xc: ClusterHarness, guest_tmp: str) -> None:
+    with exporter(xc, guest_tmp, size=SZ_128M, seed=21, name="borrow") as exp:
+        mem_id, nid = borrow_on(xc, exp)
+        try:
+            assert nid > 0, nid
+            assert node_memory(xc, B, nid) == SZ_128M
+            assert "System RAM (Remote)" in borrowed_iomem(xc, B)
+            # A process bound to the borrowed node (numactl --membind) fills it...
+            doc = fill_on_b(xc, guest_tmp, f"numactl --membind={nid} ", "", "membind")
+            pages = int(doc["pages"])
+            assert doc["nodes"] == {str(nid): pages}, doc
+            # ... and it ended; its bytes are A's RAM: A finds every page marker in its export.
+            found = find_on_a(xc, exp)
+            assert found == list(range(pages)), (len(found), found[:5], found[-5:])
+        finally:
+            xc.py(B, f"import xnode\nxnode.unimport({mem_id})\n", timeout=300)
+        assert node_memory(xc, B, nid) == 0
+        assert borrowed_iomem(xc, B) == ""
+        assert memory_blocks_of(xc, B, nid) == ""
+    assert wait_pool_empty(xc, A, 30) == 0
+
+
+def quarantined(xc: ClusterHarness, node: int) -> int:
+    return int(xc.run(node, "cat /sys/kernel/obmm_emu/quarantined").out.strip(), 0)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
+
+
+def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
+    xc: ClusterHarness, guest_tmp: str
+) -> None:
+    with exporter(xc, guest_tmp, size=SZ_128M, seed=22, name="revoked") as exp:
+        mem_id, nid = borrow_on(xc, exp)
+        try:
+            # Only the buffer is bound to the borrowed node, so the process lives on after the
+            # node's memory goes; one of its pages sits in a pipe, which keeps it from moving.
+            doc = fill_on_b(xc, guest_tmp, "", f"--mbind {nid} --hold --pin", "held")
+            pages, pid = int(doc["pages"]), int(doc["pid"])
+            assert doc["nodes"] == {str(nid): pages}, doc
+            xc.kill(A, exp.pid, "USR1")  # A unexports while B borrows
+            xc.wait_file(A, exp.ready + ".unexported")
+            # B revokes at once but cannot offline the pinned page: it keeps the memory and does
+            # not acknowledge, so A's unexported memory stays quarantined (never reused).
+            assert wait_until(
+                lambda: str(mem_id) in xc.run(B, "cat /sys/kernel/obmm_emu/revoked").out.split(),
+                30,
+            )
+            time.sleep(HELD_CHECK_S)
+            assert node_memory(xc, B, nid) == SZ_128M
+            assert quarantined(xc, A) == SZ_128M
+            # The pipe lets go: B migrates the pages to its own node, removes the memory,
+            # acknowledges, and A's memory comes back.
+            xc.kill(B, pid, "USR2")
+            xc.wait_file(B, f"{guest_tmp}/fill-held.json.unpinned")
+            assert wait_until(lambda: node_memory(xc, B, nid) == 0, REVOKE_UNPLUG_S)
+            assert "System RAM (Remote)" not in borrowed_iomem(xc, B)
+            assert memory_blocks_of(xc, B, nid) == ""
+            assert wait_until(lambda: quarantined(xc, A) == 0, REVOKE_UNPLUG_S)
+            assert pool_used(xc, A) == 0
+            # The process kept its data, now on B's own memory.
+            xc.kill(B, pid, "USR1")
+            verified = json.loads(xc.wait_file(B, f"{guest_tmp}/fill-held.json.verified"))
+            assert verified["ok"] is True
+            assert str(nid) not in verified["nodes"], verified
+            xc.kill(B, pid, "TERM")
+        finally:
+            xc.py(B, f"import xnode\nxnode.unimport({mem_id})\n", timeout=300)
+        assert borrowed_iomem(xc, B) == ""
