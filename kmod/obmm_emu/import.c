@@ -584,8 +584,24 @@ static int obmm_import_unplug(struct obmm_region *r)
 static int obmm_import_numa(struct obmm_region *r,
 			    const struct obmm_cmd_import *cmd)
 {
+	u64 block = obmm_memory_block_bytes();
 	int nid, ret;
 
+	/*
+	 * What add_memory_remote() refuses without touching anything (whole
+	 * memory blocks, a remote node) is refused before the UMMU check, as
+	 * every real check is; the hot-add may still fail after it.
+	 */
+	if (!IS_ALIGNED(cmd->addr, block) || !IS_ALIGNED(cmd->length, block)) {
+		pr_err("mem_id %d: remote NUMA memory must be whole %#llx blocks\n",
+		       r->id, block);
+		return -EPERM;
+	}
+	nid = r->pre ? r->numa_id : cmd->numa_id;
+	if (nid != NUMA_NO_NODE && !obmm_borrow_node_remote(nid)) {
+		pr_err("mem_id %d: node %d is not a remote NUMA node\n", r->id, nid);
+		return -EPERM;
+	}
 	ret = obmm_access_check_import(cmd->addr, cmd->length, cmd->tokenid,
 				       &r->dep);
 	if (ret)
@@ -596,7 +612,7 @@ static int obmm_import_numa(struct obmm_region *r,
 	ret = obmm_borrow_lock_interruptible();
 	if (ret)
 		return ret;
-	nid = obmm_borrow_add_locked(r, r->pre ? r->numa_id : cmd->numa_id);
+	nid = obmm_borrow_add_locked(r, nid);
 	obmm_borrow_unlock();
 	if (nid < 0) {
 		pr_err("mem_id %d: remote NUMA creation failed: %d\n", r->id, nid);

@@ -401,8 +401,8 @@ static void test_import(void)
 	check("IMPORT non-UB memory (guest RAM)", do_import(&c), EINVAL);
 	import_init(&c, addr, OBMM_SZ_2M, tok);
 	c.flags = OBMM_IMPORT_FLAG_NUMA_REMOTE;
-	check("IMPORT NUMA_REMOTE (emulator: unsupported)", do_import(&c),
-	      EOPNOTSUPP);
+	check("IMPORT NUMA_REMOTE of less than a memory block", do_import(&c),
+	      EPERM);
 	c.flags = OBMM_IMPORT_FLAG_NUMA_REMOTE | OBMM_IMPORT_FLAG_PREIMPORT;
 	check("IMPORT PREIMPORT without declaration", do_import(&c), EFAULT);
 	import_init(&c, addr, OBMM_SZ_2M, tok ^ 1);
@@ -523,15 +523,23 @@ static void test_preimport(void)
 			SZ_128M, 0, cna, 0), EEXIST);
 	unimport(ic.mem_id);
 	unexport(id);
-	check("DECLARE valid (emulator: no numa_remote)",
-	      preimport(OBMM_CMD_DECLARE_PREIMPORT, pa, SZ_128M, 0, cna, 0),
-	      EOPNOTSUPP);
 	check("UNDECLARE flags 1",
 	      preimport(OBMM_CMD_UNDECLARE_PREIMPORT, pa, SZ_128M, 1, cna, 0),
 	      EINVAL);
 	check("UNDECLARE not registered",
 	      preimport(OBMM_CMD_UNDECLARE_PREIMPORT, pa, SZ_128M, 0, cna, 0),
 	      EFAULT);
+	check("DECLARE valid",
+	      preimport(OBMM_CMD_DECLARE_PREIMPORT, pa, SZ_128M, 0, cna, 0), 0);
+	check("DECLARE overlapping a declaration",
+	      preimport(OBMM_CMD_DECLARE_PREIMPORT, pa, SZ_128M, 0, cna, 0),
+	      EEXIST);
+	check("UNDECLARE not the exact range",
+	      preimport(OBMM_CMD_UNDECLARE_PREIMPORT, pa, 2 * SZ_128M, 0, cna,
+			0), EINVAL);
+	check("UNDECLARE valid",
+	      preimport(OBMM_CMD_UNDECLARE_PREIMPORT, pa, SZ_128M, 0, cna, 0),
+	      0);
 }
 
 static int map_errno(int fd, size_t len, int prot, int flags, off_t off,

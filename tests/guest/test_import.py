@@ -185,15 +185,22 @@ def test_range_free_again_after_unimport(
 def test_failed_import_leaves_no_range(
     dev: obmm.Obmm, fabric: Fabric, target: int, token: int
 ) -> None:
-    expect_errno(errno.EOPNOTSUPP, dev.import_, target, SZ_2M, scna=fabric.cna, flags=NUMA)
+    expect_errno(
+        errno.EPERM, dev.import_, target, SZ_2M, scna=fabric.cna, flags=NUMA, tokenid=token
+    )
     expect_errno(errno.EACCES, dev.import_, target, SZ_2M, scna=fabric.cna, tokenid=token ^ 1)
     imp = dev.import_(target, SZ_2M, scna=fabric.cna, tokenid=token)
     dev.unimport(imp.mem_id)
 
 
-def test_numa_remote_is_eopnotsupp(dev: obmm.Obmm, fabric: Fabric, target: int) -> None:
-    """Emulator: no OLK numa_remote hot-add; all argument checks pass first."""
-    expect_errno(errno.EOPNOTSUPP, dev.import_, target, SZ_2M, scna=fabric.cna, flags=NUMA)
+def test_numa_remote_of_less_than_a_memory_block_is_eperm(
+    dev: obmm.Obmm, fabric: Fabric, target: int, token: int
+) -> None:
+    """add_memory_remote() refuses a range that is not whole memory blocks: EPERM (the
+    borrow itself is tested in test_borrow)."""
+    expect_errno(
+        errno.EPERM, dev.import_, target, SZ_2M, scna=fabric.cna, flags=NUMA, tokenid=token
+    )
 
 
 def test_preimport_without_declaration_is_efault(

@@ -1,19 +1,23 @@
-"""OBMM_CMD_DECLARE_PREIMPORT / OBMM_CMD_UNDECLARE_PREIMPORT.
+"""OBMM_CMD_DECLARE_PREIMPORT / OBMM_CMD_UNDECLARE_PREIMPORT and NUMA_REMOTE|PREIMPORT imports.
 
-Reference: obmm-uapi-and-driver.md section 2.6.  The emulator makes every
-argument check, then cannot hot-add remote memory (no OLK numa_remote):
-a valid declaration fails with EOPNOTSUPP, so nothing is ever registered.
+Reference: obmm-uapi-and-driver.md sections 2.4 (step 9, preimport) and 2.6
+(obmm_preimport.c@7863d54, obmm_preimport_prefilled.c@7863d54).  A declaration
+reserves a range of the window and a remote NUMA node; imports inside it take its
+memory blocks and hot-add them to that node.
 """
 
 from __future__ import annotations
 
 import errno
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from obmm_fixtures import SZ_2M, SZ_128M, Fabric, expect_errno, exported
+from obmm_fixtures import SZ_2M, SZ_128M, Fabric, expect_errno, exported, pool_total, pool_used
 
 import obmm
+from obmm import abi
 
 pytest_plugins = ["obmm_fixtures"]
 
@@ -94,10 +98,212 @@ def test_non_ub_memory_is_einval(dev: obmm.Obmm, fabric: Fabric, block: int) -> 
     expect_errno(errno.EINVAL, dev.declare_preimport, block, block, scna=fabric.cna)
 
 
-def test_valid_declaration_is_eopnotsupp(
+NUMA_PRE = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE | abi.OBMM_IMPORT_FLAG_PREIMPORT
+PROC = Path("/proc/obmm/preimport_info")
+HEADER = "pa_start - pa_end : dcna scna deid seid nid"  # padded in the file
+
+
+def preimport_lines() -> list[str]:
+    return PROC.read_text().splitlines()
+
+
+def module_refcount() -> int:
+    return int(Path("/sys/module/obmm_emu/refcnt").read_text())
+
+
+def node_memory(nid: int) -> int:
+    path = Path(f"/sys/devices/system/node/node{nid}/meminfo")
+    if not path.exists():
+        return 0
+    return next(int(ln.split()[-2]) * 1024 for ln in path.read_text().splitlines()
+                if "MemTotal:" in ln)  # fmt: skip
+
+
+@pytest.fixture
+def declared(dev: obmm.Obmm, fabric: Fabric, pa: int, block: int) -> Iterator[int]:
+    """A declaration of one block at `pa`; its node.  Undeclared at the end."""
+    nid = dev.declare_preimport(pa, block, scna=fabric.cna, dcna=7)
+    try:
+        yield nid
+    finally:
+        dev.undeclare_preimport(pa, block)
+
+
+@pytest.fixture
+def blk_export(dev: obmm.Obmm, fabric: Fabric, block: int) -> Iterator[obmm.Export]:
+    """A live export of one block at a block-aligned address; the declaration goes over it."""
+    if pool_total() - pool_used() < block:
+        pytest.skip("the pool has no free memory block")
+    with exported(dev, block) as exp:
+        if fabric.loopback_addr(dev, exp.mem_id) % block:
+            pytest.skip("the pool gave no block-aligned range")
+        yield exp
+
+
+def test_declaration_succeeds_and_is_listed(
     dev: obmm.Obmm, fabric: Fabric, pa: int, block: int
 ) -> None:
-    expect_errno(errno.EOPNOTSUPP, dev.declare_preimport, pa, block, scna=fabric.cna)
+    refs = module_refcount()
+    deid = bytes(range(16))
+    nid = dev.declare_preimport(pa, block, scna=fabric.cna, dcna=0x2A, deid=deid)
+    try:
+        assert nid > 0
+        assert module_refcount() == refs + 1  # a declared range holds the module
+        lines = preimport_lines()
+        assert lines[0].split() == HEADER.split()
+        assert len(lines) == 2
+        fields = re.split(r"\s+", lines[1].strip())
+        assert fields[:3] == [f"{pa:x}", "-", f"{pa + block - 1:x}"]
+        assert fields[4:6] == ["0x2a", f"{fabric.cna:#x}"]
+        assert fields[-1] == str(nid)
+        lo, hi = int.from_bytes(deid[:8], "little"), int.from_bytes(deid[8:], "little")
+        assert fields[6] == f"{hi:#018x}:{lo:#018x}"
+        # No memory is added before an import (emulator: nothing can be isolated).
+        assert node_memory(nid) == 0
+    finally:
+        dev.undeclare_preimport(pa, block)
+    assert preimport_lines() == [preimport_lines()[0]]
+    assert module_refcount() == refs
+
+
+def test_declaration_with_a_remote_numa_id_uses_it(
+    dev: obmm.Obmm, fabric: Fabric, pa: int, block: int
+) -> None:
+    possible = Path("/sys/devices/system/node/possible").read_text().strip()
+    top = int(possible.split("-")[-1])
+    nid = dev.declare_preimport(pa, block, scna=fabric.cna, numa_id=top)
+    dev.undeclare_preimport(pa, block)
+    assert nid == top
+
+
+def test_declaration_with_a_local_numa_id_is_eperm(
+    dev: obmm.Obmm, fabric: Fabric, pa: int, block: int
+) -> None:
+    iomem = Path("/proc/iomem").read_text()
+    expect_errno(errno.EPERM, dev.declare_preimport, pa, block, scna=fabric.cna, numa_id=0)
+    assert Path("/proc/iomem").read_text() == iomem
+    assert len(preimport_lines()) == 1
+
+
+def test_declaration_claims_iomem(
+    dev: obmm.Obmm, fabric: Fabric, pa: int, block: int, declared: int
+) -> None:
+    lines = [ln.strip() for ln in Path("/proc/iomem").read_text().splitlines()]
+    assert f"{pa:x}-{pa + block - 1:x} : PREIMPORT_UBMEM" in lines
+
+
+def test_overlapping_declaration_is_eexist(
+    dev: obmm.Obmm, fabric: Fabric, pa: int, block: int, declared: int
+) -> None:
+    expect_errno(errno.EEXIST, dev.declare_preimport, pa, 2 * block, scna=fabric.cna)
+
+
+def test_direct_import_into_declared_range_is_eexist(
+    dev: obmm.Obmm, fabric: Fabric, pa: int, declared: int
+) -> None:
+    expect_errno(errno.EEXIST, dev.import_, pa, SZ_2M, scna=fabric.cna)
+
+
+def test_undeclare_not_exact_range_is_einval(
+    dev: obmm.Obmm, pa: int, block: int, declared: int
+) -> None:
+    expect_errno(errno.EINVAL, dev.undeclare_preimport, pa, 2 * block)
+    expect_errno(errno.EINVAL, dev.undeclare_preimport, pa, block - SZ_2M)
+
+
+def test_undeclare_of_a_direct_import_is_einval(
+    dev: obmm.Obmm, fabric: Fabric, block: int
+) -> None:
+    with exported(dev) as exp:
+        imp = fabric.import_loopback(dev, exp)
+        try:
+            expect_errno(errno.EINVAL, dev.undeclare_preimport, imp.addr, block)
+        finally:
+            dev.unimport(imp.mem_id)
+
+
+# ---- NUMA_REMOTE | PREIMPORT imports ----
+
+
+def test_preimport_import_borrows_into_the_declared_node(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int
+) -> None:
+    addr = fabric.loopback_addr(dev, blk_export.mem_id)
+    nid = dev.declare_preimport(addr, block, scna=fabric.cna)
+    try:
+        imp = fabric.import_loopback(dev, blk_export, flags=NUMA_PRE, numa_id=-1)
+        try:
+            assert imp.numa_id == nid
+            assert node_memory(nid) == block
+            info = Path(f"/sys/devices/obmm/obmm_shmdev{imp.mem_id}/import_info")
+            assert (info / "preimport").read_text().strip() == "1"
+            assert (info / "numa_id").read_text().strip() == str(nid)
+            lines = [ln.strip() for ln in Path("/proc/iomem").read_text().splitlines()]
+            rng = f"{addr:x}-{addr + block - 1:x}"
+            assert f"{rng} : PREIMPORT_UBMEM" in lines
+            assert f"{rng} : System RAM (Remote)" in lines
+            assert f"{rng} : MEMID_{imp.mem_id}" in lines
+            # In use: the declaration cannot go, nor its blocks be taken twice.
+            expect_errno(errno.EBUSY, dev.undeclare_preimport, addr, block)
+            expect_errno(errno.EEXIST, fabric.import_loopback, dev, blk_export, flags=NUMA_PRE)
+        finally:
+            dev.unimport(imp.mem_id)
+        assert node_memory(nid) == 0
+    finally:
+        dev.undeclare_preimport(addr, block)
+
+
+def test_preimport_import_outside_declarations_is_efault(
+    dev: obmm.Obmm, fabric: Fabric, pa: int
+) -> None:
+    expect_errno(errno.EFAULT, dev.import_, pa, SZ_2M, scna=fabric.cna, flags=NUMA_PRE)
+
+
+def test_preimport_import_at_a_direct_import_is_einval(
+    dev: obmm.Obmm, fabric: Fabric
+) -> None:
+    with exported(dev) as exp:
+        imp = fabric.import_loopback(dev, exp)
+        try:
+            expect_errno(errno.EINVAL, dev.import_, imp.addr, SZ_2M, scna=fabric.cna,
+                         flags=NUMA_PRE)  # fmt: skip
+        finally:
+            dev.unimport(imp.mem_id)
+
+
+@pytest.mark.parametrize("field", ["dcna", "seid", "deid"])
+def test_preimport_import_with_another_datapath_is_einval(
+    dev: obmm.Obmm, fabric: Fabric, pa: int, block: int, declared: int, field: str
+) -> None:
+    # The declaration has dcna 7 and zero EIDs.
+    kw: dict[str, object] = {"dcna": 7}
+    kw[field] = 8 if field == "dcna" else b"\x01" * 16
+    expect_errno(errno.EINVAL, dev.import_, pa, block, scna=fabric.cna, flags=NUMA_PRE, **kw)
+
+
+def test_preimport_import_past_the_declaration_is_einval(
+    dev: obmm.Obmm, fabric: Fabric, pa: int, block: int, declared: int
+) -> None:
+    expect_errno(errno.EINVAL, dev.import_, pa, 2 * block, scna=fabric.cna, flags=NUMA_PRE,
+                 dcna=7)  # fmt: skip
+
+
+def test_preimport_import_not_block_aligned_is_eperm(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int
+) -> None:
+    addr = fabric.loopback_addr(dev, blk_export.mem_id)
+    dev.declare_preimport(addr, block, scna=fabric.cna)
+    try:
+        blocks = {p.name for p in Path("/sys/devices/system/memory").glob("memory[0-9]*")}
+        expect_errno(errno.EPERM, dev.import_, addr, SZ_2M, scna=fabric.cna, flags=NUMA_PRE,
+                     tokenid=blk_export.tokenid)  # fmt: skip
+        after = {p.name for p in Path("/sys/devices/system/memory").glob("memory[0-9]*")}
+        assert after == blocks
+        # The failed import gave its blocks back: a whole-block import works.
+        imp = fabric.import_loopback(dev, blk_export, flags=NUMA_PRE)
+        dev.unimport(imp.mem_id)
+    finally:
+        dev.undeclare_preimport(addr, block)
 
 
 def test_undeclare_flags_is_einval(dev: obmm.Obmm, pa: int, block: int) -> None:
@@ -108,6 +314,7 @@ def test_undeclare_unregistered_is_efault(dev: obmm.Obmm, pa: int, block: int) -
     expect_errno(errno.EFAULT, dev.undeclare_preimport, pa, block)
 
 
-def test_procfs_lists_no_preimport_range() -> None:
-    lines = Path("/proc/obmm/preimport_info").read_text().splitlines()
-    assert lines == ["pa_start - pa_end : dcna scna deid seid nid"]
+def test_procfs_header_without_declarations() -> None:
+    lines = preimport_lines()
+    assert lines[0].split() == HEADER.split()
+    assert len(lines) == 1

@@ -1,0 +1,465 @@
+"""NUMA_REMOTE imports ("borrow"): the window range becomes memory of a remote NUMA node.
+
+Reference: obmm-uapi-and-driver.md section 2.4 step 10 (obmm_import.c@bf00953,
+`setup_remote_numa()`: `add_memory_remote()` < 0 -> EPERM) and section 2.3 (UNIMPORT:
+`remove_memory_remote()`, whose errno is returned; openeuler-mirror/kernel
+drivers/base/numa_remote.c@6c696d0: it is offline_and_remove_memory()'s).  On one node these are
+loopback borrows: the node hot-adds its own export through its own window.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from obmm_fixtures import (
+    SZ_2M,
+    SZ_128M,
+    Fabric,
+    expect_errno,
+    exported,
+    pool_total,
+    pool_used,
+)
+
+import obmm
+from obmm import abi
+
+pytest_plugins = ["obmm_fixtures"]
+
+pytestmark = pytest.mark.emulator_only
+
+NUMA = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE
+NODE_SYSFS = Path("/sys/devices/system/node")
+MEMORY_SYSFS = Path("/sys/devices/system/memory")
+EMU_SYSFS = Path("/sys/kernel/obmm_emu")
+MARKER = b"OBMM-BORROW-GUEST"
+# Revocation -> unplug work -> migration of a few MiB -> removal, under TCG.
+UNPLUG_S = 60.0
+
+
+def online_nodes() -> set[int]:
+    return _node_list((NODE_SYSFS / "online").read_text())
+
+
+def possible_nodes() -> set[int]:
+    return _node_list((NODE_SYSFS / "possible").read_text())
+
+
+def _node_list(text: str) -> set[int]:
+    nodes: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        nodes.update(range(int(lo), int(hi or lo) + 1))
+    return nodes
+
+
+def remote_nodes() -> set[int]:
+    """Possible nodes without CPUs or memory: what borrowing hot-adds to."""
+    return possible_nodes() - online_nodes()
+
+
+def node_memory(nid: int) -> int:
+    path = NODE_SYSFS / f"node{nid}" / "meminfo"
+    if not path.exists():
+        return 0
+    for line in path.read_text().splitlines():
+        if "MemTotal:" in line:
+            return int(line.split()[-2]) * 1024
+    return 0
+
+
+def memory_blocks() -> set[str]:
+    return {p.name for p in MEMORY_SYSFS.glob("memory[0-9]*")}
+
+
+def iomem() -> str:
+    return Path("/proc/iomem").read_text()
+
+
+def quarantined() -> int:
+    return int((EMU_SYSFS / "quarantined").read_text().strip(), 0)
+
+
+def revoked_ids() -> list[str]:
+    return (EMU_SYSFS / "revoked").read_text().split()
+
+
+def wait_for(predicate: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+@pytest.fixture
+def block() -> int:
+    return int((MEMORY_SYSFS / "block_size_bytes").read_text().strip(), 16)
+
+
+@pytest.fixture
+def blk_export(dev: obmm.Obmm, fabric: Fabric, block: int) -> Iterator[obmm.Export]:
+    """A live export of one memory block at a block-aligned physical address."""
+    if pool_total() - pool_used() < block:
+        pytest.skip("the pool has no free memory block")
+    with exported(dev, block) as exp:
+        if fabric.loopback_addr(dev, exp.mem_id) % block:
+            pytest.skip("the pool gave no block-aligned range")
+        yield exp
+
+
+def borrow(dev: obmm.Obmm, fabric: Fabric, exp: obmm.Export, **kw: object) -> obmm.Import:
+    return fabric.import_loopback(dev, exp, flags=NUMA, **kw)
+
+
+# The process that uses borrowed memory: it binds a buffer to the node, writes a marker at every
+# page start, then answers commands on stdin: "verify" (markers intact? pages per node),
+# "unpin" (let go of the page held in a pipe), "exit".
+HOLDER = r"""
+import ctypes, json, mmap, os, platform, sys
+size, node, marker, pin = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3]), sys.argv[4] == "1"
+PAGE = 4096
+libc = ctypes.CDLL(None, use_errno=True)
+buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+mask = ctypes.c_ulong(1 << node)
+nr = {"x86_64": 237, "aarch64": 235}[platform.machine()]
+if libc.syscall(nr, ctypes.c_void_p(addr), ctypes.c_ulong(size), 2, ctypes.byref(mask), ctypes.c_ulong(node + 2), 0):
+    sys.exit("mbind: " + os.strerror(ctypes.get_errno()))
+def mark(i):
+    return marker + i.to_bytes(8, "little")
+for i in range(size // PAGE):
+    buf[i * PAGE:i * PAGE + len(marker) + 8] = mark(i)
+pipe = []
+if pin:
+    class IoVec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+    pipe = list(os.pipe())
+    if libc.vmsplice(pipe[1], ctypes.byref(IoVec(addr, PAGE)), 1, 0) != PAGE:
+        sys.exit("vmsplice failed")
+def nodes():
+    for line in open("/proc/self/numa_maps"):
+        f = line.split()
+        if int(f[0], 16) == addr:
+            return {x[1:].split("=")[0]: int(x.split("=")[1]) for x in f if x[0] == "N" and "=" in x}
+    return {}
+print(json.dumps({"nodes": nodes()}), flush=True)
+for cmd in sys.stdin:
+    cmd = cmd.strip()
+    if cmd == "verify":
+        ok = all(buf[i * PAGE:i * PAGE + len(marker) + 8] == mark(i) for i in range(size // PAGE))
+        print(json.dumps({"ok": ok, "nodes": nodes()}), flush=True)
+    elif cmd == "unpin":
+        for fd in pipe:
+            os.close(fd)
+        pipe = []
+        print(json.dumps({"unpinned": True}), flush=True)
+    else:
+        break
+"""
+
+
+class Holder:
+    def __init__(self, size: int, node: int, *, pin: bool = False) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(size), str(node), MARKER.hex(), "1" if pin else "0"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.first = self._reply()
+
+    def _reply(self) -> dict[str, object]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, f"holder died: {self.proc.wait()}"
+        return dict(json.loads(line))
+
+    def ask(self, cmd: str) -> dict[str, object]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+# ---- success: a node with the memory appears, UNIMPORT takes it away ----
+
+
+def test_numa_remote_import_hot_adds_a_remote_node(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int
+) -> None:
+    free = remote_nodes()
+    assert free, "the guest has no spare remote NUMA node"
+    blocks = memory_blocks()
+    imp = borrow(dev, fabric, blk_export)
+    try:
+        assert imp.numa_id == min(free)  # the first unused remote node
+        assert imp.numa_id in online_nodes()
+        assert node_memory(imp.numa_id) == block
+        assert list((NODE_SYSFS / f"node{imp.numa_id}").glob("memory[0-9]*"))
+        assert not (NODE_SYSFS / f"node{imp.numa_id}" / "cpulist").read_text().strip()
+        # Auto-onlined movable: no kernel allocation can keep UNIMPORT from removing it.
+        for mem in (NODE_SYSFS / f"node{imp.numa_id}").glob("memory[0-9]*"):
+            assert (mem / "state").read_text().strip() == "online"
+            assert (mem / "valid_zones").read_text().strip() == "Movable"
+        rng = f"{imp.addr:x}-{imp.addr + block - 1:x}"
+        lines = [ln.strip() for ln in iomem().splitlines()]
+        assert f"{rng} : DIRECT_IMPORT_UBMEM" in lines
+        assert f"{rng} : System RAM (Remote)" in lines
+        assert f"{rng} : MEMID_{imp.mem_id}" in lines
+        info = Path(f"/sys/devices/obmm/obmm_shmdev{imp.mem_id}")
+        assert (info / "allow_mmap").read_text().strip() == "0"
+        assert (info / "import_info" / "numa_id").read_text().strip() == str(imp.numa_id)
+        assert (info / "import_info" / "preimport").read_text().strip() == "0"
+    finally:
+        dev.unimport(imp.mem_id)
+    assert imp.numa_id not in online_nodes()
+    assert node_memory(imp.numa_id) == 0
+    assert memory_blocks() == blocks
+    assert "System RAM (Remote)" not in iomem()
+
+
+def test_borrowed_pages_are_the_exports_memory(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export
+) -> None:
+    imp = borrow(dev, fabric, blk_export)
+    try:
+        size = 8 * SZ_2M
+        holder = Holder(size, imp.numa_id)
+        try:
+            assert holder.first["nodes"] == {str(imp.numa_id): size // 4096}
+        finally:
+            holder.close()
+        # The exporter's own mapping holds what the process wrote into the borrowed node.
+        with obmm.ShmDev(blk_export.mem_id) as shm, shm.mmap() as m:
+            data = m.read(0, m.length)
+        found = {
+            int.from_bytes(data[p + len(MARKER) : p + len(MARKER) + 8], "little")
+            for p in range(0, len(data), 4096)
+            if data[p : p + len(MARKER)] == MARKER
+        }
+        assert found == set(range(size // 4096))
+    finally:
+        dev.unimport(imp.mem_id)
+
+
+def test_explicit_remote_numa_id_is_used(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export
+) -> None:
+    nid = max(remote_nodes())
+    imp = borrow(dev, fabric, blk_export, numa_id=nid)
+    try:
+        assert imp.numa_id == nid
+    finally:
+        dev.unimport(imp.mem_id)
+
+
+@pytest.mark.parametrize("base_dist", [0, 11, 255])
+def test_base_dist_is_accepted_distance_stays_the_boot_one(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, base_dist: int
+) -> None:
+    """Emulator: x86 Linux has no runtime distance update; the SLIT's 100 stays."""
+    imp = borrow(dev, fabric, blk_export, base_dist=base_dist)
+    try:
+        distances = (NODE_SYSFS / f"node{imp.numa_id}" / "distance").read_text().split()
+        assert distances[0] == "100"
+    finally:
+        dev.unimport(imp.mem_id)
+
+
+# ---- refused hot-adds: EPERM, nothing left behind ----
+
+
+def _expect_eperm_leaves_nothing(dev: obmm.Obmm, addr: int, length: int, **kw: object) -> None:
+    blocks, lines, online = memory_blocks(), iomem(), online_nodes()
+    expect_errno(errno.EPERM, dev.import_, addr, length, flags=NUMA, **kw)
+    assert memory_blocks() == blocks
+    assert iomem() == lines
+    assert online_nodes() == online
+
+
+@pytest.mark.parametrize("where", ["length", "addr"])
+def test_range_not_memory_block_aligned_is_eperm(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int, where: str
+) -> None:
+    addr = fabric.loopback_addr(dev, blk_export.mem_id)
+    if where == "length":
+        _expect_eperm_leaves_nothing(
+            dev, addr, block - SZ_2M, scna=fabric.cna, tokenid=blk_export.tokenid
+        )
+    else:
+        _expect_eperm_leaves_nothing(
+            dev, addr + SZ_2M, block - SZ_2M, scna=fabric.cna, tokenid=blk_export.tokenid
+        )
+
+
+@pytest.mark.parametrize("which", ["local", "impossible", "negative"])
+def test_numa_id_that_is_not_a_remote_node_is_eperm(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int, which: str
+) -> None:
+    nid = {"local": 0, "impossible": max(possible_nodes()) + 1, "negative": -5}[which]
+    addr = fabric.loopback_addr(dev, blk_export.mem_id)
+    _expect_eperm_leaves_nothing(
+        dev, addr, block, scna=fabric.cna, tokenid=blk_export.tokenid, numa_id=nid
+    )
+
+
+def test_no_unused_remote_node_is_eperm(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int
+) -> None:
+    """Preimport declarations reserve their nodes: once every remote node is reserved, a
+    NUMA_REMOTE import that asks for any node finds none (find_unused_remote_node())."""
+    addr = fabric.loopback_addr(dev, blk_export.mem_id)
+    # Declared ranges need not be exported: other blocks of the own window.
+    spare = [a for a in range(fabric.window_base(), fabric.window_base() + fabric.window_size(),
+                              block) if a != addr]  # fmt: skip
+    nodes = len(remote_nodes())
+    assert len(spare) > nodes
+    declared = []
+    try:
+        for pa in spare[:nodes]:
+            dev.declare_preimport(pa, block, scna=fabric.cna)
+            declared.append(pa)
+        expect_errno(errno.EPERM, dev.declare_preimport, spare[nodes], block, scna=fabric.cna)
+        _expect_eperm_leaves_nothing(dev, addr, block, scna=fabric.cna, tokenid=blk_export.tokenid)
+    finally:
+        for pa in declared:
+            dev.undeclare_preimport(pa, block)
+
+
+def test_token_check_comes_after_the_real_checks(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int
+) -> None:
+    addr = fabric.loopback_addr(dev, blk_export.mem_id)
+    _expect_eperm_leaves_nothing(dev, addr, SZ_2M, scna=fabric.cna, tokenid=0)
+    blocks = memory_blocks()
+    expect_errno(errno.EACCES, dev.import_, addr, block, scna=fabric.cna, flags=NUMA, tokenid=0)
+    assert memory_blocks() == blocks
+
+
+def test_borrowed_range_overlap_is_eexist(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int
+) -> None:
+    imp = borrow(dev, fabric, blk_export)
+    try:
+        expect_errno(errno.EEXIST, dev.import_, imp.addr, SZ_2M, scna=fabric.cna,
+                     tokenid=blk_export.tokenid)  # fmt: skip
+        expect_errno(errno.EEXIST, fabric.import_loopback, dev, blk_export, flags=NUMA)
+    finally:
+        dev.unimport(imp.mem_id)
+
+
+def test_borrowed_region_cannot_be_mmapped(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export
+) -> None:
+    imp = borrow(dev, fabric, blk_export)
+    try:
+        with obmm.ShmDev(imp.mem_id) as shm:
+            expect_errno(errno.EPERM, shm.mmap, SZ_2M)
+    finally:
+        dev.unimport(imp.mem_id)
+
+
+# ---- UNIMPORT while the memory is in use ----
+
+
+def test_unimport_migrates_pages_in_use(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export
+) -> None:
+    """offline_and_remove_memory() moves movable pages to other nodes: the process keeps its
+    data, now on node 0, and the node's memory is gone."""
+    imp = borrow(dev, fabric, blk_export)
+    holder = Holder(4 * SZ_2M, imp.numa_id)
+    try:
+        dev.unimport(imp.mem_id)
+        after = holder.ask("verify")
+        assert after["ok"] is True
+        assert str(imp.numa_id) not in after["nodes"]  # type: ignore[operator]
+        assert node_memory(imp.numa_id) == 0
+    finally:
+        holder.close()
+
+
+def test_unimport_with_a_pinned_page_waits_until_a_signal_eintr(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int
+) -> None:
+    """A page held by a pipe cannot migrate: memory offlining retries until a signal arrives,
+    and UNIMPORT fails with its EINTR; the import stays whole and is removable once the page
+    is let go."""
+    imp = borrow(dev, fabric, blk_export)
+    holder = Holder(4 * SZ_2M, imp.numa_id, pin=True)
+    old = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 2.0)
+        t0 = time.monotonic()
+        expect_errno(errno.EINTR, dev.unimport, imp.mem_id)
+        assert time.monotonic() - t0 >= 1.5
+        assert node_memory(imp.numa_id) == block
+        assert f"MEMID_{imp.mem_id}" in iomem()
+        assert Path(f"/dev/obmm_shmdev{imp.mem_id}").exists()
+        assert holder.ask("unpin") == {"unpinned": True}
+        dev.unimport(imp.mem_id)
+        assert holder.ask("verify")["ok"] is True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        holder.close()  # its pipe goes with it
+        if Path(f"/dev/obmm_shmdev{imp.mem_id}").exists():
+            dev.unimport(imp.mem_id)
+
+
+# ---- revocation of a borrowed range ----
+
+
+def test_unexport_while_borrowed_unplugs_before_the_memory_is_reused(
+    dev: obmm.Obmm, fabric: Fabric, block: int
+) -> None:
+    """Loopback: UNEXPORT revokes the borrow at once; the memory stays quarantined until the
+    revoked range is offlined and removed (a pinned page holds that up), then comes back."""
+    if pool_total() - pool_used() < block:
+        pytest.skip("the pool has no free memory block")
+    exp = dev.export(block)
+    imp = borrow(dev, fabric, exp)
+    holder = Holder(4 * SZ_2M, imp.numa_id, pin=True)
+    try:
+        dev.unexport(exp.mem_id)
+        assert str(imp.mem_id) in revoked_ids()
+        time.sleep(3)  # > quarantine_ms: only the borrow holds the memory now
+        assert node_memory(imp.numa_id) == block
+        assert quarantined() >= block
+        holder.ask("unpin")
+        assert wait_for(lambda: node_memory(imp.numa_id) == 0, UNPLUG_S)
+        assert "System RAM (Remote)" not in iomem()
+        assert f"MEMID_{imp.mem_id}" in iomem()  # the region lives on, revoked
+        assert wait_for(lambda: quarantined() == 0, UNPLUG_S)
+        verified = holder.ask("verify")
+        assert verified["ok"] is True
+    finally:
+        holder.close()
+        dev.unimport(imp.mem_id)
+    assert f"MEMID_{imp.mem_id}" not in iomem()
+
+
+def test_failed_numa_import_leaves_the_range_free(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int
+) -> None:
+    addr = fabric.loopback_addr(dev, blk_export.mem_id)
+    expect_errno(errno.EPERM, dev.import_, addr, SZ_2M, scna=fabric.cna, flags=NUMA,
+                 tokenid=blk_export.tokenid)  # fmt: skip
+    imp = borrow(dev, fabric, blk_export)
+    dev.unimport(imp.mem_id)
