@@ -36,126 +36,16 @@
 
 #include <ub/obmm.h>
 
+#define PROG "client"
 #include "obmm_exchange.h"
+#include "obmm_fetch.h"
 #include "obmm_handle.h"
 
-#define STRINGIFY_(x) #x
-#define STRINGIFY(x) STRINGIFY_(x)
 #define DEFAULT_DIM 341
 #define DEFAULT_ITERS 2000
 #define WARMUP 10
 #define SAMPLE_STRIDE 1021
 #define CHECK_ROW 42
-#define TIMEOUT_S 10
-#define EMU_SYSFS "/sys/kernel/obmm_emu"
-#define UBA_VALID (1ULL << 48)
-#define UBA_NODE_SHIFT 40
-#define UBA_PA_MASK ((1ULL << 40) - 1)
-
-static int read_u64(const char *path, unsigned long long *out)
-{
-	FILE *f = fopen(path, "r");
-	int ok;
-
-	if (!f)
-		return -1;
-	ok = fscanf(f, "%lli", (long long *)out) == 1;
-	fclose(f);
-	return ok ? 0 : -1;
-}
-
-static int fetch_handle(const char *host, const char *port, const char *name,
-			struct obmm_handle *h)
-{
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai;
-	struct timeval tv = { .tv_sec = TIMEOUT_S };
-	uint8_t req[4 + OBMM_EXCHANGE_HEAD + 256], lenbuf[4], resp[OBMM_EXCHANGE_MAX_FRAME];
-	size_t name_len = strlen(name);
-	enum obmm_handle_status st;
-	uint32_t len;
-	int fd, err;
-
-	if (name_len > 255)
-		return -1;
-	err = getaddrinfo(host, port, &hints, &ai);
-	if (err) {
-		fprintf(stderr, "client: %s: %s\n", host, gai_strerror(err));
-		return -1;
-	}
-	fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
-	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) ||
-	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) ||
-	    connect(fd, ai->ai_addr, ai->ai_addrlen)) {
-		fprintf(stderr, "client: connect %s:%s: %s\n", host, port, strerror(errno));
-		freeaddrinfo(ai);
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	freeaddrinfo(ai);
-	obmm_exchange_head(req, name_len, OBMM_EXCHANGE_OP_GET);
-	memcpy(req + 4 + OBMM_EXCHANGE_HEAD, name, name_len);
-	if (obmm_io_all(fd, req, 4 + OBMM_EXCHANGE_HEAD + name_len, 1) ||
-	    obmm_io_all(fd, lenbuf, 4, 0))
-		goto io_err;
-	len = (uint32_t)obmm_get_le(lenbuf, 4);
-	if (len < OBMM_EXCHANGE_HEAD || len > OBMM_EXCHANGE_MAX_FRAME ||
-	    obmm_io_all(fd, resp, len, 0))
-		goto io_err;
-	close(fd);
-	if (!obmm_exchange_head_ok(resp, len)) {
-		fprintf(stderr, "client: %s:%s is not an obmm exchange server\n", host, port);
-		return -1;
-	}
-	if (resp[5] != OBMM_EXCHANGE_ST_OK) {
-		fprintf(stderr, "client: server answered status %u: %.*s\n", resp[5],
-			(int)(len - OBMM_EXCHANGE_HEAD), (const char *)resp + OBMM_EXCHANGE_HEAD);
-		return -1;
-	}
-	st = obmm_handle_decode(resp + OBMM_EXCHANGE_HEAD, len - OBMM_EXCHANGE_HEAD, h);
-	if (st != OBMM_HANDLE_OK) {
-		fprintf(stderr, "client: bad handle: %s\n", obmm_handle_strerror(st));
-		return -1;
-	}
-	return 0;
-io_err:
-	fprintf(stderr, "client: exchange with %s:%s failed: %s\n", host, port,
-		errno ? strerror(errno) : "connection closed");
-	close(fd);
-	return -1;
-}
-
-/* The emulator's decoder: window onto the exporter's node + the exporter PA. */
-static int resolve_emulator(const struct obmm_handle *h, unsigned long long *addr)
-{
-	unsigned long long node, pa, base, size, wnode;
-	char path[128];
-
-	if (!(h->uba & UBA_VALID) || h->uba >> 49) {
-		fprintf(stderr, "client: UBA %#llx is not an obmm_emu UBA; pass --addr\n",
-			(unsigned long long)h->uba);
-		return -1;
-	}
-	node = (h->uba >> UBA_NODE_SHIFT) & 0xff;
-	pa = h->uba & UBA_PA_MASK;
-	snprintf(path, sizeof(path), EMU_SYSFS "/windows/%llu/node", node);
-	if (read_u64(path, &wnode) || wnode != node)
-		goto no_window;
-	snprintf(path, sizeof(path), EMU_SYSFS "/windows/%llu/base", node);
-	if (read_u64(path, &base))
-		goto no_window;
-	snprintf(path, sizeof(path), EMU_SYSFS "/windows/%llu/size", node);
-	if (read_u64(path, &size) || pa + h->length > size) {
-		fprintf(stderr, "client: export is outside the window onto node %llu\n", node);
-		return -1;
-	}
-	*addr = base + pa;
-	return 0;
-no_window:
-	fprintf(stderr, "client: no decoder window onto node %llu (%s); pass --addr\n",
-		node, path);
-	return -1;
-}
 
 static double now_ns(void)
 {

@@ -75,7 +75,8 @@ static DECLARE_WORK(obmm_unplug_work, obmm_unplug_work_fn);
 
 #define OBMM_PROC_DIR		"obmm"
 #define OBMM_PROC_PREIMPORT	"preimport_info"
-#define OBMM_PROC_MODE		0400
+/* The real driver passes mode 0 to proc_create_seq(): 0444. */
+#define OBMM_PROC_MODE		0444
 #define OBMM_PREIMPORT_RES_NAME	"PREIMPORT_UBMEM"
 
 /* /proc/obmm/preimport_info column widths (the real driver's). */

@@ -72,6 +72,11 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("UNIMPORT", "EINVAL"): ("flags != 0", "mem_id names an export, not an import"),
     ("UNIMPORT", "EBUSY"): (
         "a /dev/obmm_shmdev<id> file is still open or mapped, or the region is being created",
+        "NUMA_REMOTE: memory offlining found an unmovable page on the borrowed node",
+    ),
+    ("UNIMPORT", "EINTR"): (
+        "NUMA_REMOTE: a signal arrived while memory offlining waited for a page of the "
+        "borrowed node that could not move yet (pinned, e.g. held by a pipe); retry",
     ),
     ("IMPORT", "EINVAL"): (
         "flags outside 0x7, not exactly one of ALLOW_MMAP / NUMA_REMOTE, or "
@@ -94,6 +99,8 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("IMPORT", "EPERM"): (
         "NUMA_REMOTE hot-add failed (length/addr not memory-block multiples: "
         "128 MiB with 4K pages)",
+        "NUMA_REMOTE: numa_id is not a remote NUMA node, or no remote node is unused "
+        "(each borrow without numa_id takes a new one; preimport declarations reserve theirs)",
     ),
     ("IMPORT", "EAGAIN"): ("the preimport range is not ready yet",),
     ("ADDR_QUERY", "ENOENT"): ("no active region contains this PA, or no such mem_id",),
@@ -105,7 +112,10 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("DECLARE_PREIMPORT", "ENODEV"): ("unknown scna",),
     ("DECLARE_PREIMPORT", "EEXIST"): ("the range overlaps another import or preimport",),
     ("DECLARE_PREIMPORT", "EBUSY"): ("iomem resource conflict",),
-    ("DECLARE_PREIMPORT", "EPERM"): ("module is unloading, or the memory hot-add failed",),
+    ("DECLARE_PREIMPORT", "EPERM"): (
+        "module is unloading, or the memory hot-add failed (numa_id not a remote node, or "
+        "no unused remote node left)",
+    ),
     ("UNDECLARE_PREIMPORT", "EINVAL"): (
         "flags != 0, the PA is not a preimport range, or pa/length do not match "
         "the declaration exactly",

@@ -45,11 +45,15 @@ def borrow_on(xc: ClusterHarness, exp: Exporter) -> tuple[int, int]:
 
 
 def node_memory(xc: ClusterHarness, node: int, nid: int) -> int:
-    return int(xc.py_json(node, f"import json, xnode\nprint(json.dumps(xnode.node_memory({nid})))\n"))
+    return int(
+        xc.py_json(node, f"import json, xnode\nprint(json.dumps(xnode.node_memory({nid})))\n")
+    )
 
 
 def borrowed_iomem(xc: ClusterHarness, node: int) -> str:
-    return xc.run(node, "grep -E 'System RAM \\(Remote\\)|MEMID_|IMPORT_UBMEM' /proc/iomem || true").out
+    return xc.run(
+        node, "grep -E 'System RAM \\(Remote\\)|MEMID_|IMPORT_UBMEM' /proc/iomem || true"
+    ).out
 
 
 def memory_blocks_of(xc: ClusterHarness, node: int, nid: int) -> str:

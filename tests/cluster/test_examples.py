@@ -94,3 +94,33 @@ def test_examples_end_to_end(xc: ClusterHarness, built: None) -> None:
         xc.run(A, f"for i in $(seq 100); do kill -0 {pid} 2>/dev/null || exit 0; sleep 0.1; done;"
                " exit 1", timeout=60)  # fmt: skip
         assert not xc.run(A, f"test -e /dev/obmm_shmdev{mem_ids[kind]}", check=False).ok
+
+
+def test_borrow_examples(xc: ClusterHarness, built: None) -> None:
+    """The borrowers (C and Python) against the C exporter's 128 MiB export."""
+    port = random.randint(30000, 39999)
+    host = xc.ip(A)
+    log = "/tmp/example-exporter-borrow.log"
+    pid = xc.spawn(
+        A, f"exec {xc.examples}/c/exporter --bind {host} --port {port} --size 128",
+        name="example-exporter-borrow",
+    )  # fmt: skip
+    try:
+        _wait_log(xc, A, log, "serving handle")
+        c = xc.run(B, f"{xc.examples}/c/borrower {host} --port {port}", timeout=300, check=False)
+        print(f"--- C borrower ---\n{c.out}")
+        assert c.ok, f"C borrower: exit {c.exit_status}\n{c.out}\n{c.err}"
+        node = int(re.search(r"on NUMA node (\d+) \(128 MiB\)", c.out).group(1))  # type: ignore[union-attr]
+        assert "16384 of 16384 pages on node" in c.out
+        assert f"unimported; node {node} has 0 MiB" in c.out
+        py = xc.run(
+            B, f"env {xc.env(B)} {xc.python} {xc.examples}/python/borrower.py {host} --port {port}",
+            timeout=300, check=False,
+        )  # fmt: skip
+        print(f"--- Python borrower ---\n{py.out}")
+        assert py.ok, f"Python borrower: exit {py.exit_status}\n{py.out}\n{py.err}"
+        assert re.search(r"pages per node: N\d+=8192$", py.out, re.M), py.out
+        assert "has 0 MiB" in py.out
+    finally:
+        xc.kill(A, pid, "TERM")
+    _wait_log(xc, A, log, "stopping", timeout=60)

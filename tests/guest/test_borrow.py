@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from obmm_fixtures import (
     SZ_2M,
-    SZ_128M,
     Fabric,
     expect_errno,
     exported,
@@ -126,14 +125,16 @@ def borrow(dev: obmm.Obmm, fabric: Fabric, exp: obmm.Export, **kw: object) -> ob
 # "unpin" (let go of the page held in a pipe), "exit".
 HOLDER = r"""
 import ctypes, json, mmap, os, platform, sys
-size, node, marker, pin = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3]), sys.argv[4] == "1"
+size, node = int(sys.argv[1]), int(sys.argv[2])
+marker, pin = bytes.fromhex(sys.argv[3]), sys.argv[4] == "1"
 PAGE = 4096
 libc = ctypes.CDLL(None, use_errno=True)
 buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
 mask = ctypes.c_ulong(1 << node)
 nr = {"x86_64": 237, "aarch64": 235}[platform.machine()]
-if libc.syscall(nr, ctypes.c_void_p(addr), ctypes.c_ulong(size), 2, ctypes.byref(mask), ctypes.c_ulong(node + 2), 0):
+if libc.syscall(nr, ctypes.c_void_p(addr), ctypes.c_ulong(size), 2, ctypes.byref(mask),
+                ctypes.c_ulong(node + 2), 0):
     sys.exit("mbind: " + os.strerror(ctypes.get_errno()))
 def mark(i):
     return marker + i.to_bytes(8, "little")
@@ -150,7 +151,8 @@ def nodes():
     for line in open("/proc/self/numa_maps"):
         f = line.split()
         if int(f[0], 16) == addr:
-            return {x[1:].split("=")[0]: int(x.split("=")[1]) for x in f if x[0] == "N" and "=" in x}
+            return {x[1:].split("=")[0]: int(x.split("=")[1])
+                    for x in f if x[0] == "N" and "=" in x}
     return {}
 print(json.dumps({"nodes": nodes()}), flush=True)
 for cmd in sys.stdin:

@@ -211,9 +211,7 @@ def test_undeclare_not_exact_range_is_einval(
     expect_errno(errno.EINVAL, dev.undeclare_preimport, pa, block - SZ_2M)
 
 
-def test_undeclare_of_a_direct_import_is_einval(
-    dev: obmm.Obmm, fabric: Fabric, block: int
-) -> None:
+def test_undeclare_of_a_direct_import_is_einval(dev: obmm.Obmm, fabric: Fabric, block: int) -> None:
     with exported(dev) as exp:
         imp = fabric.import_loopback(dev, exp)
         try:
@@ -259,9 +257,7 @@ def test_preimport_import_outside_declarations_is_efault(
     expect_errno(errno.EFAULT, dev.import_, pa, SZ_2M, scna=fabric.cna, flags=NUMA_PRE)
 
 
-def test_preimport_import_at_a_direct_import_is_einval(
-    dev: obmm.Obmm, fabric: Fabric
-) -> None:
+def test_preimport_import_at_a_direct_import_is_einval(dev: obmm.Obmm, fabric: Fabric) -> None:
     with exported(dev) as exp:
         imp = fabric.import_loopback(dev, exp)
         try:
@@ -315,6 +311,7 @@ def test_undeclare_unregistered_is_efault(dev: obmm.Obmm, pa: int, block: int) -
 
 
 def test_procfs_header_without_declarations() -> None:
+    assert PROC.stat().st_mode & 0o777 == 0o444
     lines = preimport_lines()
     assert lines[0].split() == HEADER.split()
     assert len(lines) == 1

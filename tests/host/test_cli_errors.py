@@ -31,6 +31,7 @@ PROVOKED = {
     "up": ["up", "--topology", "nosuch"],
     "down": ["down", "--name", "nosuch"],
     "status": ["status", "--name", "nosuch"],
+    "numa": ["numa", "--name", "nosuch"],
     "ssh": ["ssh", "--name", "nosuch", "0", "--", "true"],
     "cp": ["cp", "--name", "nosuch", "/etc/hostname", "0:/tmp"],
     "console": ["console", "--name", "nosuch", "0"],

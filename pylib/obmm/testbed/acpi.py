@@ -54,9 +54,7 @@ def remote_nodes(cluster_nodes: int) -> int:
 
 def _table(signature: bytes, revision: int, body: bytes) -> bytes:
     length = _HEADER.size + len(body)
-    head = _HEADER.pack(
-        signature, length, revision, 0, _OEM_ID, _OEM_TABLE_ID, 1, _CREATOR, 1
-    )
+    head = _HEADER.pack(signature, length, revision, 0, _OEM_ID, _OEM_TABLE_ID, 1, _CREATOR, 1)
     raw = bytearray(head + body)
     raw[9] = (-sum(raw)) & 0xFF  # checksum: all bytes sum to 0 mod 256
     return bytes(raw)

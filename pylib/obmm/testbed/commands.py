@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from obmm.testbed import qemu, snapshot
+from obmm.testbed import numaview, qemu, snapshot
 from obmm.testbed.cluster import (
     DEFAULT_NAME,
     ENV_NAME,
@@ -91,6 +91,10 @@ def register(sub: Any) -> None:
     # REMAINDER, split by hand at `--`: argparse cannot mix options after NODE with a command.
     p.add_argument("rest", nargs=argparse.REMAINDER, help="NODE [-- CMD [ARGS...]]")
     p.set_defaults(func=cmd_ssh)
+
+    p = sub.add_parser("numa", help="show each node's NUMA nodes and borrowed (NUMA_REMOTE) memory")
+    numaview.add_arguments(p)
+    p.set_defaults(func=numaview.command)
 
     p = sub.add_parser("cp", help="copy files: SRC NODE:DST or NODE:SRC DST")
     _name(p)
