@@ -103,13 +103,18 @@ def test_b_borrows_a_memory_as_a_numa_node(xc: ClusterHarness, guest_tmp: str) -
             assert nid > 0, nid
             assert node_memory(xc, B, nid) == SZ_128M
             assert "System RAM (Remote)" in borrowed_iomem(xc, B)
-            # A process bound to the borrowed node (numactl --membind) fills it...
-            doc = fill_on_b(xc, guest_tmp, f"numactl --membind={nid} ", "", "membind")
-            pages = int(doc["pages"])
-            assert doc["nodes"] == {str(nid): pages}, doc
-            # ... and it ended; its bytes are A's RAM: A finds every page marker in its export.
+            # A process bound to the borrowed node (numactl --membind) fills it and waits...
+            doc = fill_on_b(xc, guest_tmp, f"numactl --membind={nid} ", "--hold", "membind")
+            pages, pid = int(doc["pages"]), int(doc["pid"])
+            # numa_maps may merge the buffer with a neighbouring mapping: at least its pages.
+            assert set(doc["nodes"]) == {str(nid)} and doc["nodes"][str(nid)] >= pages, doc
+            # ... its bytes are A's RAM: A finds every page marker in its own export.
             found = find_on_a(xc, exp)
             assert found == list(range(pages)), (len(found), found[:5], found[-5:])
+            # The process ends (its memory is free again), then B gives the memory back.
+            xc.kill(B, pid, "TERM")
+            xc.run(B, f"for i in $(seq 100); do kill -0 {pid} 2>/dev/null || exit 0; "
+                   "sleep 0.2; done; exit 1", timeout=60)  # fmt: skip
         finally:
             xc.py(B, f"import xnode\nxnode.unimport({mem_id})\n", timeout=300)
         assert node_memory(xc, B, nid) == 0
@@ -141,7 +146,7 @@ def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
             # node's memory goes; one of its pages sits in a pipe, which keeps it from moving.
             doc = fill_on_b(xc, guest_tmp, "", f"--mbind {nid} --hold --pin", "held")
             pages, pid = int(doc["pages"]), int(doc["pid"])
-            assert doc["nodes"] == {str(nid): pages}, doc
+            assert doc["nodes"].get(str(nid), 0) >= pages, doc
             xc.kill(A, exp.pid, "USR1")  # A unexports while B borrows
             xc.wait_file(A, exp.ready + ".unexported")
             # B revokes at once but cannot offline the pinned page: it keeps the memory and does
