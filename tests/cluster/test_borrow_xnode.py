@@ -11,6 +11,8 @@ memory B's kernel still uses.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 
@@ -173,6 +175,36 @@ def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
             assert verified["ok"] is True
             assert str(nid) not in verified["nodes"], verified
             xc.kill(B, pid, "TERM")
+        finally:
+            xc.py(B, f"import xnode\nxnode.unimport({mem_id})\n", timeout=300)
+        assert borrowed_iomem(xc, B) == ""
+
+
+def test_stalled_exporter_is_dead_and_the_borrow_is_unplugged(
+    xc: ClusterHarness, guest_tmp: str
+) -> None:
+    """A's QEMU stops: B declares A dead (8 x 250 ms), revokes the borrow and moves the pages
+    off it (A's RAM file is still mapped, its bytes still valid) before it drops the memory."""
+    pid_of = getattr(xc.cluster.nodes[A], "pid", None)
+    if not isinstance(pid_of, int):
+        pytest.skip("needs a QEMU node 0 whose process can be stopped")
+    with exporter(xc, guest_tmp, size=SZ_128M, seed=23, name="stalled") as exp:
+        mem_id, nid = borrow_on(xc, exp)
+        try:
+            doc = fill_on_b(xc, guest_tmp, "", f"--mbind {nid} --hold", "stalled")
+            pid = int(doc["pid"])
+            os.kill(pid_of, signal.SIGSTOP)
+            try:
+                assert wait_until(lambda: node_memory(xc, B, nid) == 0, REVOKE_UNPLUG_S)
+                assert str(mem_id) in xc.run(B, "cat /sys/kernel/obmm_emu/revoked").out.split()
+                assert "System RAM (Remote)" not in borrowed_iomem(xc, B)
+                xc.kill(B, pid, "USR1")
+                verified = json.loads(xc.wait_file(B, f"{guest_tmp}/fill-stalled.json.verified"))
+                assert verified["ok"] is True
+                assert str(nid) not in verified["nodes"], verified
+                xc.kill(B, pid, "TERM")
+            finally:
+                os.kill(pid_of, signal.SIGCONT)
         finally:
             xc.py(B, f"import xnode\nxnode.unimport({mem_id})\n", timeout=300)
         assert borrowed_iomem(xc, B) == ""
