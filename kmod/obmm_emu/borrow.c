@@ -61,9 +61,15 @@ void obmm_borrow_init(void)
 		nodes_weight(obmm_remote_nodes));
 }
 
-void obmm_borrow_lock(void)
+/*
+ * For the unplug work: an UNIMPORT may hold the lock for as long as its
+ * removal waits for a pinned page (until a signal); the work must not
+ * sleep uninterruptibly behind it (a hung task), it is queued again by
+ * the next scan.
+ */
+bool obmm_borrow_trylock(void)
 {
-	mutex_lock(&obmm_borrow_mutex);
+	return mutex_trylock(&obmm_borrow_mutex);
 }
 
 /* For ioctls: a long removal elsewhere must not make them unkillable. */

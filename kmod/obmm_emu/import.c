@@ -403,7 +403,8 @@ static void obmm_unplug_work_fn(struct work_struct *work)
 	struct obmm_region *r;
 	int ret;
 
-	obmm_borrow_lock();
+	if (!obmm_borrow_trylock())
+		return;
 	for (;;) {
 		r = NULL;
 		mutex_lock(&obmm_import_mutex);
