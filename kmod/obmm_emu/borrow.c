@@ -61,6 +61,11 @@ void obmm_borrow_init(void)
 		nodes_weight(obmm_remote_nodes));
 }
 
+void obmm_borrow_lock(void)
+{
+	mutex_lock(&obmm_borrow_mutex);
+}
+
 /*
  * For the unplug work: an UNIMPORT may hold the lock for as long as its
  * removal waits for a pinned page (until a signal); the work must not

@@ -560,16 +560,20 @@ static void obmm_import_release_iomem(struct obmm_region *r)
 		release_resource(&r->ubmem_res);
 }
 
-/* Take a borrowed range out again (rollback and UNIMPORT). */
-static int obmm_import_unplug(struct obmm_region *r)
+/*
+ * Take a borrowed range out again: UNIMPORT (a signal may end the wait
+ * for the lock) and IMPORT's rollback (which must not stop half-way).
+ */
+static int obmm_import_unplug(struct obmm_region *r, bool rollback)
 {
 	int ret;
 
 	if (!r->numa_remote)
 		return 0;
-	ret = obmm_borrow_lock_interruptible();
-	if (ret)
-		return ret;
+	if (rollback)
+		obmm_borrow_lock();
+	else if (obmm_borrow_lock_interruptible())
+		return -EINTR;
 	ret = obmm_borrow_remove_locked(r, false);
 	obmm_borrow_unlock();
 	return ret;
@@ -730,7 +734,7 @@ long obmm_import_ioctl(void __user *uarg)
 err_unplug:
 	if (r->memid_res.parent)
 		release_resource(&r->memid_res);
-	WARN_ON(obmm_import_unplug(r));
+	WARN_ON(obmm_import_unplug(r, true));
 err_iomem:
 	obmm_import_release_iomem(r);
 	if (r->pre)
@@ -760,7 +764,7 @@ long obmm_unimport_ioctl(void __user *uarg)
 	if (ret)
 		return ret;
 	/* remove_memory_remote()'s errno when the memory cannot go yet. */
-	ret = obmm_import_unplug(r);
+	ret = obmm_import_unplug(r, false);
 	if (ret) {
 		obmm_region_reactivate(r);
 		return ret;

@@ -308,6 +308,7 @@ const char *obmm_access_dep_lost(struct obmm_export_dep *dep,
 /* borrow.c: NUMA_REMOTE memory hot-plug */
 u64 obmm_memory_block_bytes(void);
 void obmm_borrow_init(void);
+void obmm_borrow_lock(void);
 int obmm_borrow_lock_interruptible(void);
 bool obmm_borrow_trylock(void);
 void obmm_borrow_unlock(void);
