@@ -605,6 +605,30 @@ static void obmm_pool_free_maps(void)
 	the_pool.res = NULL;
 }
 
+static int obmm_pool_ram_end_cb(struct resource *res, void *arg)
+{
+	phys_addr_t *end = arg;
+
+	if (!(res->flags & IORESOURCE_SYSRAM_DRIVER_MANAGED))
+		*end = max_t(phys_addr_t, *end, res->end + 1);
+	return 0;
+}
+
+/*
+ * The end of the kernel's own RAM (mem=): of the System RAM that is not
+ * driver-managed.  Not high_memory: a borrow's hot-add (borrow.c) raises
+ * it to the window it added and removing the memory does not lower it.
+ */
+static phys_addr_t obmm_pool_ram_end(void)
+{
+	phys_addr_t end = 0;
+
+	walk_iomem_res_desc(IORES_DESC_NONE,
+			    IORESOURCE_SYSTEM_RAM | IORESOURCE_BUSY, 0, -1,
+			    &end, obmm_pool_ram_end_cb);
+	return end ?: virt_to_phys(high_memory - 1) + 1;
+}
+
 /*
  * The pool in [RAM end, win_size) of this node, and its sysfs.  No room
  * for a pool is not an error: EXPORT then fails with -ENODEV.  scan_ms is
@@ -623,7 +647,7 @@ int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms)
 	quarantine_ms = max(quarantine_ms,
 			    OBMM_EMU_QUARANTINE_MIN_SCANS * scan_ms);
 
-	ram_end = virt_to_phys(high_memory - 1) + 1;
+	ram_end = obmm_pool_ram_end();
 	base = pool_base ? pool_base : ram_end;
 	base = ALIGN(base, the_pool.granu);
 	if (pool_size)
