@@ -256,29 +256,38 @@ static int obmm_preimport_commit(struct obmm_region *r,
 	mutex_lock(&obmm_import_mutex);
 	ir = obmm_range_find(start);
 	if (!ir) {
-		ret = -EFAULT;
+		ret = obmm_refuse(OBMM_OP_IMPORT, -EFAULT,
+				  "No information found with PA requested (pa=%pa)", &start);
 		goto out;
 	}
 	pre = ir->pre;
 	if (!pre) {
-		ret = -EINVAL;
+		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				  "PA requested is not a preimport address (pa=%pa)", &start);
 		goto out;
 	}
 	if (!pre->ready) {
-		ret = -EAGAIN;
+		ret = obmm_refuse(OBMM_OP_IMPORT, -EAGAIN,
+				  "preimport requested not ready yet (pa=%pa)", &start);
 		goto out;
 	}
 	if (obmm_preimport_datapath_differs(pre, cmd)) {
-		ret = -EINVAL;
+		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				  "scna/dcna/seid/deid differ from the preimport declaration of [%pa, %pa]",
+				  &ir->start, &ir->end);
 		goto out;
 	}
 	if (start < ir->start || end > ir->end) {
-		ret = -EINVAL;
+		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				  "requested range [%pa, %pa] is not managed by preimport [%pa, %pa]",
+				  &start, &end, &ir->start, &ir->end);
 		goto out;
 	}
 	obmm_preimport_blocks(pre, start, end, &first, &last);
 	if (find_next_bit(pre->blocks, last + 1, first) <= last) {
-		ret = -EEXIST;
+		ret = obmm_refuse(OBMM_OP_IMPORT, -EEXIST,
+				  "requested range conflicts on preimport block %lu",
+				  find_next_bit(pre->blocks, last + 1, first));
 		goto out;
 	}
 	bitmap_set(pre->blocks, first, last - first + 1);
@@ -532,7 +541,9 @@ static int obmm_import_claim_ubmem(struct obmm_region *r,
 	r->ubmem_res.end = r->pa + r->size - 1;
 	r->ubmem_res.flags = IORESOURCE_MEM;
 	if (request_resource(window, &r->ubmem_res))
-		return -EBUSY;
+		return obmm_refuse(OBMM_OP_IMPORT, -EBUSY,
+				   "failed to setup ubmem resource: ret=%pe (iomem [%pa, +%#llx) is taken)",
+				   ERR_PTR(-EBUSY), &r->pa, r->size);
 	r->ubmem = &r->ubmem_res;
 	return 0;
 }
@@ -548,7 +559,9 @@ static int obmm_import_claim_memid(struct obmm_region *r)
 	r->memid_res.end = r->pa + r->size - 1;
 	r->memid_res.flags = IORESOURCE_MEM;
 	if (request_resource(parent ?: r->ubmem, &r->memid_res))
-		return -EBUSY;
+		return obmm_refuse(OBMM_OP_IMPORT, -EBUSY,
+				   "memid=%d: failed to setup memdev resource: %pe",
+				   r->id, ERR_PTR(-EBUSY));
 	return 0;
 }
 
@@ -598,32 +611,33 @@ static int obmm_import_numa(struct obmm_region *r,
 	 * memory blocks, a remote node) is refused before the UMMU check, as
 	 * every real check is; the hot-add may still fail after it.
 	 */
-	if (!IS_ALIGNED(cmd->addr, block) || !IS_ALIGNED(cmd->length, block)) {
-		pr_err("mem_id %d: remote NUMA memory must be whole %#llx blocks\n",
-		       r->id, block);
-		return -EPERM;
-	}
+	if (!IS_ALIGNED(cmd->addr, block) || !IS_ALIGNED(cmd->length, block))
+		return obmm_refuse(OBMM_OP_IMPORT, -EPERM,
+				   "Remote NUMA creation failed: pa=%#llx, size=%#llx not whole %#llx memory blocks",
+				   cmd->addr, cmd->length, block);
 	nid = r->pre ? r->numa_id : cmd->numa_id;
-	if (nid != NUMA_NO_NODE && !obmm_borrow_node_remote(nid)) {
-		pr_err("mem_id %d: node %d is not a remote NUMA node\n", r->id, nid);
-		return -EPERM;
-	}
+	if (nid != NUMA_NO_NODE && !obmm_borrow_node_remote(nid))
+		return obmm_refuse(OBMM_OP_IMPORT, -EPERM,
+				   "Remote NUMA creation failed: node %d is not a remote NUMA node",
+				   nid);
 	ret = obmm_access_check_import(cmd->addr, cmd->length, cmd->tokenid,
 				       &r->dep);
 	if (ret)
 		return ret;
 	ret = obmm_range_track(r);
 	if (ret)
-		return ret;
+		return obmm_refuse(OBMM_OP_IMPORT, ret,
+				   "emulated UMMU: the export covering pa=%#llx was withdrawn during the import",
+				   cmd->addr);
 	ret = obmm_borrow_lock_interruptible();
 	if (ret)
 		return ret;
 	nid = obmm_borrow_add_locked(r, nid);
 	obmm_borrow_unlock();
-	if (nid < 0) {
-		pr_err("mem_id %d: remote NUMA creation failed: %d\n", r->id, nid);
-		return -EPERM;
-	}
+	if (nid < 0)
+		return obmm_refuse(OBMM_OP_IMPORT, -EPERM,
+				   "Remote NUMA creation failed: %pe (pa=%#llx, size=%#llx)",
+				   ERR_PTR(nid), cmd->addr, cmd->length);
 	r->numa_id = nid;
 	return 0;
 }
@@ -709,8 +723,12 @@ long obmm_import_ioctl(void __user *uarg)
 		if (ret)
 			goto err_iomem;
 		ret = obmm_range_track(r);
-		if (ret)
+		if (ret) {
+			obmm_refuse(OBMM_OP_IMPORT, ret,
+				    "emulated UMMU: the export covering pa=%#llx was withdrawn during the import",
+				    cmd.addr);
 			goto err_iomem;
+		}
 	}
 
 	r->allow_mmap = !numa;
@@ -767,7 +785,9 @@ long obmm_unimport_ioctl(void __user *uarg)
 	ret = obmm_import_unplug(r, false);
 	if (ret) {
 		obmm_region_reactivate(r);
-		return ret;
+		return obmm_refuse(OBMM_OP_UNIMPORT, ret,
+				   "remove_memory_remote(nid=%d, size=%#llx) failed: ret=%pe",
+				   r->numa_id, r->size, ERR_PTR(ret));
 	}
 	obmm_shmdev_unpublish(r);
 	obmm_import_release_iomem(r);
@@ -785,20 +805,35 @@ static int obmm_preimport_check(const struct obmm_cmd_preimport *cmd)
 	u64 block = obmm_memory_block_bytes();
 	phys_addr_t end;
 
-	if (cmd->length % block || cmd->pa % block)
-		return -EINVAL;
+	if (cmd->length % block)
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "preimport length %#llx not aligned to %#llx",
+				   cmd->length, block);
+	if (cmd->pa % block)
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "preimport base PA %#llx not aligned to %#llx",
+				   cmd->pa, block);
 	if (check_add_overflow(cmd->pa, cmd->length, &end))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "preimport PA range overflowed (pa=%#llx, length=%#llx)",
+				   cmd->pa, cmd->length);
 	if (!cmd->length)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "invalid preimport length 0");
 	if (cmd->flags & ~OBMM_PREIMPORT_FLAG_MASK)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "undefined preimport flags specified in %#llx",
+				   cmd->flags);
 	if (cmd->scna != obmm_fabric_cna())
-		return -ENODEV;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENODEV,
+				   "%#x is not a known scna (this node's primary_cna is %#x)",
+				   cmd->scna, obmm_fabric_cna());
 	if (obmm_base_dist_invalid(cmd->base_dist))
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "invalid numa base distance %u: reserved values used",
+				   cmd->base_dist);
 	if (!cmd->pa)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL, "PA=0 unexpected");
 	return 0;
 }
 
@@ -854,11 +889,17 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 	if (!ret)
 		list_add_tail(&pre->range.link, &obmm_import_ranges);
 	mutex_unlock(&obmm_import_mutex);
-	if (ret)
+	if (ret) {
+		obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, ret,
+			    "PA range [%pa, %pa] overlaps another import or preimport range",
+			    &pre->range.start, &pre->range.end);
 		goto err_free;
+	}
 	node = obmm_fabric_window_node(cmd->pa, cmd->length, NULL);
 	if (node < 0) {
-		ret = -EINVAL;
+		ret = obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				  "PA range invalid. Cacheable memory cannot be managed with preimport (pa=%#llx, length=%#llx is not inside one fabric window)",
+				  cmd->pa, cmd->length);
 		goto err_unlist;
 	}
 	pre->res.name = OBMM_PREIMPORT_RES_NAME;
@@ -866,14 +907,17 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 	pre->res.end = pre->range.end;
 	pre->res.flags = IORESOURCE_MEM;
 	if (request_resource(obmm_fabric_window(node)->res, &pre->res)) {
-		ret = -EBUSY;
+		ret = obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EBUSY,
+				  "failed to setup ubmem resource on preimport: ret=%pe",
+				  ERR_PTR(-EBUSY));
 		goto err_unlist;
 	}
 	/* add_memory_remote(numa_id, ..., MEMORY_KEEP_ISOLATED) */
 	nid = obmm_borrow_claim_node(cmd->numa_id);
 	if (nid == NUMA_NO_NODE) {
-		pr_err("preimport: no remote NUMA node %d\n", cmd->numa_id);
-		ret = -EPERM;
+		ret = obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EPERM,
+				  "failed to call add_memory_remote(nid=%d): no such unused remote NUMA node",
+				  cmd->numa_id);
 		goto err_res;
 	}
 	pre->numa_id = nid;
@@ -898,10 +942,12 @@ long obmm_declare_preimport_ioctl(void __user *uarg)
 	int ret;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
-		return -EFAULT;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EFAULT,
+				   "failed to load preimport argument");
 	/* Each declared range holds a module reference, as in the real driver. */
 	if (!try_module_get(THIS_MODULE))
-		return -EPERM;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EPERM,
+				   "Module is dying. Reject all preimport requests");
 	ret = obmm_preimport_declare(&cmd);
 	if (ret) {
 		module_put(THIS_MODULE);
@@ -909,7 +955,8 @@ long obmm_declare_preimport_ioctl(void __user *uarg)
 	}
 	/* The range stays declared, as in the real driver. */
 	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
-		return -EFAULT;
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EFAULT,
+				   "failed to write preimport result (range stays declared)");
 	return 0;
 }
 
@@ -929,19 +976,28 @@ long obmm_undeclare_preimport_ioctl(void __user *uarg)
 		return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EFAULT,
 				   "failed to load preimport argument");
 	if (cmd.flags & ~OBMM_UNPREIMPORT_FLAG_MASK)
-		return -EINVAL;
+		return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EINVAL,
+				   "undefined unpreimport flags specified in %#llx",
+				   cmd.flags);
 	mutex_lock(&obmm_import_mutex);
 	ir = obmm_range_find(cmd.pa);
 	if (!ir)
-		ret = -EFAULT;
+		ret = obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EFAULT,
+				  "PA %#llx is not registered as preimport", cmd.pa);
 	else if (!ir->pre)
-		ret = -EINVAL;
+		ret = obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EINVAL,
+				  "PA %#llx is not a preimport address", cmd.pa);
 	else if (!ir->pre->ready)
-		ret = -EAGAIN;
+		ret = obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EAGAIN,
+				  "Preimport process not finished. Try later");
 	else if (ir->start != cmd.pa || ir->end != cmd.pa + cmd.length - 1)
-		ret = -EINVAL;
+		ret = obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EINVAL,
+				  "requested range touches ppr but is not an exact match (pa=%#llx, length=%#llx)",
+				  cmd.pa, cmd.length);
 	else if (ir->pre->use_count)
-		ret = -EBUSY;
+		ret = obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EBUSY,
+				  "preimport cannot be released: %u active users found",
+				  ir->pre->use_count);
 	if (!ret) {
 		pre = ir->pre;
 		list_del(&pre->range.link);
