@@ -92,6 +92,72 @@ def test_unload_after_regions_opened_through_other_nodes_leaves_no_inode(
     assert not logscan.scan(log, allow=()), log
 
 
+# A real host's controller directory, as a seed program hard-codes it
+# (reference seed-scheme7.md section 5: /sys/devices/ub_bus_controller1/00002/primary_cna).
+REAL_HOST_UBC = Path("/sys/devices/ub_bus_controller1/00002")
+HARD_CODED_READER = r"""
+#include <stdio.h>
+int main(void)
+{
+	unsigned int cna, eid;
+	FILE *f = fopen("/sys/devices/ub_bus_controller1/00002/primary_cna", "r");
+
+	if (!f || fscanf(f, "%x", &cna) != 1)
+		return 1;
+	fclose(f);
+	f = fopen("/sys/devices/ub_bus_controller1/00002/ubc/eid", "r");
+	if (!f || fscanf(f, "%x", &eid) != 1)
+		return 2;
+	printf("%#x %#x\n", cna, eid);
+	return 0;
+}
+"""
+
+
+def test_ubc_index_and_device_name_parameters(
+    reload_args: list[str], fabric: Fabric, tmp_path: Path
+) -> None:
+    """ubc_index=1 ubc_dev=00002: a program that hard-codes a real host's controller path
+    runs unchanged, and the CNA it reads is the scna IMPORT takes."""
+    src, exe = tmp_path / "reader.c", tmp_path / "reader"
+    src.write_text(HARD_CODED_READER)
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
+    subprocess.run(["rmmod", MODULE], check=True)
+    subprocess.run(["insmod", str(KO), *reload_args, "ubc_index=1", "ubc_dev=00002"], check=True)
+    try:
+        assert not Path("/sys/devices/ub_bus_controller0").exists()
+        assert (REAL_HOST_UBC / "ubc" / "numa").is_file()
+        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+        cna, eid = (int(v, 16) for v in out.split())
+        assert (cna, eid) == (fabric.cna, fabric.eid)
+        with obmm.Obmm() as dev, exported(dev) as exp:
+            imp = dev.import_(
+                fabric.loopback_addr(dev, exp.mem_id), SZ_2M, scna=cna, tokenid=exp.tokenid
+            )
+            dev.unimport(imp.mem_id)
+    finally:
+        subprocess.run(["rmmod", MODULE], check=True)
+    subprocess.run(["insmod", str(KO), *reload_args], check=True)
+    assert Path("/sys/devices/ub_bus_controller0/0/ubc/primary_cna").is_file()
+    assert not REAL_HOST_UBC.exists()
+
+
+@pytest.mark.parametrize(
+    "param", ["ubc_index=8", "ubc_dev=a/b", "ubc_dev=..", f"ubc_dev={'x' * 33}"]
+)
+def test_bad_ubc_parameters_fail_the_load(
+    reload_args: list[str], param: str, kernel_log: KernelLog
+) -> None:
+    subprocess.run(["rmmod", MODULE], check=True)
+    res = subprocess.run(["insmod", str(KO), *reload_args, param], capture_output=True)
+    assert res.returncode != 0
+    assert not loaded()
+    assert not list(Path("/sys/devices").glob("ub_bus_controller*"))
+    log = kernel_log.take()
+    assert re.search(r"obmm_emu: ubc_(index|dev) .* (out of range|is not a directory name)", log)
+    assert not logscan.scan(log, allow=()), log
+
+
 def test_reload_after_a_borrow_finds_the_pool_again(
     reload_args: list[str], fabric: Fabric, kernel_log: KernelLog
 ) -> None:
