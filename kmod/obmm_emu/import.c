@@ -737,8 +737,11 @@ long obmm_import_ioctl(void __user *uarg)
 	memcpy(r->seid, cmd.seid, sizeof(r->seid));
 	memcpy(r->deid, cmd.deid, sizeof(r->deid));
 	ret = obmm_shmdev_publish(r);
-	if (ret)
+	if (ret) {
+		obmm_refuse(OBMM_OP_IMPORT, ret,
+			    "Failed to create import device. ret=%pe", ERR_PTR(ret));
 		goto err_unplug;
+	}
 	obmm_region_activate(r);
 
 	cmd.mem_id = r->id;
