@@ -152,3 +152,4 @@ clean:
 	rm -rf results build dist pylib/*.egg-info
 
 include ci/stages.mk
+include ci/debug.mk

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from obmm.testbed import acpi, qemu
+from obmm.testbed import acpi, kmemleak, qemu
 from obmm.testbed import snapshot as snapshot_mod
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image, create_overlay
 from obmm.testbed.parallel import on_each
-from obmm.testbed.paths import cache_dir, qemu_dir, run_root
+from obmm.testbed.paths import cache_dir, qemu_dir, run_root, timeout_scale
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import Connection, GuestGone, Target
 
@@ -99,11 +99,13 @@ def load_topology(spec: str | None = None) -> qemu.Topology:
 
 
 def boot_timeout(topology: qemu.Topology, accel: str) -> float:
-    """Seconds to wait for every node's sshd: TCG nodes share the host's cores."""
+    """Seconds to wait for every node's sshd: TCG nodes share the host's cores (times
+    $OBMM_TESTBED_TIMEOUT_SCALE, for slower kernels)."""
     if accel == "kvm":
-        return 60.0 + 10.0 * topology.nodes
+        return (60.0 + 10.0 * topology.nodes) * timeout_scale()
     cores = os.cpu_count() or 1
-    return 120.0 + 60.0 * max(0, topology.nodes - 1) * max(1.0, 2.0 / cores)
+    base = 120.0 + 60.0 * max(0, topology.nodes - 1) * max(1.0, 2.0 / cores)
+    return base * timeout_scale()
 
 
 def allocate_ports(count: int, avoid: Sequence[int] = ()) -> list[int]:
@@ -644,6 +646,7 @@ class Cluster:
             firmware=self._firmware(),
             qemu_binary=_qemu_binary(),
             extra_args=extra,
+            fast_init_modules=self.image.fast_init_modules,
         )
 
     def _firmware(self) -> str | None:
@@ -774,6 +777,14 @@ class Cluster:
 
     def stop(self) -> None:
         """Kill every QEMU (QMP quit, then SIGTERM, then SIGKILL) and remove the run dir."""
+        if self.image.manifest.get("debug_kernel") and self.nodes:
+            # The debug kernel's leak check needs the nodes alive (obmm.testbed.kmemleak).
+            kmemleak.scan_nodes(
+                self.name,
+                [n.index for n in self.nodes],
+                lambda i: self.connect(i, node_only=True),
+                lambda i: self.nodes[i].alive(),
+            )
         asked = [node for node in self.nodes if node.alive() and self._qmp_quit(node)]
         deadline = time.monotonic() + QMP_QUIT_TIMEOUT_S
         for node in asked:

@@ -31,9 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from obmm.testbed import initramfs
+from obmm.testbed import debugkernel, initramfs, qemu
 from obmm.testbed.errors import TestbedError
-from obmm.testbed.paths import cache_dir, qemu_dir
+from obmm.testbed.paths import (
+    ENV_KERNEL,
+    KERNEL_DEBIAN,
+    KERNEL_DEBUG,
+    cache_dir,
+    guest_kernel,
+    qemu_dir,
+)
 from obmm.testbed.progress import Progress, StepFailed
 
 log = logging.getLogger(__name__)
@@ -187,6 +194,19 @@ class Image:
         return str(self.manifest["kernel_release"])
 
     @property
+    def kdir(self) -> Path | None:
+        """The kernel build tree modules are built against, when the kernel is not Debian's
+        (the debug kernel); None: Debian's headers package for `kernel_release`."""
+        value = self.manifest.get("kdir")
+        return Path(value) if value else None
+
+    @property
+    def fast_init_modules(self) -> tuple[str, ...]:
+        """Modules the fast init loads before sshd: none for a kernel with them built in."""
+        value = self.manifest.get("fast_init_modules")
+        return qemu.FAST_INIT_MODULES if value is None else tuple(value)
+
+    @property
     def host_key(self) -> str | None:
         """The guest's ssh host key line (``ssh-ed25519 AAAA...``) recorded at build."""
         value = self.manifest.get("host_key")
@@ -284,7 +304,7 @@ def ensure_image(
     with _locked(images / ".lock"):
         if final.is_dir() and not rebuild:
             log.info("image %s: cached at %s", recipe.name, final)
-            return Image.open(final)
+            return _with_guest_kernel(Image.open(final))
         # Holding the lock, no other build is running: leftovers are from killed builds.
         for stale in images.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -308,7 +328,69 @@ def ensure_image(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         progress.line(f"image ready at {final} ({progress.elapsed():.0f} s)")
-        return Image.open(final)
+        return _with_guest_kernel(Image.open(final))
+
+
+def _with_guest_kernel(image: Image) -> Image:
+    """`image`, or its variant booting the debug kernel when $OBMM_TESTBED_KERNEL says so."""
+    choice = guest_kernel()
+    if choice == KERNEL_DEBIAN:
+        return image
+    if choice == KERNEL_DEBUG:
+        return debug_variant(image)
+    raise ImageError(f"{ENV_KERNEL}={choice!r}: expected {KERNEL_DEBIAN} or {KERNEL_DEBUG}")
+
+
+def debug_variant(image: Image) -> Image:
+    """`image` booting the debug kernel: a directory beside the kernel that Image.open reads
+    like any image (so a cluster's saved state reopens it), sharing the image's disk.
+
+    Its fingerprint differs from the image's, so boot snapshots of the two never mix; its
+    fast initramfs loads no modules (the root disk's drivers are built in) and neither does
+    the fast init (``fast_init_modules``); modules are built against the kernel's own tree."""
+    kernel = debugkernel.cached()
+    if kernel is None:
+        raise debugkernel.DebugKernelError(
+            f"the debug kernel for {debugkernel.SOURCE_PACKAGE}={debugkernel.source_version()} "
+            f"and {debugkernel.FRAGMENT} is not "
+            "built: run `make debug-kernel` first"
+        )
+    manifest = dict(image.manifest)
+    manifest.update(
+        {
+            "kernel_release": kernel.release,
+            "fingerprint": f"{image.manifest.get('fingerprint', image.directory.name)}"
+            f"+debug-{kernel.root.name}",
+            "kdir": str(kernel.kdir),
+            "fast_init_modules": [],
+            "base_image": str(image.directory),
+            "debug_kernel": str(kernel.root),
+        }
+    )
+    final = kernel.root / "images" / image.directory.name
+    if final.is_dir():
+        try:
+            if json.loads((final / "manifest.json").read_text()) == manifest:
+                return Image.open(final)
+        except (OSError, json.JSONDecodeError):
+            pass
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        (tmp / "disk.qcow2").symlink_to(image.disk)
+        (tmp / "vmlinuz").symlink_to(kernel.bzimage)
+        (tmp / "initrd.img").symlink_to(image.initrd)
+        if image.fast_initrd is not None:
+            initramfs.without_modules(image.fast_initrd, tmp / FAST_INITRD)
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("image %s on the debug kernel %s: %s", image.directory.name, kernel.release, final)
+    return Image.open(final)
 
 
 def _build(

@@ -89,3 +89,31 @@ def build(rootfs: Path, release: str, init_script: Path, out: Path) -> None:
                 check=True,
             )
     log.info("initramfs %s: %d modules (%s)", out, len(names), ", ".join(names))
+
+
+def without_modules(src: Path, out: Path) -> None:
+    """`src` (a fast-boot initramfs) with no modules to load, for a kernel that has the root
+    disk's drivers built in (the debug kernel): Debian's .ko files would not load into it."""
+    with tempfile.TemporaryDirectory(prefix="initramfs-") as tmp, src.open("rb") as archive:
+        stage = Path(tmp)
+        subprocess.run(
+            ["cpio", "--quiet", "-i", "-d", "-m", "--no-absolute-filenames"],
+            cwd=stage,
+            stdin=archive,
+            check=True,
+        )
+        modules = stage / "lib" / "modules"
+        if not (stage / "init").is_file() or not (modules / "load-order").is_file():
+            raise InitramfsError(f"{src} is not a fast-boot initramfs (no /init or load-order)")
+        for ko in modules.glob("*.ko"):
+            ko.unlink()
+        (modules / "load-order").write_text("")
+        files = sorted(str(p.relative_to(stage)) for p in stage.rglob("*"))
+        with out.open("wb") as fh:
+            subprocess.run(
+                ["cpio", "--quiet", "-o", "-H", "newc", "-R", "0:0"],
+                cwd=stage,
+                input="\n".join(files).encode() + b"\n",
+                stdout=fh,
+                check=True,
+            )

@@ -14,6 +14,10 @@ function               environment variable        default
                                                    ``$XDG_DATA_HOME/obmm-testbed/results``, else
                                                    ``~/.local/share/obmm-testbed/results``
 ``run_root()``         ``$OBMM_TESTBED_RUN_ROOT``  ``/dev/shm`` (per-cluster run dirs, on tmpfs)
+``guest_kernel()``     ``$OBMM_TESTBED_KERNEL``    ``debian`` (the image's own kernel); ``debug``:
+                                                   the debug kernel (obmm.testbed.debugkernel)
+``timeout_scale()``    ``$OBMM_TESTBED_TIMEOUT_    ``1``: the factor on the harness's boot and
+                       SCALE``                     per-test timeouts (slower debug kernels)
 =====================  ==========================  =============================================
 
 Installed from the wheel (``make dist``), the package carries what a checkout has beside it:
@@ -35,6 +39,10 @@ ENV_ROOT = "OBMM_TESTBED_ROOT"
 ENV_CACHE = "OBMM_TESTBED_CACHE"
 ENV_RESULTS = "OBMM_TESTBED_RESULTS"
 ENV_RUN_ROOT = "OBMM_TESTBED_RUN_ROOT"
+ENV_KERNEL = "OBMM_TESTBED_KERNEL"
+KERNEL_DEBIAN = "debian"
+KERNEL_DEBUG = "debug"
+ENV_TIMEOUT_SCALE = "OBMM_TESTBED_TIMEOUT_SCALE"
 DEFAULT_RUN_ROOT = "/dev/shm"
 DATA_DIR = "_data"  # under the installed package: the checkout's files the testbed needs
 #: What a root has: the checkout and the package data alike.
@@ -104,3 +112,18 @@ def results_dir() -> Path:
 def run_root() -> Path:
     """Parent of the per-cluster run dirs (RAM files, sockets): tmpfs, so RAM stays RAM."""
     return Path(os.environ.get(ENV_RUN_ROOT) or DEFAULT_RUN_ROOT)
+
+
+def guest_kernel() -> str:
+    """Which kernel the guests boot: the image's (``debian``) or the debug build (``debug``)."""
+    return os.environ.get(ENV_KERNEL) or KERNEL_DEBIAN
+
+
+def timeout_scale() -> float:
+    """The factor on the harness's boot and per-test timeouts (>= 1; a KASAN guest is slower)."""
+    raw = os.environ.get(ENV_TIMEOUT_SCALE) or "1"
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_TIMEOUT_SCALE}={raw!r} is not a number") from None
+    return max(1.0, value)

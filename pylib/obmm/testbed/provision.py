@@ -20,7 +20,7 @@ import tarfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
-from obmm.testbed import qemu
+from obmm.testbed import kmemleak, qemu
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image
 from obmm.testbed.parallel import on_each
@@ -103,7 +103,8 @@ def build_guest_modules(image: Image, out: Path) -> list[Path]:
     from obmm.tools import elfcheck
 
     release = image.kernel_release
-    headers = kbuild.fetch_headers(release)
+    # The debug kernel's own build tree, else Debian's headers for the release.
+    headers = image.kdir or kbuild.fetch_headers(release)
     digest = module_sources_digest(release)
     stamp = out / release / BUILD_STAMP
     kos = _cached_build(stamp, digest)
@@ -184,8 +185,10 @@ def prepare_node(
     if payload is None:
         payload = payload_tar(root, modules)
     conn.run(
-        f"rm -rf {GUEST_ROOT} && mkdir -p {GUEST_ROOT} && tar -xzf - -C {GUEST_ROOT}",
-        timeout=120,
+        f"rm -rf {GUEST_ROOT} && mkdir -p {GUEST_ROOT} && tar -xzf - -C {GUEST_ROOT}"
+        # The debug kernel: what boot left unreferenced is not the modules' (else a no-op).
+        f" && {kmemleak.BASELINE_CMD}",
+        timeout=kmemleak.SCAN_TIMEOUT_S,
         check=True,
         stdin=payload,
     )

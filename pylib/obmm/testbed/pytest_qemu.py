@@ -12,7 +12,8 @@ Configuration is by environment, so it works however the host pytest is invoked:
 * ``OBMM_TESTBED_ACCEL``: ``auto`` (default), ``kvm`` or ``tcg``
 * ``OBMM_TESTBED_NAME``: cluster name (default ``qemu-test-<pid>``, so runs never collide)
 * ``OBMM_GUEST_PATHS``: override a suite's guest paths (space separated), e.g. a self-test
-* ``OBMM_GUEST_TEST_TIMEOUT``: seconds one guest test may take (default 900)
+* ``OBMM_GUEST_TEST_TIMEOUT``: seconds one guest test may take (default 900, times
+  ``OBMM_TESTBED_TIMEOUT_SCALE``)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import pytest
 from obmm.testbed import accel
 from obmm.testbed.cluster import ENV_NAME, NodeDied, load_topology
 from obmm.testbed.node import SuiteSession
-from obmm.testbed.paths import repo_root, results_dir
+from obmm.testbed.paths import repo_root, results_dir, timeout_scale
 from obmm.testbed.runner import (
     DEFAULT_TEST_TIMEOUT_S,
     GuestRun,
@@ -214,6 +215,7 @@ class GuestItem(pytest.Item):
     def runtest(self) -> None:
         run = self._run()
         timeout = float(os.environ.get("OBMM_GUEST_TEST_TIMEOUT", DEFAULT_TEST_TIMEOUT_S))
+        timeout *= timeout_scale()
         with run.lock:
             running_before = run.parser.current
         try:

@@ -182,6 +182,8 @@ class NodeLaunch:
     # Hook for debugging and experiments: appended verbatim.
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     extra_cmdline: tuple[str, ...] = field(default_factory=tuple)
+    # What the fast init loads before sshd: none for a kernel with them built in.
+    fast_init_modules: tuple[str, ...] = FAST_INIT_MODULES
 
 
 def fabric_ip(index: int) -> str:
@@ -225,7 +227,11 @@ BOOT_HUGEPAGES = 4  # 2 MiB each
 
 
 def kernel_cmdline(
-    topology: Topology, index: int, extra: Sequence[str] = (), init: str = INIT_FAST
+    topology: Topology,
+    index: int,
+    extra: Sequence[str] = (),
+    init: str = INIT_FAST,
+    modules: Sequence[str] = FAST_INIT_MODULES,
 ) -> str:
     """The guest kernel command line.
 
@@ -267,8 +273,9 @@ def kernel_cmdline(
             f"init={FAST_INIT_ARGV[0]}",
             f"obmm.hostname=node{index}",
             f"obmm.net=0000:00:{NET_SLOT:02x}.0,{SSH_NIC_ADDR}",
-            "obmm.modules=" + ",".join(FAST_INIT_MODULES),
         ]
+        if modules:
+            parts.append("obmm.modules=" + ",".join(modules))
         if topology.nodes > 1:
             parts.append(
                 f"obmm.fabric={fabric_mac(index)},{fabric_ip(index)}/{FABRIC_NET_PREFIXLEN}"
@@ -312,7 +319,7 @@ def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
         "-initrd",
         str(node.initrd),
         "-append",
-        kernel_cmdline(topology, node.index, node.extra_cmdline, node.init),
+        kernel_cmdline(topology, node.index, node.extra_cmdline, node.init, node.fast_init_modules),
         "-chardev",
         f"file,id=console,path={node.console_log}",
         "-serial",
