@@ -14,10 +14,14 @@
 # per-test timeouts (DEBUG_TIMEOUT_SCALE here).
 DEBUG_KERNEL_JOBS ?= 2
 DEBUG_TIMEOUT_SCALE ?= 3
-# The fuzzer's hook (branch fuzz): run on the debug kernel before the kmemleak verdict, as
-# soon as the Makefile has a `fuzz` target taking FUZZ_ARGS.  Override to change budget/seed.
-DEBUG_FUZZ_ARGS ?= --seed 1 --ops 100000
-DEBUG_FUZZ_CMD ?= $(MAKE) --no-print-directory fuzz FUZZ_ARGS="$(DEBUG_FUZZ_ARGS)"
+# The fuzzer's hook (branch fuzz, `python3 -m obmm.fuzz --seed S --ops N --mode M` in a node):
+# run on the debug kernel (OBMM_TESTBED_KERNEL=debug is exported to it) before the kmemleak
+# verdict, as soon as the Makefile has a `fuzz` target taking FUZZ_ARGS.  Until then the stage
+# says the fuzzer did not run.  Override the budgets, seeds or the whole command here.
+DEBUG_FUZZ_SINGLE ?= --seed 1 --ops 100000 --mode single
+DEBUG_FUZZ_CONCURRENT ?= --seed 2 --ops 1000 --mode concurrent
+DEBUG_FUZZ_CMD ?= $(MAKE) --no-print-directory fuzz FUZZ_ARGS="$(DEBUG_FUZZ_SINGLE)" && \
+	$(MAKE) --no-print-directory fuzz FUZZ_ARGS="$(DEBUG_FUZZ_CONCURRENT)"
 .PHONY: debug-kernel debug-test
 
 debug-kernel: setup-python
@@ -30,7 +34,7 @@ debug-test: setup-python
 	$(PY) -m obmm.testbed.kmemleak clear; \
 	$(PYTEST) tests/qemu -m "not hw_proof" --junitxml=results/debug-qemu-junit.xml -o junit_logging=all || st=1; \
 	$(PYTEST) tests/cluster -m "not hw_proof" --junitxml=results/debug-cluster-junit.xml -o junit_logging=all || st=1; \
-	if $(MAKE) -n fuzz >/dev/null 2>&1; then $(DEBUG_FUZZ_CMD) || st=1; \
+	if $(MAKE) -pq _no_such_target_ 2>/dev/null | grep -q '^fuzz:'; then { $(DEBUG_FUZZ_CMD); } || st=1; \
 	else echo "debug-test: no fuzz target yet (branch fuzz): the fuzzer did not run"; fi; \
 	$(PY) -m obmm.testbed.kmemleak check || st=1; \
 	echo "debug-test: $$(( $$(date +%s) - t0 )) s, $$([ $$st = 0 ] && echo PASS || echo FAIL)"; \

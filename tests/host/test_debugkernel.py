@@ -241,3 +241,24 @@ def test_kmemleak_commands_are_no_ops_without_kmemleak(tmp_path: Path) -> None:
         text=True,
     )
     assert res.stdout.strip() == kmemleak.NO_KMEMLEAK
+
+
+def test_the_baseline_in_provisioning_never_hides_a_failed_unpack() -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.commands: list[str] = []
+
+        def run(self, cmd: str, **kw: object) -> object:
+            self.commands.append(cmd)
+            return None
+
+    from obmm.testbed import provision
+
+    conn = Recorder()
+    provision.prepare_node(conn, 0, qemu.Topology(), paths.repo_root(), (), payload=b"")  # type: ignore[arg-type]
+    unpack = conn.commands[0]
+    assert kmemleak.BASELINE_CMD in unpack
+    # The unpack failing must fail the command, kmemleak or not.
+    failing = unpack.replace("tar -xzf -", "false", 1).replace(kmemleak.KMEMLEAK, "/nonexistent")
+    failing = failing.replace(str(provision.GUEST_ROOT), "/tmp/obmm-baseline-test")
+    assert subprocess.run(["sh", "-c", failing], capture_output=True).returncode != 0

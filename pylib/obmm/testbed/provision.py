@@ -105,7 +105,8 @@ def build_guest_modules(image: Image, out: Path) -> list[Path]:
     release = image.kernel_release
     # The debug kernel's own build tree, else Debian's headers for the release.
     headers = image.kdir or kbuild.fetch_headers(release)
-    digest = module_sources_digest(release)
+    # A rebuilt debug kernel keeps its release; its build tree's path names its config.
+    digest = module_sources_digest(release if image.kdir is None else f"{release} {image.kdir}")
     stamp = out / release / BUILD_STAMP
     kos = _cached_build(stamp, digest)
     if kos is None:
@@ -187,7 +188,7 @@ def prepare_node(
     conn.run(
         f"rm -rf {GUEST_ROOT} && mkdir -p {GUEST_ROOT} && tar -xzf - -C {GUEST_ROOT}"
         # The debug kernel: what boot left unreferenced is not the modules' (else a no-op).
-        f" && {kmemleak.BASELINE_CMD}",
+        f" && {{ {kmemleak.BASELINE_CMD}; }}",
         timeout=kmemleak.SCAN_TIMEOUT_S,
         check=True,
         stdin=payload,
