@@ -146,6 +146,7 @@ def test_variant_image_boots_the_debug_kernel_on_the_same_disk(
     assert got.kernel_release == "6.1.99-obmm-debug"
     assert got.kdir == root / debugkernel.SOURCE_PACKAGE
     assert got.fast_init_modules == ()
+    assert "idle=halt" in got.extra_cmdline
     # Boot snapshots are keyed by the fingerprint: the two kernels' must never mix.
     assert got.manifest["fingerprint"] != base_image.manifest["fingerprint"]
     assert got.fast_initrd is not None
@@ -155,6 +156,7 @@ def test_variant_image_boots_the_debug_kernel_on_the_same_disk(
     assert image.debug_variant(base_image).directory == got.directory
     assert base_image.fast_init_modules == qemu.FAST_INIT_MODULES
     assert base_image.kdir is None
+    assert base_image.extra_cmdline == ()
 
 
 def test_variant_image_without_a_built_kernel_says_how_to_build_it(

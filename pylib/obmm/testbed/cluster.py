@@ -647,6 +647,7 @@ class Cluster:
             qemu_binary=_qemu_binary(),
             extra_args=extra,
             fast_init_modules=self.image.fast_init_modules,
+            extra_cmdline=self.image.extra_cmdline,
         )
 
     def _firmware(self) -> str | None:
