@@ -5,7 +5,9 @@
 #                       injection from Debian's linux-source-6.1 (apt-get download), cached in
 #                       ~/.cache/obmm-testbed/debug-kernel keyed by source version and config
 #                       (pylib/obmm/testbed/debugkernel.py, qemu/debug-kernel/debug.config)
-#   make debug-test     the guest suite and the cluster suite with every guest booted on it
+#   make debug-test     the guest suite and the cluster suite (the selections of qemu-test, one
+#                       after the other: KASAN guests side by side would starve 2 cores)
+#                       with every guest booted on it
 #                       (OBMM_TESTBED_KERNEL=debug: obmm_emu built against its build tree),
 #                       the fuzzer when it exists, then the kmemleak verdict: any report, or
 #                       a stage that scanned nothing, fails it
@@ -33,7 +35,7 @@ debug-test: setup-python
 	export OBMM_TESTBED_KERNEL=debug OBMM_TESTBED_TIMEOUT_SCALE=$(DEBUG_TIMEOUT_SCALE); \
 	$(PY) -m obmm.testbed.kmemleak clear; \
 	$(PYTEST) tests/qemu -m "not hw_proof" --junitxml=results/debug-qemu-junit.xml -o junit_logging=all || st=1; \
-	$(PYTEST) tests/cluster -m "not hw_proof" --junitxml=results/debug-cluster-junit.xml -o junit_logging=all || st=1; \
+	$(PYTEST) tests/cluster -m "not hw_proof and not slow" --junitxml=results/debug-cluster-junit.xml -o junit_logging=all || st=1; \
 	if $(MAKE) -pq _no_such_target_ 2>/dev/null | grep -q '^fuzz:'; then { $(DEBUG_FUZZ_CMD); } || st=1; \
 	else echo "debug-test: no fuzz target yet (branch fuzz): the fuzzer did not run"; fi; \
 	$(PY) -m obmm.testbed.kmemleak check || st=1; \

@@ -13,6 +13,7 @@ from obmm.tools import elfcheck
 
 class FakeImage:
     kernel_release = "6.1.0-0-amd64"
+    kdir = None  # Debian's headers (the debug kernel has its own build tree)
 
 
 @pytest.fixture
