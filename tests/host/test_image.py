@@ -12,6 +12,7 @@ import pytest
 
 from obmm.testbed import image
 from obmm.testbed.image import ImageError, Recipe
+from obmm.testbed.progress import StepFailed
 
 
 def _recipe_copy(tmp_path: Path) -> Recipe:
@@ -112,6 +113,57 @@ def test_failed_build_leaves_no_image_and_no_temp_dir(
     with pytest.raises(ImageError, match="mirror went away"):
         image.ensure_image(image.find_recipe(), cache=cache)
     assert [p.name for p in (cache / "images").iterdir()] == [".lock"]
+
+
+def test_failed_build_keeps_its_log_and_names_it_in_the_first_line(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing(recipe: Recipe, out: Path, **kw: object) -> None:
+        (out / "build.log").write_text("E: Failed to fetch http://deb.debian.org/... 503\n")
+        raise StepFailed("mmdebstrap failed with exit status 25; log <gone>, last lines:\nE: ...")
+
+    monkeypatch.setattr(image, "_build", failing)
+    with pytest.raises(ImageError) as exc:
+        image.ensure_image(image.find_recipe(), cache=cache)
+    first = exc.value.summary
+    assert first.startswith("mmdebstrap failed with exit status 25; build log kept at ")
+    kept = Path(first.rsplit(" ", 1)[1])
+    assert kept.parent == cache / "logs" and "503" in kept.read_text()
+    assert [p.name for p in (cache / "images").iterdir()] == [".lock"]
+
+
+def test_mmdebstrap_is_retried_once_into_an_empty_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[bool] = []
+    rootfs = tmp_path / "rootfs"
+
+    class FlakyProgress:
+        def line(self, text: str) -> None:
+            pass
+
+        def run(self, step: str, argv: list[str], logfile: Path, **kw: object) -> None:
+            calls.append(rootfs.exists())
+            if len(calls) == 1:
+                rootfs.mkdir()  # a partial tree from the failed attempt
+                raise StepFailed("mmdebstrap failed with exit status 25")
+
+    monkeypatch.setattr(image.shutil, "which", lambda name: "/usr/bin/" + name)
+    recipe = image.find_recipe()
+    image._bootstrap_debian(recipe, rootfs, "6.1.0-7-amd64", tmp_path / "log", {}, FlakyProgress())  # type: ignore[arg-type]
+    assert calls == [False, False]  # the second attempt found no partial tree
+
+    class BrokenProgress(FlakyProgress):
+        def run(self, step: str, argv: list[str], logfile: Path, **kw: object) -> None:
+            calls.append(True)
+            raise StepFailed("mmdebstrap failed with exit status 25")
+
+    calls.clear()
+    with pytest.raises(StepFailed):
+        image._bootstrap_debian(
+            recipe, rootfs, "6.1.0-7-amd64", tmp_path / "log", {}, BrokenProgress()
+        )  # type: ignore[arg-type]
+    assert len(calls) == 2  # once more, not forever
 
 
 def test_interrupted_build_is_cleaned_and_rebuilt(

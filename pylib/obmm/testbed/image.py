@@ -329,11 +329,33 @@ def ensure_image(
                 final.rename(old)
                 shutil.rmtree(old, ignore_errors=True)
             tmp.rename(final)
+        except (ImageError, StepFailed) as exc:
+            # The build directory goes; its log stays where the message says.
+            kept = _keep_failed_log(tmp / "build.log", cache, final.name)
+            shutil.rmtree(tmp, ignore_errors=True)
+            if kept is None:
+                raise
+            # The step's own line names the log inside the removed directory: name the copy.
+            what = exc.summary.split("; log ", 1)[0]
+            raise ImageError(f"{what}; build log kept at {kept}\n{exc}") from exc
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         progress.line(f"image ready at {final} ({progress.elapsed():.0f} s)")
         return _with_guest_kernel(Image.open(final))
+
+
+def _keep_failed_log(log: Path, cache: Path, name: str) -> Path | None:
+    """Copy a failed build's log to <cache>/logs/ (the build directory is removed)."""
+    if not log.is_file():
+        return None
+    dest = cache / "logs" / f"image-{name}-failed-{time.strftime('%Y%m%dT%H%M%S')}.log"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, dest)
+    except OSError:
+        return None
+    return dest
 
 
 def _with_guest_kernel(image: Image) -> Image:
@@ -527,7 +549,15 @@ def _bootstrap_debian(
 ) -> None:
     if shutil.which("mmdebstrap") is None:
         raise ImageError("mmdebstrap is not installed (run `make setup` as root)")
-    progress.run("mmdebstrap", mmdebstrap_argv(recipe, rootfs, release), logfile, env=env)
+    argv = mmdebstrap_argv(recipe, rootfs, release)
+    try:
+        progress.run("mmdebstrap", argv, logfile, env=env)
+    except StepFailed:
+        # Most failures of a recipe that built before are the mirror's (a fetch cut short);
+        # one more try, into an empty target, before giving up.
+        progress.line("mmdebstrap failed; retrying once (see the log for the first attempt)")
+        shutil.rmtree(rootfs, ignore_errors=True)
+        progress.run("mmdebstrap", argv, logfile, env=env)
 
 
 def openeuler_repo(recipe: Recipe) -> str:
