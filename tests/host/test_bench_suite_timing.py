@@ -71,3 +71,38 @@ def test_cold_runs_get_an_empty_cache_that_is_removed_after(
     rc, secs, _ = suite_timing.run_once("qemu-test.cold", tmp_path, tmp_path / "logs", "CACHE_VAR")
     assert (rc, secs) == (0, 1.0)
     assert seen and not Path(seen[0]).parent.exists()
+
+
+def test_sigterm_stops_the_run_in_progress_and_removes_its_scratch(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    checkout, scratch_root = tmp_path / "checkout", tmp_path / "tmp"
+    checkout.mkdir()
+    scratch_root.mkdir()
+    # `make qemu-test` stand-in: says it started, unwinds on TERM (as pytest stops its nodes).
+    (checkout / "Makefile").write_text(
+        "qemu-test:\n"
+        f"\t@trap 'touch {tmp_path}/unwound; exit 143' TERM; touch {tmp_path}/started; "
+        "while :; do sleep 0.05; done\n"
+    )
+    code = (
+        "from pathlib import Path; from obmm.bench import suite_timing as st\n"
+        f"st.suite_figures(['qemu-test.cold'], 1, Path({str(checkout)!r}), "
+        f"Path({str(tmp_path / 'logs')!r}), print, "
+        "lambda s, c, l: st.run_once(s, c, l, 'CACHE_VAR'))\n"
+    )
+    env = {**os.environ, "TMPDIR": str(scratch_root), "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "started").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the run never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and b"KeyboardInterrupt" in err
+    assert (tmp_path / "unwound").exists()  # the run was stopped, not orphaned
+    assert list(scratch_root.iterdir()) == []  # its empty cache is gone

@@ -20,14 +20,18 @@ Nothing is left: every scratch cache and clone is removed after its run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 from obmm.bench.results import Figure
 from obmm.bench.runner import make_testbed_figure
@@ -55,13 +59,36 @@ def figure_name(suite: str) -> str:
 
 
 def _timed(argv: Sequence[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[int, float]:
+    """Run `argv` in a session of its own, timed.  Interrupted (Ctrl-C, or SIGTERM, which
+    suite_figures turns into KeyboardInterrupt), the whole session gets SIGTERM so a `make` run
+    stops its pytest and QEMU nodes, and is waited for before the interrupt goes on."""
     start = time.monotonic()
     with log.open("ab") as out:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             list(argv), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-            timeout=RUN_BOUND_S, check=False,
+            start_new_session=True,
         )  # fmt: skip
-    return proc.returncode, time.monotonic() - start
+        try:
+            rc = proc.wait(timeout=RUN_BOUND_S)
+        except BaseException:
+            _stop_session(proc)
+            raise
+    return rc, time.monotonic() - start
+
+
+def _stop_session(proc: subprocess.Popen[bytes], grace_s: float = 180.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _tail(log: Path, lines: int = 15) -> str:
@@ -114,6 +141,27 @@ def suite_figures(
     if unknown:
         raise ValueError(f"unknown suite(s) {', '.join(unknown)}; known: {', '.join(SUITES)}")
     results = {s: SuiteSamples(s) for s in suites}
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM unwinds like Ctrl-C: the run in progress is stopped, its scratch removed.
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        _sample(suites, samples, checkout, logdir, say, runner, results)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return [r.figure() for r in results.values() if r.seconds]
+
+
+def _sample(
+    suites: Sequence[str],
+    samples: int,
+    checkout: Path,
+    logdir: Path,
+    say: Callable[[str], None],
+    runner: Callable[[str, Path, Path], tuple[int, float, Path]],
+    results: dict[str, SuiteSamples],
+) -> None:
     if "qemu-test.warm" in results:
         say("suite timing: warm-up make qemu-test (not counted)")
         runner("qemu-test.warm", checkout, logdir)
@@ -127,4 +175,3 @@ def suite_figures(
             else:
                 results[suite].failures.append(str(log))
                 say(f"suite timing: {suite} FAILED (exit {rc}), not counted; {log}\n{_tail(log)}")
-    return [r.figure() for r in results.values() if r.seconds]
