@@ -493,7 +493,7 @@ class Engine:
         declare = not op.chance(5, 40)
         name = "OBMM_CMD_DECLARE_PREIMPORT" if declare else "OBMM_CMD_UNDECLARE_PREIMPORT"
         key = (int(cmd.pa), int(cmd.length))
-        # DECLARE ends in EOPNOTSUPP after its checks here; success is tracked if it happens
+        # DECLARE succeeds since the borrow model; EOPNOTSUPP stays allowed (no remote node)
         want = {errno.EINVAL, errno.ENODEV, errno.EEXIST, errno.EFAULT, errno.EOPNOTSUPP, OK}
         if not declare and key not in self.model.preimports:
             want = {errno.EINVAL, errno.EFAULT}
@@ -821,8 +821,9 @@ class Engine:
 
     def expected_refs(self) -> int:
         """Module references: one per published region, two per open shmdev file (the
-        cdev's owner and the file's fops)."""
-        return len(self.model.regions) + 2 * len(self.model.live_files())
+        cdev's owner and the file's fops), one per declared preimport range."""
+        m = self.model
+        return len(m.regions) + 2 * len(m.live_files()) + len(m.preimports)
 
     def check(self, op: Op | None) -> None:
         m = self.model
@@ -840,6 +841,12 @@ class Engine:
             raise Failure(
                 op, "state", f"/proc/iomem MEMID {sorted(memids)}, imports {sorted(imports)}"
             )
+        declared = node.iomem_preimports()
+        if declared != m.preimports:
+            raise Failure(
+                op, "state", f"/proc/iomem PREIMPORT_UBMEM {sorted(declared)}, declared "
+                f"{sorted(m.preimports)}"
+            )  # fmt: skip
         others = node.iomem_others()
         if others != self.base_iomem:
             gone = sorted(set(self.base_iomem) - set(others))

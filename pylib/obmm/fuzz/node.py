@@ -112,13 +112,29 @@ def iomem_memids() -> tuple[set[int], int]:
     return ids, direct
 
 
+# Lines the model accounts for itself: imports, declared preimport ranges, borrowed memory.
+OWN_IOMEM = (" : DIRECT_IMPORT_UBMEM", " : PREIMPORT_UBMEM", " : System RAM (Remote)")
+
+
 def iomem_others() -> list[str]:
-    """/proc/iomem without the imports' own lines (what no operation may change)."""
+    """/proc/iomem without the lines of imports, declarations and borrows (what no operation
+    may change)."""
     return [
         line
         for line in Path("/proc/iomem").read_text().splitlines()
-        if not line.endswith((" : DIRECT_IMPORT_UBMEM",)) and not MEMID_RE.search(line)
+        if not line.endswith(OWN_IOMEM) and not MEMID_RE.search(line)
     ]
+
+
+def iomem_preimports() -> set[tuple[int, int]]:
+    """(pa, length) of every PREIMPORT_UBMEM resource (a declared preimport range)."""
+    found = set()
+    for line in Path("/proc/iomem").read_text().splitlines():
+        span, _, name = line.strip().partition(" : ")
+        if name == "PREIMPORT_UBMEM":
+            start, _, end = span.partition("-")
+            found.add((int(start, 16), int(end, 16) - int(start, 16) + 1))
+    return found
 
 
 def revoked_ids() -> set[int]:
