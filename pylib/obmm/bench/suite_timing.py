@@ -146,32 +146,21 @@ def suite_figures(
         # SIGTERM unwinds like Ctrl-C: the run in progress is stopped, its scratch removed.
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        _sample(suites, samples, checkout, logdir, say, runner, results)
+        if "qemu-test.warm" in results:
+            say("suite timing: warm-up make qemu-test (not counted)")
+            runner("qemu-test.warm", checkout, logdir)
+        for i in range(samples):
+            for suite in suites:
+                say(f"suite timing: {suite}, sample {i + 1} of {samples}")
+                rc, secs, log = runner(suite, checkout, logdir)
+                if rc == 0:
+                    results[suite].seconds.append(secs)
+                    say(f"suite timing: {suite} {secs:.0f} s")
+                else:
+                    results[suite].failures.append(str(log))
+                    what = f"suite timing: {suite} FAILED (exit {rc}), not counted; {log}"
+                    say(f"{what}\n{_tail(log)}")
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return [r.figure() for r in results.values() if r.seconds]
-
-
-def _sample(
-    suites: Sequence[str],
-    samples: int,
-    checkout: Path,
-    logdir: Path,
-    say: Callable[[str], None],
-    runner: Callable[[str, Path, Path], tuple[int, float, Path]],
-    results: dict[str, SuiteSamples],
-) -> None:
-    if "qemu-test.warm" in results:
-        say("suite timing: warm-up make qemu-test (not counted)")
-        runner("qemu-test.warm", checkout, logdir)
-    for i in range(samples):
-        for suite in suites:
-            say(f"suite timing: {suite}, sample {i + 1} of {samples}")
-            rc, secs, log = runner(suite, checkout, logdir)
-            if rc == 0:
-                results[suite].seconds.append(secs)
-                say(f"suite timing: {suite} {secs:.0f} s")
-            else:
-                results[suite].failures.append(str(log))
-                say(f"suite timing: {suite} FAILED (exit {rc}), not counted; {log}\n{_tail(log)}")

@@ -79,16 +79,21 @@ def build(rootfs: Path, release: str, init_script: Path, out: Path) -> None:
             shutil.copy2(ko, stage / "lib" / "modules" / ko.name)
             names.append(ko.name)
         (stage / "lib" / "modules" / "load-order").write_text("\n".join(names) + "\n")
-        files = sorted(str(p.relative_to(stage)) for p in stage.rglob("*"))
-        with out.open("wb") as fh:
-            subprocess.run(
-                ["cpio", "--quiet", "-o", "-H", "newc", "-R", "0:0"],
-                cwd=stage,
-                input="\n".join(files).encode() + b"\n",
-                stdout=fh,
-                check=True,
-            )
+        _pack(stage, out)
     log.info("initramfs %s: %d modules (%s)", out, len(names), ", ".join(names))
+
+
+def _pack(stage: Path, out: Path) -> None:
+    """`stage` as a newc cpio archive owned by root, in `out`."""
+    files = sorted(str(p.relative_to(stage)) for p in stage.rglob("*"))
+    with out.open("wb") as fh:
+        subprocess.run(
+            ["cpio", "--quiet", "-o", "-H", "newc", "-R", "0:0"],
+            cwd=stage,
+            input="\n".join(files).encode() + b"\n",
+            stdout=fh,
+            check=True,
+        )
 
 
 def without_modules(src: Path, out: Path) -> None:
@@ -108,12 +113,4 @@ def without_modules(src: Path, out: Path) -> None:
         for ko in modules.glob("*.ko"):
             ko.unlink()
         (modules / "load-order").write_text("")
-        files = sorted(str(p.relative_to(stage)) for p in stage.rglob("*"))
-        with out.open("wb") as fh:
-            subprocess.run(
-                ["cpio", "--quiet", "-o", "-H", "newc", "-R", "0:0"],
-                cwd=stage,
-                input="\n".join(files).encode() + b"\n",
-                stdout=fh,
-                check=True,
-            )
+        _pack(stage, out)
