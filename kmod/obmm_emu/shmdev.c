@@ -360,20 +360,45 @@ static int obmm_mmap_check_access(struct file *file, unsigned long vm_flags)
 	return 0;
 }
 
+/*
+ * remap_pfn_range() of a whole VMA takes a PAT reservation for it (VM_PAT)
+ * and zaps what it mapped when it fails halfway.  The zap finds that
+ * reservation through the VMA's first PTE and WARNs when there is none
+ * (get_pat_info() in 6.1's arch/x86/mm/pat/memtype.c): what a failed
+ * allocation of the first page table leaves.  So the page tables of the
+ * first page are made beforehand, by mapping that page and clearing it
+ * again (a zap keeps the tables): remap then sets the first PTE before it
+ * can fail, and failing to make them is a plain ENOMEM with nothing mapped.
+ * (Found by the fuzzer with fault injection on the debug kernel.)
+ */
+static int obmm_make_first_page_tables(struct vm_area_struct *vma,
+				       unsigned long pfn)
+{
+	vm_fault_t ret = vmf_insert_pfn_prot(vma, vma->vm_start, pfn,
+					     vma->vm_page_prot);
+
+	if (ret != VM_FAULT_NOPAGE)
+		return ret == VM_FAULT_OOM ? -ENOMEM : -EINVAL;
+	zap_vma_ptes(vma, vma->vm_start, PAGE_SIZE);
+	return 0;
+}
+
 /* Install the mapping: every PTE now, or (PMD granule) huge entries on touch. */
 static int obmm_shm_map(struct obmm_region *r, struct vm_area_struct *vma,
 			u64 offset, enum obmm_mmap_granu granu)
 {
 	unsigned long len = vma->vm_end - vma->vm_start;
+	unsigned long pfn = PHYS_PFN(r->pa + offset);
+	int ret;
 
-	if (OBMM_PMD_HUGE && granu == OBMM_MMAP_GRANU_PMD) {
-		/* The flags remap_pfn_range() sets, as if it ran. */
-		obmm_vma_set_flags(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND |
-				   VM_DONTDUMP);
+	/* The flags remap_pfn_range() sets, as if it ran. */
+	obmm_vma_set_flags(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
+	if (OBMM_PMD_HUGE && granu == OBMM_MMAP_GRANU_PMD)
 		return obmm_pmd_memtype_get(r, vma->vm_page_prot);
-	}
-	return remap_pfn_range(vma, vma->vm_start, PHYS_PFN(r->pa + offset),
-			       len, vma->vm_page_prot);
+	ret = obmm_make_first_page_tables(vma, pfn);
+	if (ret)
+		return ret;
+	return remap_pfn_range(vma, vma->vm_start, pfn, len, vma->vm_page_prot);
 }
 
 static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 DEBUGFS = Path("/sys/kernel/debug")
 KNOBS = ("failslab", "fail_page_alloc")
 MAKE_IT_FAIL = Path("/proc/thread-self/make-it-fail")
+FAIL_NTH = Path("/proc/thread-self/fail-nth")
 
 
 class FaultInjection:
@@ -62,6 +63,18 @@ class FaultInjection:
             yield
         finally:
             os.pwrite(self._fd, b"0", 0)
+
+    @contextlib.contextmanager
+    def nth(self, n: int) -> Iterator[Callable[[], bool]]:
+        """Fail the `n`-th injection point this thread reaches (``/proc/thread-self/fail-nth``),
+        whatever the probability; yields a function telling whether it was reached."""
+        fd = os.open(FAIL_NTH, os.O_RDWR)
+        try:
+            os.pwrite(fd, str(n).encode(), 0)
+            yield lambda: int(os.pread(fd, 16, 0) or b"0") == 0
+        finally:
+            os.pwrite(fd, b"0", 0)
+            os.close(fd)
 
 
 def why_absent() -> str:
