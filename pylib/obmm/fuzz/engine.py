@@ -406,7 +406,9 @@ class Engine:
         priv_len, cmd.priv, priv_err = self.blob(op, 2, abi.OBMM_MAX_PRIV_LEN)
         cmd.priv_len = priv_len & 0xFFFF
         mmap_f, numa, pre = bool(flags & 1), bool(flags & 4), bool(flags & 2)
+        # a share import may not overlap another import nor a declared preimport range
         ranges = [(r.pa, r.size) for r in self.model.regions.values() if r.kind == "import"]
+        ranges += sorted(self.model.preimports)
         covering = self._covering_export(addr, length, token)
         if flags & ~7 or mmap_f == numa or (pre and not numa):
             want = {errno.EINVAL}
@@ -584,6 +586,10 @@ class Engine:
             want = {errno.ENXIO}
         else:
             want = {OK}
+        if want == {OK} and self.injected(op):
+            # remap_pfn_range() reports a failed PAT reservation as EINVAL (mm/memory.c), as
+            # the PMD granule's reservation does
+            want.add(errno.EINVAL)
         want |= self.injected(op)
         raw = offset | (PMD_FLAG if pmd else 0)
         map_flags = node.MAP_SHARED if shared else node.MAP_PRIVATE
