@@ -648,6 +648,7 @@ class Cluster:
             extra_args=extra,
             fast_init_modules=self.image.fast_init_modules,
             extra_cmdline=self.image.extra_cmdline,
+            tcg_cpu=self.image.tcg_cpu,
         )
 
     def _firmware(self) -> str | None:

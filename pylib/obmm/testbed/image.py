@@ -207,6 +207,11 @@ class Image:
         return qemu.FAST_INIT_MODULES if value is None else tuple(value)
 
     @property
+    def tcg_cpu(self) -> str:
+        """QEMU's -cpu for this image under TCG."""
+        return str(self.manifest.get("tcg_cpu", qemu.TCG_CPU))
+
+    @property
     def extra_cmdline(self) -> tuple[str, ...]:
         """Kernel parameters this image's kernel needs besides qemu.kernel_cmdline's."""
         return tuple(self.manifest.get("extra_cmdline", ()))
@@ -394,12 +399,14 @@ def debug_variant(image: Image) -> Image:
             # AMD E400 idle routine; on this kernel the guest then halts in early boot for
             # good (reproduced: RIP in amd_e400_idle after "Running RCU-tasks wait API self
             # tests", 3 of 3 full-device boots; with idle=halt 2 of 2 reach sshd).
-            # no5lvl: "max" also offers LA57, and identify_cpu() clears the boot CPU's
-            # capability words (LA57 with them) before it reads them again; KASAN, asked in
-            # that window by an interrupt, takes the direct map for a wild address (seen:
-            # "BUG: KASAN: wild-memory-access in do_raw_spin_lock" from handle_edge_irq in
-            # identify_cpu, at 0.8 s, in 1 of 8 cold boots).  4-level paging has no window.
-            "extra_cmdline": ["idle=halt", "no5lvl"],
+            "extra_cmdline": ["idle=halt"],
+            # No LA57: identify_cpu() clears the boot CPU's capability words (LA57 with them)
+            # before it reads them again, and KASAN, asked in that window by an interrupt,
+            # takes the 5-level direct map for a wild address (seen: "BUG: KASAN:
+            # wild-memory-access in do_raw_spin_lock" from handle_edge_irq in identify_cpu,
+            # at 0.8 s, in 1 of 8 cold boots).  4-level paging has no such window.  (Not the
+            # kernel's no5lvl: a bare word it does not know goes to init's argv.)
+            "tcg_cpu": "max,la57=off",
             "base_image": str(image.directory),
             "debug_kernel": str(kernel.root),
         }

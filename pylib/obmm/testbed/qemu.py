@@ -57,6 +57,8 @@ FAST_INIT_ARGV = ("/usr/bin/tini", "/usr/local/sbin/obmm-init")
 SSH_NIC_ADDR = "10.0.2.15/24"
 # Loaded by the fast init before sshd: the NICs and the entropy source sshd draws from.
 FAST_INIT_MODULES = ("virtio_net", "virtio_rng")
+# QEMU's CPU model under TCG (an image may ask for another: Image.tcg_cpu).
+TCG_CPU = "max"
 # The fast boot's firmware: qboot (shipped with QEMU) initialises PCI and jumps to the kernel
 # in a fraction of SeaBIOS's time under TCG; the systemd boot keeps SeaBIOS.
 QBOOT = "/usr/share/qemu/qboot.rom"
@@ -182,6 +184,8 @@ class NodeLaunch:
     # Hook for debugging and experiments: appended verbatim.
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     extra_cmdline: tuple[str, ...] = field(default_factory=tuple)
+    # -cpu under TCG (under KVM: host)
+    tcg_cpu: str = TCG_CPU
     # What the fast init loads before sshd: none for a kernel with them built in.
     fast_init_modules: tuple[str, ...] = FAST_INIT_MODULES
 
@@ -299,7 +303,7 @@ def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
         "-machine",
         f"q35,accel={node.accel},memory-backend=ram",
         "-cpu",
-        "max" if node.accel == "tcg" else "host",
+        node.tcg_cpu if node.accel == "tcg" else "host",
         "-smp",
         str(topology.cpus),
         "-m",
