@@ -34,7 +34,7 @@ PREFLIGHT_BUDGET_S = 15.0
 # Skips the guest suite makes on any target when the machine lacks something (not markers).
 ENVIRONMENT_SKIPS = {"no free 2 MiB hugetlbfs page"}
 # The quick proof's guest files: each holds emulator_only and portable tests.
-QUICK_FILES = ("tests/guest/test_lifecycle.py", "tests/guest/test_addr_query.py")
+QUICK_FILES = ("tests/guest/test_lifecycle.py", "tests/guest/test_sysfs.py")
 
 
 def _clean_env() -> dict[str, str]:
