@@ -213,3 +213,31 @@ def test_unknown_module_name_is_rejected(tmp_path: Path) -> None:
     (tmp_path / "hdr" / "Makefile").write_text("")
     with pytest.raises(kbuild.KbuildError, match=r"no such module dir under .*: kb_y"):
         kbuild.build_modules(tmp_path / "hdr", kmod, tmp_path / "out", modules=["kb_y"])
+
+
+def test_kernel_release_is_kept_until_the_package_lists_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every test session asks for the release: apt-cache runs again only after the lists
+    (or the apt configuration) changed."""
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages").write_text("a")
+    monkeypatch.setattr(kbuild, "APT_STATE_GLOBS", (f"{lists}/*Packages*",))
+    monkeypatch.setenv("OBMM_TESTBED_CACHE", str(tmp_path / "cache"))
+    asked: list[str] = []
+
+    def fake(arch: str, suite: str, apt_config: Path | None) -> str:
+        asked.append(arch)
+        return f"6.1.0-{len(asked)}-amd64"
+
+    monkeypatch.setattr(kbuild, "_debian_kernel_release", fake)
+    assert kbuild.debian_kernel_release("amd64") == "6.1.0-1-amd64"
+    assert kbuild.debian_kernel_release("amd64") == "6.1.0-1-amd64"
+    assert len(asked) == 1
+    (lists / "deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages").write_text("ab")
+    assert kbuild.debian_kernel_release("amd64") == "6.1.0-2-amd64"
+    # a private apt configuration (a matrix lane) is always asked
+    assert kbuild.debian_kernel_release("amd64", apt_config=tmp_path / "apt.conf") == (
+        "6.1.0-3-amd64"
+    )

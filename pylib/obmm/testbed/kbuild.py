@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -194,10 +195,51 @@ def _show(specs: Sequence[str], env: Mapping[str, str] | None) -> list[dict[str,
     return stanzas
 
 
+#: What `apt-get update` and the host's apt configuration change.
+APT_STATE_GLOBS = (
+    "/var/lib/apt/lists/*Packages*",
+    "/var/lib/apt/lists/*Release",
+    "/etc/apt/sources.list*",
+    "/etc/apt/sources.list.d/*",
+    "/etc/apt/preferences*",
+    "/etc/apt/preferences.d/*",
+)
+
+
+def _apt_state() -> str:
+    """A digest of the host's package lists and apt configuration (names, sizes, mtimes)."""
+    digest = hashlib.sha256()
+    for pattern in APT_STATE_GLOBS:
+        folder, glob = pattern.rsplit("/", 1)
+        for path in sorted(Path(folder).glob(glob)):
+            st = path.stat()
+            digest.update(f"{path}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:20]
+
+
 def debian_kernel_release(
     arch: str = "amd64", suite: str = DEFAULT_SUITE, *, apt_config: Path | None = None
 ) -> str:
-    """The release (``6.1.0-57-amd64``) that ``linux-image-<arch>`` from ``suite`` depends on."""
+    """The release (``6.1.0-57-amd64``) that ``linux-image-<arch>`` from ``suite`` depends on.
+
+    Two apt-cache calls (about a second of CPU, paid by every test session that boots a
+    node), so for the host's own lists the answer is kept in the cache until they change."""
+    if apt_config is not None:
+        return _debian_kernel_release(arch, suite, apt_config)
+    memo = paths.cache_dir() / "apt" / "kernel-release" / f"{arch}-{suite}-{_apt_state()}"
+    try:
+        return memo.read_text().strip()
+    except OSError:
+        pass
+    release = _debian_kernel_release(arch, suite, None)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
+    tmp.write_text(release + "\n")
+    tmp.replace(memo)
+    return release
+
+
+def _debian_kernel_release(arch: str, suite: str, apt_config: Path | None) -> str:
     env = _apt_env(apt_config)
     meta = f"linux-image-{arch}" if arch == host_arch() else f"linux-image-{arch}:{arch}"
     version = _suite_version(meta, suite, env)
