@@ -108,7 +108,28 @@ def test_payload_has_package_tests_selftests_and_modules(tmp_path: Path) -> None
     assert "kmod/obmm_testhook.ko" in names
     assert "tests/c/smoke.c" in names  # C programs the guest tests compile there
     assert "pyproject.toml" in names
-    assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
+    # bytecode: only the package's, for this interpreter, made for the payload (not a stale
+    # __pycache__ of the checkout, and none for the tests: pytest rewrites those)
+    tag = sys.implementation.cache_tag
+    pyc = {n for n in names if "__pycache__" in n or n.endswith(".pyc")}
+    assert pyc and all(n.startswith("pylib/obmm/") and n.endswith(f".{tag}.pyc") for n in pyc)
+    assert "pylib/obmm/__pycache__/api." + tag + ".pyc" in pyc
+
+
+def test_unpacked_payload_imports_from_its_bytecode(tmp_path: Path) -> None:
+    """A node's interpreter takes the shipped bytecode as is: nothing compiled, none stale."""
+    with tarfile.open(fileobj=io.BytesIO(provision.payload_tar(repo_root()))) as tar:
+        tar.extractall(tmp_path, filter="tar")
+    proc = subprocess.run(
+        [sys.executable, "-v", "-c", "import obmm.api, obmm.fuzz.engine, obmm.tools.logscan"],
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "pylib"), "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    ours = [ln for ln in proc.stderr.splitlines() if str(tmp_path) in ln]
+    loaded = [ln for ln in ours if ln.startswith("# code object from")]
+    assert len(loaded) >= 5, proc.stderr[-2000:]
+    assert all("__pycache__" in ln for ln in loaded), loaded
+    assert not [ln for ln in ours if "stale" in ln or "bad mtime" in ln], ours
 
 
 def test_guest_plugin_streams_events_from_a_real_pytest(tmp_path: Path) -> None:
