@@ -32,12 +32,9 @@ booted, built or loaded; the package and helpers go to a fresh directory under t
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from types import FrameType
 
 import pytest
 from xharness import ClusterHarness
@@ -51,12 +48,9 @@ from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.provision import payload_tar
 from obmm.testbed.runner import GuestSession
 from obmm.testbed.ssh import SshError
+from obmm.tools import interrupts
 
 HARDWARE = bool(os.environ.get(hwstage.ENV_CONFIG))
-
-
-def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -67,9 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "after_destroys: runs after the destroys_cluster tests (provokes kernel reports)",
     )
-    if threading.current_thread() is threading.main_thread():
-        # CI cancelling the job unwinds like Ctrl-C, so the cluster is torn down.
-        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    # CI cancelling the job unwinds like Ctrl-C, so the cluster is torn down.
+    interrupts.install_sigterm_unwinds()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

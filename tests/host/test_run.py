@@ -337,7 +337,23 @@ def test_the_identity_is_read_from_the_controller_sysfs() -> None:
     assert run.read_identity(Fake()) == ("0x10", "0x1234")
 
 
-def test_sigterm_unwinds_like_ctrl_c() -> None:
-    with run._sigterm_unwinds(), pytest.raises(KeyboardInterrupt):
+def test_an_interrupted_run_says_so_in_one_line_and_exits_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM in the middle of a run: the cluster's teardown runs (the finally blocks), then
+    one line and status 130, not a traceback."""
+
+    def interrupted(plan: object, args: object) -> int:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
+        return 0
+
+    monkeypatch.setattr(run, "_run", interrupted)
+    p = argparse.ArgumentParser()
+    run.add_arguments(p)
+    args = p.parse_args(["--nodes", "1", "--dir", "none", "--", "true"])
+    t0 = time.monotonic()
+    assert run.command(args) == run.EXIT_INTERRUPTED == 130
+    assert time.monotonic() - t0 < 4
+    err = capsys.readouterr().err
+    assert err.strip() == "obmm-testbed run: interrupted (signal 15); the cluster is stopped"

@@ -26,15 +26,14 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 from obmm.bench.results import Figure
 from obmm.bench.runner import make_testbed_figure
+from obmm.tools import interrupts
 
 SUITES = ("qemu-test.warm", "qemu-test.cold", "make-test.fresh")
 RUN_BOUND_S = 90 * 60.0  # CI's limit for a whole run
@@ -87,10 +86,6 @@ def _stop_session(proc: subprocess.Popen[bytes], grace_s: float = 180.0) -> None
         proc.wait()
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def _tail(log: Path, lines: int = 15) -> str:
     try:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
@@ -141,11 +136,8 @@ def suite_figures(
     if unknown:
         raise ValueError(f"unknown suite(s) {', '.join(unknown)}; known: {', '.join(SUITES)}")
     results = {s: SuiteSamples(s) for s in suites}
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        # SIGTERM unwinds like Ctrl-C: the run in progress is stopped, its scratch removed.
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+    # SIGTERM unwinds like Ctrl-C: the run in progress is stopped, its scratch removed.
+    with interrupts.sigterm_unwinds():
         if "qemu-test.warm" in results:
             say("suite timing: warm-up make qemu-test (not counted)")
             runner("qemu-test.warm", checkout, logdir)
@@ -160,7 +152,4 @@ def suite_figures(
                     results[suite].failures.append(str(log))
                     what = f"suite timing: {suite} FAILED (exit {rc}), not counted; {log}"
                     say(f"{what}\n{_tail(log)}")
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     return [r.figure() for r in results.values() if r.seconds]

@@ -21,11 +21,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import pytest
@@ -41,6 +38,7 @@ from obmm.testbed.runner import (
     GuestTestResult,
 )
 from obmm.testbed.ssh import GuestGone
+from obmm.tools import interrupts
 
 # A GuestSession, or the hardware stage's HwSession (obmm.testbed.hw.pytest_plugin).
 SESSION_KEY = pytest.StashKey[SuiteSession]()
@@ -91,15 +89,10 @@ class GuestTestFailed(Exception):
         self.result = result
 
 
-def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM (CI cancelling a job) unwinds like Ctrl-C, so the cluster is torn down.
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "destroys_cluster: runs last; leaves the cluster dead")
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    # SIGTERM (CI cancelling a job) unwinds like Ctrl-C, so the cluster is torn down.
+    interrupts.install_sigterm_unwinds()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -40,18 +40,16 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import sys
 import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
-from types import FrameType
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from obmm.identity import ENV_NODE_ID
 from obmm.testbed import qemu
@@ -60,7 +58,11 @@ from obmm.testbed.kguard import KernelLogGuard
 from obmm.testbed.parallel import on_each
 from obmm.testbed.provision import GUEST_ROOT
 from obmm.testbed.runner import ENV_NODES
-from obmm.testbed.ssh import CommandTimeout, GuestGone, Result, SshError
+from obmm.testbed.ssh import CommandTimeout, Connection, GuestGone, Result, SshError
+from obmm.tools import interrupts
+
+if TYPE_CHECKING:
+    from obmm.testbed.cluster import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,7 @@ ENV_CFLAGS = "OBMM_CFLAGS"
 EXIT_KERNEL_REPORT = 1
 EXIT_TIMEOUT = 124  # like timeout(1)
 EXIT_GUEST_GONE = 255  # like ssh(1)
+EXIT_INTERRUPTED = 130  # like a shell's status after Ctrl-C
 DEFAULT_TIMEOUT_S = 600.0
 STOP_GRACE_S = 10.0
 READY_POLL_S = 0.2
@@ -593,27 +596,15 @@ def _topology(plan: Plan, args: argparse.Namespace) -> qemu.Topology:
     )
 
 
-@contextlib.contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """SIGTERM (a CI job cancelled) unwinds like Ctrl-C, so the cluster is torn down."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def command(args: argparse.Namespace) -> int:
     plan = make_plan(args)
-    with _sigterm_unwinds():
-        return _run(plan, args)
+    try:
+        with interrupts.sigterm_unwinds():
+            return _run(plan, args)
+    except KeyboardInterrupt as exc:
+        why = exc or "Ctrl-C"
+        print(f"obmm-testbed run: interrupted ({why}); the cluster is stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _run(plan: Plan, args: argparse.Namespace) -> int:
@@ -698,18 +689,27 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
             f"whole run {time.monotonic() - t0:.1f} s"
         )
     finally:
-        for conn in opened:
-            conn.close()
-        if plan.keep:
-            print(
-                f"cluster {plan.name} kept: obmm-testbed ssh --name {plan.name} 0 "
-                f"[-- CMD]; obmm-testbed status --name {plan.name}; "
-                f"obmm-testbed down --name {plan.name}"
-            )
-        else:
-            cluster.stop()
-            if status == 0:
-                shutil.rmtree(logdir, ignore_errors=True)
-            else:
-                print(f"consoles kept in {logdir}", file=sys.stderr)
+        # a second Ctrl-C or SIGTERM waits until the cluster is down
+        with interrupts.signals_deferred():
+            _teardown(plan, cluster, opened, logdir, status)
     return status
+
+
+def _teardown(
+    plan: Plan, cluster: Cluster, opened: Sequence[Connection], logdir: Path, status: int
+) -> None:
+    """Close the connections and stop the cluster (or say how to reach a kept one)."""
+    for conn in opened:
+        conn.close()
+    if plan.keep:
+        print(
+            f"cluster {plan.name} kept: obmm-testbed ssh --name {plan.name} 0 "
+            f"[-- CMD]; obmm-testbed status --name {plan.name}; "
+            f"obmm-testbed down --name {plan.name}"
+        )
+    else:
+        cluster.stop()
+        if status == 0:
+            shutil.rmtree(logdir, ignore_errors=True)
+        else:
+            print(f"consoles kept in {logdir}", file=sys.stderr)
