@@ -26,6 +26,7 @@ import gc
 import mmap
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,12 +262,27 @@ def child() -> Callable[..., ChildResult]:
     return run_in_child
 
 
+FREE_HUGEPAGES = Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+
+
+def _quarantine_s() -> float:
+    try:
+        return read_int(Path("/sys/module/obmm_emu/parameters/quarantine_ms")) / 1000
+    except (OSError, ValueError):
+        return 0.0
+
+
 @pytest.fixture
 def hugepages() -> Iterator[int]:
     """At least two free 2 MiB hugetlbfs pages for the duration of the test."""
     old = read_int(NR_HUGEPAGES)
     NR_HUGEPAGES.write_text(str(old + 2))
-    free = read_int(Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages"))
+    free = read_int(FREE_HUGEPAGES)
+    # Pages an earlier EXPORT_PID pinned come back when their quarantine ends.
+    deadline = time.monotonic() + _quarantine_s() + 2.0
+    while free < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        free = read_int(FREE_HUGEPAGES)
     if free < 1:
         NR_HUGEPAGES.write_text(str(old))
         pytest.skip("no free 2 MiB hugetlbfs page")
