@@ -6,11 +6,13 @@
 
 #include <linux/capability.h>
 #include <linux/cred.h>
+#include <linux/delay.h>
 #include <linux/hugetlb.h>
 #include <linux/io.h>
 #include <linux/jiffies.h>
 #include <linux/list.h>
 #include <linux/mm.h>
+#include <linux/moduleparam.h>
 #include <linux/nodemask.h>
 #include <linux/overflow.h>
 #include <linux/pid.h>
@@ -453,6 +455,16 @@ struct obmm_pid_quarantine {
 	u64 epoch;
 };
 
+/*
+ * Test only (0, the default: off): EXPORT_PID waits this long between
+ * taking the target's mm and pinning its pages, so that a test can make
+ * the target exit, and be reaped, in that window.  The pin must then still
+ * find the whole address space: the mm is held (mmget) across it.
+ */
+static unsigned int test_pin_delay_ms;
+module_param(test_pin_delay_ms, uint, 0600);
+MODULE_PARM_DESC(test_pin_delay_ms, "test only: EXPORT_PID waits this long before pinning (ms)");
+
 static LIST_HEAD(obmm_pid_quarantine_list);
 static DEFINE_MUTEX(obmm_pid_quarantine_lock);
 static void obmm_pid_quarantine_fn(struct work_struct *work);
@@ -619,6 +631,8 @@ long obmm_export_pid_ioctl(void __user *uarg)
 				  "no memory for the quarantine entry");
 		goto err_id;
 	}
+	if (READ_ONCE(test_pin_delay_ms))
+		msleep_interruptible(READ_ONCE(test_pin_delay_ms));
 	ret = obmm_pid_pin(r, (unsigned long)cmd.va);
 	/* Pinned (or not): from now on the region needs the mm_struct only. */
 	mmgrab(mm);

@@ -5,9 +5,13 @@ Reference: obmm-uapi-and-driver.md section 2.2 (obmm_export_from_user.c).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
+import signal
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -226,6 +230,72 @@ def test_export_pid_racing_the_targets_exit(dev: obmm.Obmm, hugepages: int) -> N
         finally:
             os.waitpid(pid, 0)
     assert outcomes - {"no hugepage"}, outcomes
+
+
+PIN_DELAY_MS = Path("/sys/module/obmm_emu/parameters/test_pin_delay_ms")
+
+
+def _lingering_target(wfd: int) -> None:
+    """Child: a hugetlbfs page with a pattern; report its address and frame, then wait."""
+    try:
+        buf = mmap.mmap(-1, SZ_2M, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_HUGETLB)
+        buf[:SZ_4K] = b"\x5a" * SZ_4K
+        va = buffer_address(buf)
+        with open("/proc/self/pagemap", "rb") as pm:
+            pm.seek(va // SZ_4K * 8)
+            pfn = int.from_bytes(pm.read(8), "little") & ((1 << 55) - 1)
+        os.write(wfd, va.to_bytes(8, "little") + pfn.to_bytes(8, "little"))
+        time.sleep(120)
+    finally:
+        os._exit(0)
+
+
+@pytest.mark.emulator_only
+def test_a_target_reaped_while_the_export_waits_to_pin(dev: obmm.Obmm, hugepages: int) -> None:
+    """The target is killed, and reaped, after EXPORT_PID took its mm and before the pin (the
+    module's test-only test_pin_delay_ms holds the export there).  The mm is held across the
+    pin, so the pin still finds the whole address space: the export succeeds with the target's
+    own page, and nothing is reported (dropping the mm before the pin, as before the fix,
+    pins through a freed mm_struct)."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rfd)
+        _lingering_target(wfd)
+    os.close(wfd)
+    reply = os.read(rfd, 16)
+    os.close(rfd)
+    if len(reply) < 16:
+        os.waitpid(pid, 0)
+        pytest.fail("the target could not map a hugetlbfs page")
+    va, pfn = int.from_bytes(reply[:8], "little"), int.from_bytes(reply[8:], "little")
+    outcome: list[object] = []
+
+    def export() -> None:
+        try:
+            outcome.append(dev.export_pid(va, SZ_2M, pid=pid))
+        except OSError as exc:
+            outcome.append(exc)
+
+    PIN_DELAY_MS.write_text("1500")
+    try:
+        worker = threading.Thread(target=export)
+        worker.start()
+        time.sleep(0.3)  # the export has the mm and waits
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        worker.join(60)
+    finally:
+        PIN_DELAY_MS.write_text("0")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    assert outcome and isinstance(outcome[0], obmm.Export), outcome
+    try:
+        assert dev.query_pa_by_memid(outcome[0].mem_id) == pfn * SZ_4K
+    finally:
+        dev.unexport(outcome[0].mem_id)
 
 
 @pytest.mark.emulator_only
