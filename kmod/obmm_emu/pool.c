@@ -252,18 +252,47 @@ static unsigned long obmm_pool_find_aligned(unsigned long n, bool fast,
 	}
 }
 
-static unsigned long obmm_pool_find(unsigned long n, bool fast)
+/*
+ * A run for n granules.  *@claimed: the best one, block-aligned, holds the
+ * granule the zero worker is clearing; the caller waits for that claim to
+ * end instead of settling on a run that cannot be borrowed (the worker
+ * walks freed memory granule by granule right after a quarantine ends).
+ */
+static unsigned long obmm_pool_find(unsigned long n, bool fast, bool *claimed)
 {
 	u64 block = obmm_memory_block_bytes();
-	unsigned long idx, align = 0;
+	unsigned long idx, align = 0, z = the_pool.zeroing;
 
+	*claimed = false;
 	if (block > the_pool.granu && !(n * the_pool.granu % block)) {
 		align = block / the_pool.granu - 1;
 		idx = obmm_pool_find_aligned(n, fast, align);
 		if (idx < the_pool.nr)
 			return idx;
+		if (z != OBMM_POOL_NOT_ZEROING && !fast) {
+			clear_bit(z, the_pool.used_map);
+			idx = obmm_pool_find_aligned(n, fast, align);
+			set_bit(z, the_pool.used_map);
+			if (idx < the_pool.nr) {
+				*claimed = true;
+				return idx;
+			}
+		}
 	}
 	return obmm_pool_find_aligned(n, fast, 0);
+}
+
+/* Until the zero worker's current claim ends; pool lock held, dropped meanwhile. */
+static int obmm_pool_wait_zeroing(void)
+{
+	unsigned long z = the_pool.zeroing;
+	int ret;
+
+	mutex_unlock(&the_pool.lock);
+	ret = wait_event_interruptible(the_pool.zeroing_wq,
+				       READ_ONCE(the_pool.zeroing) != z);
+	mutex_lock(&the_pool.lock);
+	return ret;
 }
 
 /*
@@ -362,6 +391,7 @@ int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa)
 	unsigned long deadline = jiffies + msecs_to_jiffies(quarantine_ms) +
 				 msecs_to_jiffies(obmm_access_scan_ms());
 	unsigned long n, idx, i;
+	bool claimed;
 	int ret;
 
 	if (!the_pool.present)
@@ -376,7 +406,13 @@ int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa)
 		goto out;
 	}
 	for (;;) {
-		idx = obmm_pool_find(n, fast);
+		idx = obmm_pool_find(n, fast, &claimed);
+		if (idx < the_pool.nr && claimed) {
+			ret = obmm_pool_wait_zeroing();
+			if (ret)
+				goto out;
+			continue;
+		}
 		if (idx < the_pool.nr)
 			break;
 		/* FAST takes cleared memory only: waiting cannot help. */

@@ -440,6 +440,9 @@ def test_unexport_while_borrowed_unplugs_before_the_memory_is_reused(
     if pool_total() - pool_used() < block:
         pytest.skip("the pool has no free memory block")
     exp = dev.export(block)
+    if fabric.loopback_addr(dev, exp.mem_id) % block:
+        dev.unexport(exp.mem_id)
+        pytest.skip("the pool gave no block-aligned range")
     imp = borrow(dev, fabric, exp)
     holder = Holder(4 * SZ_2M, imp.numa_id, pin=True)
     try:
@@ -469,3 +472,38 @@ def test_failed_numa_import_leaves_the_range_free(
                  tokenid=blk_export.tokenid)  # fmt: skip
     imp = borrow(dev, fabric, blk_export)
     dev.unimport(imp.mem_id)
+
+
+@pytest.mark.emulator_only
+def test_a_block_export_right_after_a_quarantine_is_still_borrowable(
+    dev: obmm.Obmm, fabric: Fabric, block: int
+) -> None:
+    """Right after a freed block leaves quarantine the zero worker clears it granule by
+    granule.  A block-sized EXPORT then waits for the granule being cleared instead of taking
+    an unaligned run (which no NUMA_REMOTE import can use): here the second block is broken by
+    a small export at its top, so an unaligned run across both would fit."""
+    wait_for(lambda: quarantined() == 0, UNPLUG_S)
+    if pool_total() - pool_used() < 2 * block:
+        pytest.skip("the pool has no two free memory blocks")
+    first = dev.export(block)
+    below = dev.export(block - SZ_2M)
+    top = dev.export(SZ_2M)
+    live = [below, first, top]
+    try:
+        if fabric.loopback_addr(dev, first.mem_id) % block:
+            pytest.skip("the pool gave no block-aligned range")
+        for exp in (below, first):
+            dev.unexport(exp.mem_id)
+            live.remove(exp)
+        assert wait_for(lambda: quarantined() == 0, UNPLUG_S)
+        again = dev.export(block)  # while the worker clears the first block
+        try:
+            addr = fabric.loopback_addr(dev, again.mem_id)
+            assert addr % block == 0, f"block export placed at {addr:#x}: not borrowable"
+            imp = borrow(dev, fabric, again)
+            dev.unimport(imp.mem_id)
+        finally:
+            dev.unexport(again.mem_id)
+    finally:
+        for exp in live:
+            dev.unexport(exp.mem_id)
