@@ -297,8 +297,12 @@ static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 	if (!obmm_vma_huge(r))
 		return generic_access_phys(vma, addr, buf, len, write);
 
-	if (!(vma->vm_flags & (write ? VM_WRITE : VM_READ)) ||
-	    off >= r->size)
+	/*
+	 * What GUP with FOLL_FORCE (ptrace, /proc/pid/mem) allows elsewhere, and
+	 * generic_access_phys() for page mappings: a read of any mapping (a
+	 * PROT_WRITE-only one too), a write where the mapping is writable.
+	 */
+	if ((write && !(vma->vm_flags & VM_WRITE)) || off >= r->size)
 		return -EINVAL;
 	len = min_t(int, len, PAGE_SIZE - offset);
 	mutex_lock(&r->mmap_lock);

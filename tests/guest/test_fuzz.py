@@ -22,6 +22,8 @@ REPRODUCERS = {
     "import-over-preimport": (2, (1699, 1810)),
     # ptrace access to an untouched cacheable page mapping got EIO (kmod .access)
     "ptrace-untouched-page": (5, (348, 361, 399, 413)),
+    # a /proc/self/mem read of a PROT_WRITE-only PMD mapping got EIO (kmod .access)
+    "ptrace-read-write-only-pmd": (1, (13314, 13316, 13324, 13327)),
 }
 
 
