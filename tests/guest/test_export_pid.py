@@ -255,8 +255,8 @@ def test_a_target_reaped_while_the_export_waits_to_pin(dev: obmm.Obmm, hugepages
     """The target is killed, and reaped, after EXPORT_PID took its mm and before the pin (the
     module's test-only test_pin_delay_ms holds the export there).  The mm is held across the
     pin, so the pin still finds the whole address space: the export succeeds with the target's
-    own page, and nothing is reported (dropping the mm before the pin, as before the fix,
-    pins through a freed mm_struct)."""
+    own page, and nothing is reported (with the mm dropped before the pin, as before the fix,
+    the pin finds the address space torn down: EFAULT, or worse without an mm_count)."""
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:
