@@ -21,6 +21,7 @@ def test_sigterm_unwinds_like_ctrl_c_inside_the_block_only() -> None:
 
 def test_a_signal_during_a_teardown_waits_for_its_end() -> None:
     finished = []
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN in a pytest-xdist worker
     with (
         pytest.raises(KeyboardInterrupt, match="signal 2"),
         interrupts.signals_deferred() as noted,
@@ -31,7 +32,7 @@ def test_a_signal_during_a_teardown_waits_for_its_end() -> None:
         assert noted == [signal.SIGINT, signal.SIGTERM]
         finished.append(True)
     assert finished == [True]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_a_teardown_without_a_signal_ends_quietly() -> None:
