@@ -188,6 +188,21 @@ def test_own_process_allowed_after_dropping_privileges(
     assert res.stdout.split() == ["EFAULT"]  # unmapped range: the pin's errno
 
 
+def _fork_target(body: Callable[[int], None], size: int) -> tuple[int, bytes]:
+    """A child running `body` (which never returns); its pid and the `size` bytes it reports
+    on its pipe first."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rfd)
+        body(wfd)
+    os.close(wfd)
+    try:
+        return pid, os.read(rfd, size)
+    finally:
+        os.close(rfd)
+
+
 def _exiting_target(wfd: int) -> None:
     """Child: map a hugetlbfs page, report its address, then exit at once."""
     try:
@@ -207,14 +222,8 @@ def test_export_pid_racing_the_targets_exit(dev: obmm.Obmm, hugepages: int) -> N
     """
     outcomes: set[str] = set()
     for _ in range(12):
-        rfd, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(rfd)
-            _exiting_target(wfd)
-        os.close(wfd)
-        va = int.from_bytes(os.read(rfd, 8), "little")
-        os.close(rfd)
+        pid, reply = _fork_target(_exiting_target, 8)
+        va = int.from_bytes(reply, "little")
         try:
             if not va:
                 outcomes.add("no hugepage")
@@ -257,14 +266,7 @@ def test_a_target_reaped_while_the_export_waits_to_pin(dev: obmm.Obmm, hugepages
     pin, so the pin still finds the whole address space: the export succeeds with the target's
     own page, and nothing is reported (with the mm dropped before the pin, as before the fix,
     the pin finds the address space torn down: EFAULT, or worse without an mm_count)."""
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(rfd)
-        _lingering_target(wfd)
-    os.close(wfd)
-    reply = os.read(rfd, 16)
-    os.close(rfd)
+    pid, reply = _fork_target(_lingering_target, 16)
     if len(reply) < 16:
         os.waitpid(pid, 0)
         pytest.fail("the target could not map a hugetlbfs page")

@@ -32,7 +32,6 @@ CLI: ``python -m obmm.testbed.debugkernel build|path|kdir``.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import logging
@@ -43,13 +42,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from obmm.testbed import kbuild, paths
 from obmm.testbed.errors import TestbedError
+from obmm.testbed.filelock import locked
 from obmm.testbed.progress import Progress, StepFailed
 
 log = logging.getLogger(__name__)
@@ -157,17 +156,6 @@ def cached(version: str | None = None) -> DebugKernel | None:
     return load(base_dir() / cache_key(version, fragment_path().read_text()))
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _download_source(version: str, progress: Progress) -> Path:
     """The source .deb, downloaded once per version with apt-get download."""
     downloads = base_dir() / "downloads"
@@ -259,7 +247,7 @@ def build(jobs: int = 2, force: bool = False, stream: object = None) -> DebugKer
     fragment = fragment_path().read_text()
     key = cache_key(version, fragment)
     root = base_dir() / key
-    with _locked(base_dir() / ".lock"):
+    with locked(base_dir() / ".lock"):
         kernel = None if force else load(root)
         if kernel is not None:
             progress.line(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -26,13 +25,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from obmm.testbed import debugkernel, initramfs, qemu
 from obmm.testbed.errors import TestbedError
+from obmm.testbed.filelock import locked
 from obmm.testbed.paths import (
     ENV_KERNEL,
     KERNEL_DEBIAN,
@@ -280,17 +280,6 @@ def _apt_kernel_release() -> str:
     raise ImageError("cannot resolve the Debian kernel release from apt-cache")
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def image_dir_for(recipe: Recipe, cache: Path, kernel_release: str, authorized_key: str) -> Path:
     digest = recipe.fingerprint(kernel_release=kernel_release, authorized_key=authorized_key)
     return cache / "images" / f"{recipe.name}-{digest[:16]}"
@@ -311,7 +300,7 @@ def ensure_image(
     release = resolve_kernel_release(recipe)
     final = image_dir_for(recipe, cache, release, authorized_key)
     images = final.parent
-    with _locked(images / ".lock"):
+    with locked(images / ".lock"):
         if final.is_dir() and not rebuild:
             log.info("image %s: cached at %s", recipe.name, final)
             return _with_guest_kernel(Image.open(final))
