@@ -241,3 +241,13 @@ def test_kernel_release_is_kept_until_the_package_lists_change(
     assert kbuild.debian_kernel_release("amd64", apt_config=tmp_path / "apt.conf") == (
         "6.1.0-3-amd64"
     )
+    # the source version the debug kernel is built from is kept the same way
+    versions: list[str] = []
+
+    def version(package: str, suite: str, env: object) -> str:
+        versions.append(package)
+        return "6.1.99-1"
+
+    monkeypatch.setattr(kbuild, "_suite_version", version)
+    assert kbuild.suite_version("linux-source-6.1") == kbuild.suite_version("linux-source-6.1")
+    assert versions == ["linux-source-6.1"]

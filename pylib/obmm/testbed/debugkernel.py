@@ -134,7 +134,7 @@ def base_dir() -> Path:
 def source_version() -> str:
     """The linux-source-6.1 version the host's apt lists offer for bookworm (or its security)."""
     try:
-        return kbuild._suite_version(SOURCE_PACKAGE, SUITE, None)
+        return kbuild.suite_version(SOURCE_PACKAGE, SUITE)
     except kbuild.KbuildError as exc:
         raise DebugKernelError(f"{exc} (the debug kernel is built from {SOURCE_PACKAGE})") from exc
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,26 +217,38 @@ def _apt_state() -> str:
     return digest.hexdigest()[:20]
 
 
-def debian_kernel_release(
-    arch: str = "amd64", suite: str = DEFAULT_SUITE, *, apt_config: Path | None = None
-) -> str:
-    """The release (``6.1.0-57-amd64``) that ``linux-image-<arch>`` from ``suite`` depends on.
-
-    Two apt-cache calls (about a second of CPU, paid by every test session that boots a
-    node), so for the host's own lists the answer is kept in the cache until they change."""
-    if apt_config is not None:
-        return _debian_kernel_release(arch, suite, apt_config)
-    memo = paths.cache_dir() / "apt" / "kernel-release" / f"{arch}-{suite}-{_apt_state()}"
+def apt_answer(name: str, ask: Callable[[], str]) -> str:
+    """`ask()` (apt-cache calls: about a second of CPU each, paid by every test session that
+    boots a node), kept in the cache under `name` until the host's package lists or apt
+    configuration change."""
+    memo = paths.cache_dir() / "apt" / "answers" / f"{name}-{_apt_state()}"
     try:
         return memo.read_text().strip()
     except OSError:
         pass
-    release = _debian_kernel_release(arch, suite, None)
+    answer = ask()
     memo.parent.mkdir(parents=True, exist_ok=True)
     tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
-    tmp.write_text(release + "\n")
+    tmp.write_text(answer + "\n")
     tmp.replace(memo)
-    return release
+    return answer
+
+
+def suite_version(package: str, suite: str = DEFAULT_SUITE) -> str:
+    """Newest version of ``package`` the host's lists offer from ``suite`` (apt_answer)."""
+    return apt_answer(f"version-{package}-{suite}", lambda: _suite_version(package, suite, None))
+
+
+def debian_kernel_release(
+    arch: str = "amd64", suite: str = DEFAULT_SUITE, *, apt_config: Path | None = None
+) -> str:
+    """The release (``6.1.0-57-amd64``) that ``linux-image-<arch>`` from ``suite`` depends on
+    (for the host's own lists, an apt_answer)."""
+    if apt_config is not None:
+        return _debian_kernel_release(arch, suite, apt_config)
+    return apt_answer(
+        f"kernel-release-{arch}-{suite}", lambda: _debian_kernel_release(arch, suite, None)
+    )
 
 
 def _debian_kernel_release(arch: str, suite: str, apt_config: Path | None) -> str:
