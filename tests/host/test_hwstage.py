@@ -8,6 +8,7 @@ guest standing in for hardware is tests/qemu/test_hw_stage.py.
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import subprocess
@@ -635,3 +636,25 @@ def test_host_that_never_answers_fails_after_the_connect_timeout() -> None:
         f"root@127.0.0.1:{port}: SSH unreachable: no login within 1 s ("
     )
     assert report.failure.endswith("a slow host needs a longer HW_CONNECT_TIMEOUT")
+
+
+def test_shipped_pytest_starts_from_its_bytecode(tmp_path: Path) -> None:
+    """The stage's guest pytest runs with PYTHONDONTWRITEBYTECODE: the archive's own .pyc
+    (for this interpreter) are what it loads, none compiled, none stale."""
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(hwpreflight.ShippedDeps.collect().tarball())) as tar:
+        tar.extractall(tmp_path / "pydeps", filter="tar")
+    proc = subprocess.run(
+        [sys.executable, "-S", "-v", "-c", "import pytest, _pytest.main, _pytest.junitxml"],
+        env={"PYTHONPATH": str(tmp_path / "pydeps"), "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    ours = [ln for ln in proc.stderr.splitlines() if str(tmp_path) in ln]
+    loaded = [ln for ln in ours if ln.startswith("# code object from")]
+    assert len(loaded) >= 20, proc.stderr[-2000:]
+    assert [ln for ln in loaded if "__pycache__" not in ln] == []
+    assert not [ln for ln in ours if "stale" in ln or "bad mtime" in ln], ours

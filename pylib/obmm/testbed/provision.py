@@ -12,18 +12,17 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
 import logging
 import os
-import py_compile
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
-from obmm.testbed import kmemleak, qemu
+from obmm import abi
+from obmm.testbed import bytecode, kmemleak, qemu
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image
 from obmm.testbed.parallel import on_each
@@ -70,7 +69,15 @@ def payload_tar(root: Path, modules: Sequence[Path] = ()) -> bytes:
         package = root / "pylib" / "obmm"
         package = package if package.is_dir() else package_dir()
         tar.add(package, arcname="pylib/obmm", filter=skip)
-        _add_bytecode(tar, package, "pylib/obmm")
+        with tempfile.TemporaryDirectory(prefix="obmm-payload-") as tmp:
+            # The bindings' declarations parsed here once, not by every guest process.
+            precompiled = Path(tmp) / f"{abi.PRECOMPILED_MODULE}.py"
+            abi.emit_precompiled(precompiled)
+            arc = f"pylib/obmm/{precompiled.name}"
+            tar.add(precompiled, arcname=arc)
+            # A node's first imports then compile nothing (about a second of CPU under TCG).
+            sources = [*_package_sources(package, "pylib/obmm"), (precompiled, arc)]
+            bytecode.add_compiled(tar, sources)
         for rel in PAYLOAD:
             path = root / rel
             if path.exists():
@@ -83,20 +90,12 @@ def payload_tar(root: Path, modules: Sequence[Path] = ()) -> bytes:
     return buf.getvalue()
 
 
-def _add_bytecode(tar: tarfile.TarFile, package: Path, arcname: str) -> None:
-    """The package's bytecode for this interpreter beside its sources, so that a node's first
-    imports do not compile it (about a second of CPU per node under TCG).  It is checked
-    against the sources' mtime and size, which the archive keeps; an interpreter of another
-    version looks for its own tag and ignores these files."""
-    with tempfile.TemporaryDirectory(prefix="obmm-pyc-") as tmp:
-        cfile = Path(tmp) / "module.pyc"
-        for src in sorted(package.rglob("*.py")):
-            rel = src.relative_to(package)
-            if rel.parts[0] == DATA_DIR or "__pycache__" in rel.parts:
-                continue
-            arc = f"{arcname}/{rel.as_posix()}"
-            py_compile.compile(str(src), cfile=str(cfile), dfile=arc, doraise=True)
-            tar.add(cfile, arcname=importlib.util.cache_from_source(arc))
+def _package_sources(package: Path, arcname: str) -> Iterable[tuple[Path, str]]:
+    for src in sorted(package.rglob("*.py")):
+        rel = src.relative_to(package)
+        if rel.parts[0] == DATA_DIR or "__pycache__" in rel.parts:
+            continue
+        yield src, f"{arcname}/{rel.as_posix()}"
 
 
 def module_sources_digest(release: str) -> str:
