@@ -9,9 +9,13 @@ the header, and equals the reference table.
 from __future__ import annotations
 
 import functools
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any, cast
 
 import cffi
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _TYPES = """
 typedef uint8_t __u8;
@@ -151,16 +155,68 @@ STRUCT_NAMES: tuple[str, ...] = (
 )
 
 
-def _build_ffi() -> cffi.FFI:
-    ffi = cffi.FFI()
-    ffi.cdef(_TYPES)
-    ffi.cdef(_STRUCTS)
-    ffi.cdef(_PACKED_STRUCTS, packed=True)
-    ffi.cdef(_LIBC)
-    return ffi
+#: The out-of-line module :func:`emit_precompiled` writes (cffi's "out-of-line ABI mode"): the
+#: declarations above, already parsed.  Parsing them takes pycparser about 0.5 s of CPU under
+#: TCG, paid by every guest process that imports obmm; loading this module about 0.04 s.  The
+#: testbed's payload carries one made on the host; a checkout or an installed wheel has none.
+PRECOMPILED_MODULE = "_abi_ffi"
 
 
-ffi = _build_ffi()
+def _declarations() -> tuple[tuple[str, bool], ...]:
+    """(cdef text, packed) in the order they are declared."""
+    return ((_TYPES, False), (_STRUCTS, False), (_PACKED_STRUCTS, True), (_LIBC, False))
+
+
+def declarations_text() -> str:
+    """What a precompiled module must have been made from (it records this text)."""
+    return "".join(f"/* packed={packed} */\n{text}" for text, packed in _declarations())
+
+
+def parse_ffi() -> cffi.FFI:
+    """The declarations parsed by cffi (pycparser): always right, slow on a TCG guest."""
+    parsed = cffi.FFI()
+    for text, packed in _declarations():
+        parsed.cdef(text, packed=packed)
+    return parsed
+
+
+def emit_precompiled(path: Path) -> None:
+    """Write the precompiled module for these declarations to `path` (cffi's own generator)."""
+    import io
+
+    builder = parse_ffi()
+    builder.set_source(f"obmm.{PRECOMPILED_MODULE}", None, compiler_verbose=False)
+    text = io.StringIO()
+    builder.emit_python_code(text)
+    text.write(f"\nDECLARATIONS = {declarations_text()!r}\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text.getvalue())
+    os.replace(tmp, path)
+
+
+def _precompiled_ffi() -> cffi.FFI | None:
+    """The precompiled module's ffi if there is one made from these very declarations and
+    this cffi can load it; else None (the caller parses)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"obmm.{PRECOMPILED_MODULE}")
+    except Exception:  # none here, or another cffi's format this backend refuses
+        return None
+    if getattr(module, "DECLARATIONS", None) != declarations_text():
+        return None
+    # A _cffi_backend.FFI: the same API as cffi.FFI for everything but cdef.
+    return cast(cffi.FFI, module.ffi)
+
+
+def _build_ffi() -> tuple[cffi.FFI, str]:
+    precompiled = _precompiled_ffi()
+    if precompiled is not None:
+        return precompiled, "precompiled"
+    return parse_ffi(), "parsed"
+
+
+ffi, FFI_ORIGIN = _build_ffi()
 
 # ---- constants (uapi/ub/obmm.h) ----
 OBMM_MAX_LOCAL_NUMA_NODES = 16

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from abi_probe import HEADER_DIR, Probe, abi_mismatches, compile_probe
@@ -163,3 +164,31 @@ def test_dropped_packed_attribute_is_caught(tmp_path: Path) -> None:
                                  "__attribute__((aligned(16)))")  # fmt: skip
     problems = abi_mismatches(compile_probe(tmp_path, list(abi.STRUCT_NAMES), header_dir))
     assert "struct obmm_cmd_preimport.priv: offset 71 != gcc 72" in problems
+
+
+def _load_precompiled(tmp_path: Path) -> Any:
+    import importlib.util
+
+    path = tmp_path / f"{abi.PRECOMPILED_MODULE}.py"
+    abi.emit_precompiled(path)
+    spec = importlib.util.spec_from_file_location(f"obmm.{abi.PRECOMPILED_MODULE}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_precompiled_bindings_equal_gcc(
+    probe: Probe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guests load the declarations precompiled (abi.emit_precompiled): the same layouts."""
+    module = _load_precompiled(tmp_path)
+    assert abi.declarations_text() == module.DECLARATIONS
+    precompiled = module.ffi
+    parsed = abi.parse_ffi()
+    for name in ("ioctl", "mmap", "munmap"):
+        assert str(precompiled.typeof(getattr(precompiled.dlopen(None), name))) == str(
+            parsed.typeof(getattr(parsed.dlopen(None), name))
+        )
+    monkeypatch.setattr(abi, "ffi", precompiled)
+    assert abi_mismatches(probe) == []

@@ -117,11 +117,17 @@ def test_payload_has_package_tests_selftests_and_modules(tmp_path: Path) -> None
 
 
 def test_unpacked_payload_imports_from_its_bytecode(tmp_path: Path) -> None:
-    """A node's interpreter takes the shipped bytecode as is: nothing compiled, none stale."""
+    """A node's interpreter takes the shipped bytecode as is: nothing compiled, none stale;
+    and the bindings' declarations come precompiled, pycparser is never imported."""
     with tarfile.open(fileobj=io.BytesIO(provision.payload_tar(repo_root()))) as tar:
         tar.extractall(tmp_path, filter="tar")
+    probe = (
+        "import sys, obmm.api, obmm.fuzz.engine, obmm.tools.logscan\n"
+        "assert obmm.abi.FFI_ORIGIN == 'precompiled', obmm.abi.FFI_ORIGIN\n"
+        "assert 'pycparser' not in sys.modules\n"
+    )
     proc = subprocess.run(
-        [sys.executable, "-v", "-c", "import obmm.api, obmm.fuzz.engine, obmm.tools.logscan"],
+        [sys.executable, "-v", "-c", probe],
         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "pylib"), "PYTHONDONTWRITEBYTECODE": "1"},
         capture_output=True, text=True, check=True,
     )  # fmt: skip
