@@ -39,11 +39,27 @@ def test_kvm_verdicts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(accel, "kvm_usable", lambda: False)
     assert "group kvm" in doctor.check_kvm(tmp_path, probe=False).detail
     monkeypatch.setattr(accel, "kvm_usable", lambda: True)
+    monkeypatch.setattr(accel, "kvm_is_pvm", lambda: False)
     assert "not probed yet" in doctor.check_kvm(tmp_path, probe=False).detail
     (tmp_path / "accel-probe.json").write_text(json.dumps({"key": "k", "accel": "tcg"}))
     assert doctor.check_kvm(tmp_path, probe=False).level == doctor.WARN
     (tmp_path / "accel-probe.json").write_text(json.dumps({"key": "k", "accel": "kvm"}))
     assert doctor.check_kvm(tmp_path, probe=False).level == doctor.OK
+
+
+def test_a_pvm_kvm_is_named_and_not_probed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doctor.os.path, "exists", lambda p: p == "/dev/kvm")
+    monkeypatch.setattr(accel, "kvm_usable", lambda: True)
+    monkeypatch.setattr(accel, "kvm_is_pvm", lambda: True)
+    monkeypatch.setattr(accel, "probe_kvm", lambda *a, **k: pytest.fail("probed a PVM host"))
+    (tmp_path / "images" / "debian-bookworm-x").mkdir(parents=True)
+    (tmp_path / "images" / "debian-bookworm-x" / "manifest.json").write_text("{}")
+    check = doctor.check_kvm(tmp_path, probe=True)
+    assert check.level == doctor.WARN
+    assert check.detail == (
+        "/dev/kvm is PVM (module kvm_pvm), which boots only kernels built as PVM guests "
+        "(CONFIG_PVM_GUEST); the image's Debian kernel is not one: nodes run under TCG"
+    )
 
 
 def test_the_exit_status_is_1_only_when_a_check_failed(

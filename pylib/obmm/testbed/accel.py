@@ -1,9 +1,14 @@
 """Choose the QEMU accelerator: KVM only when a guest is proven to boot under it, else TCG.
 
 `/dev/kvm` existing is not enough: under nested virtualisation a guest can stall right after the
-kernel decompressor.  The probe boots the image's kernel with no root device; a working
-accelerator gets it to "Kernel panic - not syncing: VFS" and (with `panic=-1 -no-reboot`) QEMU
-exits in a second or two.  The verdict is cached per host boot and QEMU binary.
+kernel decompressor.  And a /dev/kvm served by PVM (the `kvm_pvm` module: KVM without VMX/SVM,
+guest and host switched through page tables) runs only kernels built as PVM guests
+(CONFIG_PVM_GUEST, an out-of-tree series, github.com/virt-pvm/linux); Debian's kernel stops in
+its real-mode setup there, so such a host is TCG without a probe.
+
+The probe boots the image's kernel with no root device; a working accelerator gets it to
+"Kernel panic - not syncing: VFS" and (with `panic=-1 -no-reboot`) QEMU exits in a second or two.
+The verdict is cached per host boot and QEMU binary.
 """
 
 from __future__ import annotations
@@ -24,8 +29,24 @@ PROBE_TIMEOUT_S = 20.0
 ENV = "OBMM_TESTBED_ACCEL"
 
 
+#: Where the loaded KVM backends show (a module built in shows there too).
+SYS_MODULE = Path("/sys/module")
+PVM_REASON = (
+    "/dev/kvm is PVM (module kvm_pvm), which boots only kernels built as PVM guests "
+    "(CONFIG_PVM_GUEST); the image's Debian kernel is not one"
+)
+
+
 def kvm_usable() -> bool:
     return os.access("/dev/kvm", os.R_OK | os.W_OK)
+
+
+def kvm_is_pvm(sys_module: Path | None = None) -> bool:
+    """True when /dev/kvm is served by PVM alone (no kvm_intel / kvm_amd beside it)."""
+    sys_module = SYS_MODULE if sys_module is None else sys_module
+    if not (sys_module / "kvm_pvm").exists():
+        return False
+    return not any((sys_module / hw).exists() for hw in ("kvm_intel", "kvm_amd"))
 
 
 def probe_argv(qemu: str, kernel: Path, console: Path) -> list[str]:
@@ -101,10 +122,15 @@ def choose(
     want = requested or os.environ.get(ENV) or "auto"
     if want not in ACCELS:
         raise ValueError(f"accelerator must be one of {ACCELS}, got {want!r}")
+    if want == "kvm" and kvm_is_pvm():
+        log.warning("accelerator: kvm as asked, but %s: the guest will likely hang", PVM_REASON)
     if want != "auto":
         return want
     if not kvm_usable():
         log.info("accelerator: tcg (/dev/kvm not usable)")
+        return "tcg"
+    if kvm_is_pvm():
+        log.info("accelerator: tcg (%s)", PVM_REASON)
         return "tcg"
     verdict_file = cache / "accel-probe.json"
     key = _cache_key(kernel, qemu)

@@ -116,6 +116,8 @@ def check_kvm(cache: Path, *, probe: bool) -> Check:
     if not accel.kvm_usable():
         return Check(WARN, "kvm", "/dev/kvm is not read-writable by this user: TCG; "
                      "add yourself to group kvm (or run as root)")  # fmt: skip
+    if accel.kvm_is_pvm():
+        return Check(WARN, "kvm", f"{accel.PVM_REASON}: nodes run under TCG")
     images = cached_images(cache)
     if probe and images:
         ok = accel.probe_kvm(images[-1] / "vmlinuz")
