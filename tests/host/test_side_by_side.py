@@ -98,3 +98,50 @@ def test_each_job_is_timed_to_its_own_end() -> None:
         if ln.startswith("side_by_side: ")
     }  # fmt: skip
     assert times["short"] < 1 <= times["long"]
+
+
+def test_a_job_runs_its_steps_in_order_all_to_the_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Job "a" has three steps: the second fails, the third still runs; "a"'s status is the
+    # second's.  Job "b" runs beside them.
+    log = tmp_path / "log"
+    status = main([
+        f"a=echo one >> {log}", f"b=sleep 0.2; echo b >> {log}",
+        f"a+=echo two >> {log}; exit 4", f"a+=echo three >> {log}",
+    ])  # fmt: skip
+    assert status == 4
+    steps = [ln for ln in log.read_text().split() if ln != "b"]
+    assert steps == ["one", "two", "three"]
+    out = capsys.readouterr().out
+    assert "side_by_side: a FAILED (exit 4)" in out and "side_by_side: b ok" in out
+
+
+@pytest.mark.parametrize("args", [["x+=true"], ["a=true", "b+=true"], ["a=true", "a=true"]])
+def test_a_step_needs_its_job_before_it(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "no job" in err or "given twice" in err
+
+
+def test_sigterm_stops_a_job_before_its_next_step(tmp_path: Path) -> None:
+    started, late = tmp_path / "started", tmp_path / "late"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "obmm.tools.side_by_side",
+         f"a=trap 'exit 143' TERM; touch {started}; while :; do sleep 0.05; done",
+         f"a+=touch {late}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while not started.exists():
+        assert time.monotonic() < deadline, "job never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 143, out
+    assert not late.exists()

@@ -1,12 +1,15 @@
 """Run a few commands at once, their output line by line with a ``[name]`` prefix.
 
-``python -m obmm.tools.side_by_side NAME=COMMAND [NAME=COMMAND ...]`` (``make qemu-test`` runs the
-guest suite and the cluster suite this way).  Each COMMAND runs under ``/bin/sh -c`` in this
-process group, so a Ctrl-C at the terminal reaches all of them; a SIGTERM sent to this process
-is passed on to each (pytest unwinds on it and stops its QEMU nodes).  Every job runs to its end
-whatever the others do.  At the end one line per job gives its exit status and wall time; the
-exit status is 0 if every job exited 0, else that of the first job (in argument order) that
-did not.
+``python -m obmm.tools.side_by_side NAME=COMMAND [NAME+=COMMAND] [NAME=COMMAND ...]`` (``make
+qemu-test`` runs the guest suite and the cluster suite this way).  ``NAME+=COMMAND`` adds a step
+to job NAME: it starts when the job's previous step has ended, whatever that step's status, so
+a short job can take on more work while the long ones run.  Each COMMAND runs under ``/bin/sh
+-c`` in this process group, so a Ctrl-C at the terminal reaches all of them; a SIGTERM sent to
+this process is passed on to each running step (pytest unwinds on it and stops its QEMU nodes)
+and no further step starts.  Every job runs to its end whatever the others do.  At the end one
+line per job gives its exit status and wall time; a job's status is that of its first step
+that failed, and the exit status is 0 if every job exited 0, else that of the first job (in
+argument order) that did not.
 """
 
 from __future__ import annotations
@@ -26,45 +29,84 @@ from typing import IO
 class Job:
     name: str
     command: str
+    then: list[str] = field(default_factory=list)  # steps after `command`, in order
+    step: bool = False  # parsed from NAME+=COMMAND: to be folded into job NAME (add_steps)
     proc: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     seconds: float = 0.0
     status: int | None = None
-    pump: threading.Thread | None = field(default=None, repr=False)
+    runner: threading.Thread | None = field(default=None, repr=False)
 
 
 def parse_job(text: str) -> Job:
+    """NAME=COMMAND, or NAME+=COMMAND (a further step of job NAME: :func:`add_steps`)."""
     name, sep, command = text.partition("=")
+    name = name.removesuffix("+")
     if not sep or not name or not command.strip() or not name.replace("-", "").isalnum():
-        raise argparse.ArgumentTypeError(f"expected NAME=COMMAND, got {text!r}")
-    return Job(name, command)
+        raise argparse.ArgumentTypeError(f"expected NAME=COMMAND or NAME+=COMMAND, got {text!r}")
+    return Job(name, command, step=text.startswith(f"{name}+="))
+
+
+def add_steps(parsed: list[Job]) -> list[Job]:
+    """Fold each NAME+=COMMAND into the job NAME given before it."""
+    jobs: dict[str, Job] = {}
+    for job in parsed:
+        if job.step:
+            if job.name not in jobs:
+                raise ValueError(f"{job.name}+=...: no job {job.name} given before it")
+            jobs[job.name].then.append(job.command)
+        elif job.name in jobs:
+            raise ValueError(f"job names must differ: {job.name} given twice")
+        else:
+            jobs[job.name] = job
+    return list(jobs.values())
 
 
 def _pump(job: Job, stream: IO[bytes], out: IO[str], lock: threading.Lock) -> None:
-    """Copy the job's lines to `out` with its prefix; when its output ends, reap it."""
+    """Copy the step's lines to `out` with the job's prefix, until its output ends."""
     prefix = f"[{job.name}] "
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace").rstrip("\n")
         with lock:
             out.write(prefix + line + "\n")
             out.flush()
-    assert job.proc is not None
-    status = job.proc.wait()
-    job.seconds = time.monotonic() - job.started
-    # Killed by a signal: the shell's way of saying so (128 + signal).
-    job.status = status if status >= 0 else 128 - status
 
 
-def run_jobs(jobs: list[Job], out: IO[str] = sys.stdout) -> int:
+def run_jobs(jobs: list[Job], out: IO[str] | None = None) -> int:
+    out = sys.stdout if out is None else out
     lock = threading.Lock()
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
         raise ValueError(f"job names must differ: {names}")
+    stopping = threading.Event()
+    procs_lock = threading.Lock()  # a step starts, or the signal is passed on, not both at once
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        for job in jobs:
-            if job.proc is not None and job.proc.poll() is None:
-                job.proc.send_signal(signum)
+        with procs_lock:
+            stopping.set()
+            for job in jobs:
+                if job.proc is not None and job.proc.poll() is None:
+                    job.proc.send_signal(signum)
+
+    def run(job: Job) -> None:
+        for command in [job.command, *job.then]:
+            with procs_lock:
+                if stopping.is_set():
+                    break
+                job.proc = subprocess.Popen(
+                    ["/bin/sh", "-c", command],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                )
+            assert job.proc.stdout is not None
+            _pump(job, job.proc.stdout, out, lock)
+            status = job.proc.wait()
+            # Killed by a signal: the shell's way of saying so (128 + signal).
+            status = status if status >= 0 else 128 - status
+            if not job.status:
+                job.status = status
+        job.seconds = time.monotonic() - job.started
 
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -72,25 +114,17 @@ def run_jobs(jobs: list[Job], out: IO[str] = sys.stdout) -> int:
     try:
         for job in jobs:
             job.started = time.monotonic()
-            job.proc = subprocess.Popen(
-                ["/bin/sh", "-c", job.command],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-            assert job.proc.stdout is not None
-            job.pump = threading.Thread(
-                target=_pump, args=(job, job.proc.stdout, out, lock), daemon=True
-            )
-            job.pump.start()
+            job.runner = threading.Thread(target=run, args=(job,), daemon=True)
+            job.runner.start()
         for job in jobs:
-            assert job.pump is not None
-            while job.pump.is_alive():
+            assert job.runner is not None
+            while job.runner.is_alive():
                 try:
-                    job.pump.join()
+                    job.runner.join()
                 except KeyboardInterrupt:
                     # The children got the same SIGINT (one process group); wait for them to
-                    # unwind rather than leave their nodes running.
+                    # unwind rather than leave their nodes running.  No further step starts.
+                    stopping.set()
                     continue
     finally:
         if previous is not None:
@@ -108,9 +142,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m obmm.tools.side_by_side",
         description="run commands at once, output prefixed with [NAME]",
     )
-    p.add_argument("jobs", nargs="+", type=parse_job, metavar="NAME=COMMAND")
+    p.add_argument("jobs", nargs="+", type=parse_job, metavar="NAME[+]=COMMAND")
     args = p.parse_args(argv)
-    return run_jobs(args.jobs)
+    try:
+        jobs = add_steps(args.jobs)
+    except ValueError as exc:
+        p.error(str(exc))
+    return run_jobs(jobs)
 
 
 if __name__ == "__main__":
