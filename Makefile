@@ -84,7 +84,7 @@ image: setup-python
 SIDE_BY_SIDE := $(PY) -m obmm.tools.side_by_side
 qemu-test: setup-python
 	@t0=$$(date +%s); \
-	$(MAKE) --no-print-directory image kmod || exit 1; \
+	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
 	$(SIDE_BY_SIDE) \
 		'qemu=$(PYTEST) tests/qemu -m "not hw_proof" --ignore=tests/qemu/test_hw_stage.py --junitxml=results/qemu-junit.xml -o junit_logging=all' \
 		'cluster=$(PYTEST) tests/cluster -m "not hw_proof" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/cluster-junit.xml -o junit_logging=all' \
@@ -97,14 +97,14 @@ qemu-test: setup-python
 # The testbed's own tests against QEMU nodes: the runner meeting guests that WARN, hang or
 # panic; snapshots saved, restored and refused; `obmm-testbed run` from an installed wheel.
 testbed-test: setup-python
-	@$(MAKE) --no-print-directory image kmod || exit 1
+	@$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1
 	$(PYTEST) tests/testbed --junitxml=results/testbed-junit.xml -o junit_logging=all
 
 # The hardware stage run in full against QEMU nodes standing in for UB hosts: the whole guest
 # suite on one node, the cluster suite across a pair (hardware mode, window-table decoder).
 hw-proof: setup-python
 	@st=0; \
-	$(MAKE) --no-print-directory image kmod || exit 1; \
+	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
 	$(PYTEST) tests/qemu/test_hw_stage.py -m hw_proof --junitxml=results/hw-proof-junit.xml -o junit_logging=all || st=1; \
 	$(PYTEST) tests/cluster -m hw_proof --junitxml=results/hw-proof-cluster-junit.xml -o junit_logging=all || st=1; \
 	exit $$st
@@ -127,7 +127,7 @@ fuzz: setup-python
 		$(VENV)/bin/obmm-testbed ssh --name $(FUZZ_CLUSTER) --timeout $(FUZZ_TIMEOUT) $(FUZZ_NODE) -- \
 			'$(call fuzz-cmd,$(FUZZ_SEED))'; \
 	else \
-		$(MAKE) --no-print-directory image kmod || exit 1; \
+		$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
 		$(VENV)/bin/obmm-testbed run --nodes 2 --dir none --timeout $(FUZZ_TIMEOUT) \
 			--node 0='$(call fuzz-cmd,$(FUZZ_SEED))' \
 			--node 1='$(call fuzz-cmd,$$(($(FUZZ_SEED) + 1)))' || exit 1; \
@@ -141,6 +141,8 @@ bench: image kmod
 
 # Build every module under kmod/ against the guest kernel's headers (fetched
 # into ~/.cache), W=1, then the ELF pre-flight of each .ko.
+# The suites' targets pass --reuse: no build when results/kmod holds the .ko files of these very
+# sources (a plain `make kmod` always builds).
 KBUILD_ARGS ?=
 kmod: setup-python
 	$(VENV)/bin/obmm-testbed kmod $(KBUILD_ARGS)

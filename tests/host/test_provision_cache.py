@@ -62,3 +62,75 @@ def test_a_changed_source_or_a_missing_ko_builds_again(
     (out / FakeImage.kernel_release / "m.ko").unlink()
     kos = provision.build_guest_modules(FakeImage(), out)  # type: ignore[arg-type]
     assert len(builds) == 3 and kos[0].is_file()
+
+
+def _kmod_command(kmod: Path, out: Path, *extra: str) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    kbuild.add_arguments(parser)
+    args = parser.parse_args(
+        ["--release", FakeImage.kernel_release, "--kmod", str(kmod), "--out", str(out), *extra]
+    )
+    return kbuild.command(args)
+
+
+@pytest.fixture
+def command_tree(
+    tree: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> tuple[Path, list[int]]:
+    """`obmm-testbed kmod` over the fake tree (its build takes the keyword options)."""
+    kmod, builds = tree
+
+    def fake_build(headers: Path, src: Path, out: Path, **kw: object) -> list[Path]:
+        builds.append(1)
+        out.mkdir(parents=True, exist_ok=True)
+        ko = out / "m.ko"
+        ko.write_bytes(b"ko%d" % len(builds))
+        return [ko]
+
+    monkeypatch.setattr(kbuild, "fetch_headers", lambda release, *a, **kw: tmp_path)
+    monkeypatch.setattr(kbuild, "build_modules", fake_build)
+    monkeypatch.setattr(elfcheck, "check_module", lambda *a, **kw: [])
+    return kmod.parent, builds
+
+
+def test_kmod_reuse_skips_only_a_build_of_the_same_sources(
+    command_tree: tuple[Path, list[int]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kmod, builds = command_tree
+    out = tmp_path / "kout"
+    assert _kmod_command(kmod, out, "--reuse") == 0  # nothing built yet: builds
+    assert _kmod_command(kmod, out, "--reuse") == 0
+    assert len(builds) == 1
+    assert f"kbuild: modules unchanged since their last build, reusing {out}" in (
+        capsys.readouterr().out
+    )
+    assert _kmod_command(kmod, out) == 0  # without --reuse: always a build
+    assert len(builds) == 2
+    (kmod / "m" / "m.c").write_text("int z;\n")
+    assert _kmod_command(kmod, out, "--reuse") == 0
+    assert len(builds) == 3
+
+
+def test_a_partial_or_lenient_build_is_never_reused(
+    command_tree: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    kmod, builds = command_tree
+    out = tmp_path / "kout"
+    assert _kmod_command(kmod, out, "--no-werror") == 0
+    assert _kmod_command(kmod, out, "--module", "m") == 0
+    assert not (out / kbuild.BUILD_STAMP).exists()
+    assert _kmod_command(kmod, out, "--reuse") == 0
+    assert len(builds) == 3
+
+
+def test_the_suites_reuse_what_obmm_testbed_kmod_built(
+    command_tree: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    """`make qemu-test` runs `obmm-testbed kmod --reuse` first; the jobs then build nothing."""
+    kmod, builds = command_tree
+    out = tmp_path / "results-kmod"
+    assert _kmod_command(kmod, out / FakeImage.kernel_release, "--reuse") == 0
+    kos = provision.build_guest_modules(FakeImage(), out)  # type: ignore[arg-type]
+    assert len(builds) == 1 and kos[0].read_bytes() == b"ko1"

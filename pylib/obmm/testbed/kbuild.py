@@ -577,6 +577,40 @@ def _build_locked(
     return built
 
 
+#: Beside the built .ko files: the digest of the sources they were built from.
+BUILD_STAMP = "build-stamp.json"
+
+
+def sources_digest(release: str, kmod: Path) -> str:
+    """What a module build depends on: the kernel release, every file under `kmod` (build
+    output never lands there) and the build procedure itself (this file)."""
+    h = hashlib.sha256(f"release={release}\n".encode())
+    h.update(Path(__file__).read_bytes())
+    for path in sorted(p for p in kmod.rglob("*") if p.is_file()):
+        h.update(f"\n{path.relative_to(kmod)}\n".encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def reusable_build(out: Path, digest: str) -> list[Path] | None:
+    """The .ko files in `out` if the last build there was of the sources `digest` names."""
+    try:
+        recorded = json.loads((out / BUILD_STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    kos = [out / name for name in recorded.get("modules", [])]
+    if recorded.get("digest") != digest or not kos or not all(k.is_file() for k in kos):
+        return None
+    return kos
+
+
+def record_build(out: Path, digest: str, kos: Sequence[Path]) -> None:
+    stamp = out / BUILD_STAMP
+    tmp = stamp.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"digest": digest, "modules": [k.name for k in kos]}))
+    os.replace(tmp, stamp)
+
+
 DESCRIPTION = "Build kmod/* against Debian kernel headers and pre-flight the .ko files."
 
 
@@ -600,6 +634,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--module", action="append", dest="modules", help="build only this module dir (repeatable)"
     )
     parser.add_argument("--no-werror", action="store_true", help="report warnings but do not fail")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="skip the build when the .ko files in the output are of these very sources",
+    )
 
 
 def command(args: argparse.Namespace) -> int:
@@ -614,17 +653,26 @@ def command(args: argparse.Namespace) -> int:
     headers = fetch_headers(release, args.arch, args.cache, suite=args.suite)
     t1 = time.monotonic()
     out = args.out or paths.results_dir() / "kmod" / release
-    try:
-        kos = build_modules(
-            headers, args.kmod, out, warnings_as_errors=not args.no_werror, modules=args.modules
-        )
-    except BuildWarningsError as exc:
-        # The warnings are the command's output; the error that follows is their one-line count.
-        print(exc.output, file=sys.stderr)
-        raise KbuildError(exc.summary) from exc
-    t2 = time.monotonic()
+    # Only a whole build that allows no warning is what the testbed's own builds would make.
+    full = not args.modules and not args.no_werror
+    digest = sources_digest(release, args.kmod) if full else ""
+    reused = reusable_build(out, digest) if full and args.reuse else None
     print(f"kbuild: headers {release} ready in {t1 - t0:.1f}s: {headers}")
-    print(f"kbuild: built {len(kos)} module(s) in {t2 - t1:.1f}s into {out}")
+    if reused is not None:
+        kos = reused
+        print(f"kbuild: modules unchanged since their last build, reusing {out}")
+    else:
+        try:
+            kos = build_modules(
+                headers, args.kmod, out, warnings_as_errors=not args.no_werror, modules=args.modules
+            )
+        except BuildWarningsError as exc:
+            # The warnings are the command's output; the error after them is their count.
+            print(exc.output, file=sys.stderr)
+            raise KbuildError(exc.summary) from exc
+        if full:
+            record_build(out, digest, kos)
+        print(f"kbuild: built {len(kos)} module(s) in {time.monotonic() - t1:.1f}s into {out}")
 
     symvers = elfcheck.Symvers.load(headers / "Module.symvers")
     exports = {sym for ko in kos for sym in elfcheck.module_exports(ko)}

@@ -11,11 +11,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import logging
-import os
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -32,8 +29,6 @@ from obmm.testbed.ssh import Connection
 log = logging.getLogger(__name__)
 
 GUEST_ROOT = PurePosixPath("/opt/obmm-testbed")
-# Beside the built .ko files: the digest of the sources they were built from.
-BUILD_STAMP = "build-stamp.json"
 # The runner's deliberately failing self-tests: inside tests/guest (same path in the checkout and
 # in the guest) so the guest conftest's kernel-log scan applies; the suites ignore it.
 GUEST_SELFTEST = "tests/guest/_selftest"
@@ -98,20 +93,6 @@ def _package_sources(package: Path, arcname: str) -> Iterable[tuple[Path, str]]:
         yield src, f"{arcname}/{rel.as_posix()}"
 
 
-def module_sources_digest(release: str) -> str:
-    """What a module build depends on: the kernel release, every file under kmod/ (build
-    output never lands there) and the build procedure itself."""
-    from obmm.testbed import kbuild
-
-    h = hashlib.sha256(f"release={release}\n".encode())
-    h.update(Path(kbuild.__file__).read_bytes())
-    root = kmod_dir()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(f"\n{path.relative_to(root)}\n".encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
 def build_guest_modules(image: Image, out: Path) -> list[Path]:
     """Build kmod/* against the guest kernel's headers and pre-flight each .ko on the host
     (:func:`obmm.testbed.kbuild.build_modules` plus the ELF checks).
@@ -126,14 +107,15 @@ def build_guest_modules(image: Image, out: Path) -> list[Path]:
     # The debug kernel's own build tree, else Debian's headers for the release.
     headers = image.kdir or kbuild.fetch_headers(release)
     # A rebuilt debug kernel keeps its release; its build tree's path names its config.
-    digest = module_sources_digest(release if image.kdir is None else f"{release} {image.kdir}")
-    stamp = out / release / BUILD_STAMP
-    kos = _cached_build(stamp, digest)
-    if kos is None:
+    digest = kbuild.sources_digest(
+        release if image.kdir is None else f"{release} {image.kdir}", kmod_dir()
+    )
+    kos = kbuild.reusable_build(out / release, digest)
+    if kos is not None:
+        log.info("modules: sources unchanged since the last build, using %s", out / release)
+    else:
         kos = kbuild.build_modules(headers, kmod_dir(), out / release)
-        tmp = stamp.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"digest": digest, "modules": [k.name for k in kos]}))
-        os.replace(tmp, stamp)
+        kbuild.record_build(out / release, digest, kos)
     symvers = elfcheck.Symvers.load(headers / "Module.symvers")
     exports = {sym for ko in kos for sym in elfcheck.module_exports(ko)}
     for ko in kos:
@@ -157,18 +139,6 @@ def prepare_nodes(
             prepare_node(conn, i, topology, root, modules, payload=payload)
 
     on_each(range(topology.nodes), one)
-
-
-def _cached_build(stamp: Path, digest: str) -> list[Path] | None:
-    try:
-        recorded = json.loads(stamp.read_text())
-    except (OSError, ValueError):
-        return None
-    kos = [stamp.parent / name for name in recorded.get("modules", [])]
-    if recorded.get("digest") != digest or not kos or not all(k.is_file() for k in kos):
-        return None
-    log.info("modules: sources unchanged since the last build, using %s", stamp.parent)
-    return kos
 
 
 def module_load_order(kos: Iterable[Path]) -> list[Path]:
