@@ -91,3 +91,29 @@ def test_kernel_headers_match_running_kernel() -> None:
         # kernel; modules are built against its build tree on the host, never in the guest.
         pytest.skip(f"debug kernel {release}: the image carries Debian's headers only")
     assert Path(f"/usr/src/linux-headers-{release}/Makefile").is_file()
+
+
+def test_the_bindings_in_use_have_the_parsed_declarations_layouts() -> None:
+    """Whichever ffi `import obmm` took (the payload's precompiled declarations, made by the
+    host's cffi, or parsed here), this cffi lays every struct out as parsing them here does."""
+    from obmm import abi
+
+    parsed = abi.parse_ffi()
+    for struct in abi.STRUCT_NAMES:
+        assert abi.ffi.sizeof(struct) == parsed.sizeof(struct), struct
+        assert abi.ffi.alignof(struct) == parsed.alignof(struct), struct
+        fields = [name for name, _ in parsed.typeof(struct).fields]
+        assert [name for name, _ in abi.ffi.typeof(struct).fields] == fields, struct
+        for name in fields:
+            assert abi.ffi.offsetof(struct, name) == parsed.offsetof(struct, name), (struct, name)
+    for name in ("ioctl", "mmap", "munmap"):
+        ours = abi.ffi.typeof(getattr(abi.libc(), name))
+        assert str(ours) == str(parsed.typeof(getattr(parsed.dlopen(None), name)))
+
+
+@pytest.mark.emulator_only  # the QEMU testbed's payload
+def test_the_payload_bindings_come_precompiled() -> None:
+    # The guest's cffi (Debian's) loads the host-made module: no pycparser in guest processes.
+    from obmm import abi
+
+    assert abi.FFI_ORIGIN == "precompiled"
