@@ -12,7 +12,7 @@ APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3 \
 	gcc-aarch64-linux-gnu debian-archive-keyring
 
-.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof hw-test bench patch-check image kmod fuzz clean
+.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof testbed-and-hw-proof hw-test bench patch-check image kmod fuzz clean
 
 setup: setup-apt setup-python setup-node
 
@@ -51,7 +51,7 @@ dist: setup-python
 	$(PY) -m build --wheel --outdir dist .
 	@ls -l dist/*.whl
 
-test: lint host-test qemu-test testbed-test hw-proof
+test: lint host-test qemu-test testbed-and-hw-proof
 
 lint: setup-python
 	$(VENV)/bin/ruff check pylib tests
@@ -96,18 +96,28 @@ qemu-test: setup-python
 
 # The testbed's own tests against QEMU nodes: the runner meeting guests that WARN, hang or
 # panic; snapshots saved, restored and refused; `obmm-testbed run` from an installed wheel.
+TESTBED_TEST = $(PYTEST) tests/testbed --junitxml=results/testbed-junit.xml -o junit_logging=all
 testbed-test: setup-python
 	@$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1
-	$(PYTEST) tests/testbed --junitxml=results/testbed-junit.xml -o junit_logging=all
+	$(TESTBED_TEST)
 
 # The hardware stage run in full against QEMU nodes standing in for UB hosts: the whole guest
 # suite on one node, the cluster suite across a pair (hardware mode, window-table decoder).
+HW_PROOF_GUEST = $(PYTEST) tests/qemu/test_hw_stage.py -m hw_proof --junitxml=results/hw-proof-junit.xml -o junit_logging=all
+HW_PROOF_CLUSTER = $(PYTEST) tests/cluster -m hw_proof --junitxml=results/hw-proof-cluster-junit.xml -o junit_logging=all
 hw-proof: setup-python
 	@st=0; \
 	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
-	$(PYTEST) tests/qemu/test_hw_stage.py -m hw_proof --junitxml=results/hw-proof-junit.xml -o junit_logging=all || st=1; \
-	$(PYTEST) tests/cluster -m hw_proof --junitxml=results/hw-proof-cluster-junit.xml -o junit_logging=all || st=1; \
+	$(HW_PROOF_GUEST) || st=1; \
+	$(HW_PROOF_CLUSTER) || st=1; \
 	exit $$st
+
+# What `make test` runs after qemu-test: testbed-test and hw-proof side by side (prefixed
+# [testbed] and [hw]), as one job each.  Either alone keeps a core idle much of the time (one
+# node at a time, or guests waiting out hang and death timers).
+testbed-and-hw-proof: setup-python
+	@$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1
+	@$(SIDE_BY_SIDE) 'testbed=$(TESTBED_TEST)' 'hw=$(HW_PROOF_GUEST)' 'hw+=$(HW_PROOF_CLUSTER)'
 
 # The structured fuzzer of obmm_emu (pylib/obmm/fuzz) on a fresh 2-node cluster: both nodes fuzz
 # at once (node 1 with seed + 1), FUZZ_OPS single-process operations then FUZZ_ROUNDS race
