@@ -34,8 +34,7 @@ HELD_CHECK_S = 5.0
 
 
 def borrow_on(xc: ClusterHarness, exp: Exporter) -> tuple[int, int]:
-    """B fetches A's handle and imports it with NUMA_REMOTE: (mem_id, numa_id), once B's tasks
-    may allocate on the new node."""
+    """B fetches A's handle and imports it with NUMA_REMOTE: (mem_id, numa_id)."""
     doc = xc.py_json(
         B,
         "import json, xnode\n"
@@ -44,24 +43,7 @@ def borrow_on(xc: ClusterHarness, exp: Exporter) -> tuple[int, int]:
         "print(json.dumps([imp.mem_id, imp.numa_id]))\n",
         timeout=180,
     )
-    mem_id, nid = int(doc[0]), int(doc[1])
-    # A hot-added node reaches the tasks' mems_allowed later, from the cpuset hotplug work
-    # (kernel/cgroup/cpuset.c).  Until then a policy binding only that node does not intersect
-    # a task's mems_allowed and the page allocator ignores it: pages land on node 0 (seen here,
-    # 425 and 437 of 24576 pages under load).  The real driver's import does not wait either;
-    # a program that binds right after NUMA_REMOTE import needs this wait too.
-    assert wait_until(lambda: nid in mems_allowed(xc, B), 30), (nid, mems_allowed(xc, B))
-    return mem_id, nid
-
-
-def mems_allowed(xc: ClusterHarness, node: int) -> set[int]:
-    """The NUMA nodes a new task on `node` may allocate on (its Mems_allowed_list)."""
-    out = xc.run(node, "grep Mems_allowed_list /proc/self/status").out.split(":", 1)[1]
-    allowed: set[int] = set()
-    for part in out.strip().split(","):
-        first, _, last = part.partition("-")
-        allowed.update(range(int(first), int(last or first) + 1))
-    return allowed
+    return int(doc[0]), int(doc[1])
 
 
 def node_memory(xc: ClusterHarness, node: int, nid: int) -> int:
