@@ -145,3 +145,16 @@ def test_sigterm_stops_a_job_before_its_next_step(tmp_path: Path) -> None:
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 143, out
     assert not late.exists()
+
+
+def test_a_job_that_cannot_start_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    import obmm.tools.side_by_side as sbs
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(2, "No such file or directory: '/bin/sh'")
+
+    monkeypatch.setattr(sbs.subprocess, "Popen", refuse)
+    out = io.StringIO()
+    assert run_jobs([parse_job("a=true")], out) == 1
+    assert "[a] cannot start: [Errno 2] No such file or directory: '/bin/sh'" in out.getvalue()
+    assert "side_by_side: a FAILED (exit 1)" in out.getvalue()

@@ -89,24 +89,33 @@ def run_jobs(jobs: list[Job], out: IO[str] | None = None) -> int:
                     job.proc.send_signal(signum)
 
     def run(job: Job) -> None:
-        for command in [job.command, *job.then]:
-            with procs_lock:
-                if stopping.is_set():
-                    break
-                job.proc = subprocess.Popen(
-                    ["/bin/sh", "-c", command],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                )
-            assert job.proc.stdout is not None
-            _pump(job, job.proc.stdout, out, lock)
-            status = job.proc.wait()
-            # Killed by a signal: the shell's way of saying so (128 + signal).
-            status = status if status >= 0 else 128 - status
-            if not job.status:
-                job.status = status
-        job.seconds = time.monotonic() - job.started
+        try:
+            for command in [job.command, *job.then]:
+                with procs_lock:
+                    if stopping.is_set():
+                        break
+                    job.proc = subprocess.Popen(
+                        ["/bin/sh", "-c", command],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                    )
+                assert job.proc.stdout is not None
+                with job.proc.stdout:
+                    _pump(job, job.proc.stdout, out, lock)
+                status = job.proc.wait()
+                # Killed by a signal: the shell's way of saying so (128 + signal).
+                status = status if status >= 0 else 128 - status
+                if not job.status:
+                    job.status = status
+        except OSError as exc:  # the shell itself could not be started
+            with lock:
+                out.write(f"[{job.name}] cannot start: {exc}\n")
+        finally:
+            # No step ran (stopped first, or a step could not start): that is no success.
+            if job.status is None:
+                job.status = 1
+            job.seconds = time.monotonic() - job.started
 
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -124,7 +133,8 @@ def run_jobs(jobs: list[Job], out: IO[str] | None = None) -> int:
                 except KeyboardInterrupt:
                     # The children got the same SIGINT (one process group); wait for them to
                     # unwind rather than leave their nodes running.  No further step starts.
-                    stopping.set()
+                    with procs_lock:
+                        stopping.set()
                     continue
     finally:
         if previous is not None:
