@@ -148,7 +148,6 @@ def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
             # node's memory goes; one of its pages sits in a pipe, which keeps it from moving.
             doc = fill_on_b(xc, guest_tmp, "", f"--mbind {nid} --hold --pin", "held")
             pages, pid = int(doc["pages"]), int(doc["pid"])
-            print(f"fill: {doc['strays']} page(s) first placed off node {nid}, moved there")
             assert doc["nodes"].get(str(nid), 0) >= pages, doc
             xc.kill(A, exp.pid, "USR1")  # A unexports while B borrows
             xc.wait_file(A, exp.ready + ".unexported")

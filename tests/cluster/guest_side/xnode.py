@@ -147,8 +147,6 @@ PAGE = 4096
 # mbind(2) numbers (glibc has no wrapper; libnuma's is not installed).
 SYS_MBIND = {"x86_64": 237, "aarch64": 235}
 MPOL_BIND = 2
-MPOL_MF_STRICT = 1 << 0
-MPOL_MF_MOVE = 1 << 1
 
 
 def page_marker(marker: bytes, index: int) -> bytes:
@@ -167,7 +165,7 @@ def node_pages(address: int) -> dict[int, int]:
     return {}
 
 
-def mbind(address: int, size: int, node: int, flags: int = 0) -> None:
+def mbind(address: int, size: int, node: int) -> None:
     import ctypes
     import platform
 
@@ -175,7 +173,7 @@ def mbind(address: int, size: int, node: int, flags: int = 0) -> None:
     mask = ctypes.c_ulong(1 << node)
     rc = libc.syscall(SYS_MBIND[platform.machine()], ctypes.c_void_p(address),
                       ctypes.c_ulong(size), MPOL_BIND, ctypes.byref(mask),
-                      ctypes.c_ulong(node + 2), flags)  # fmt: skip
+                      ctypes.c_ulong(node + 2), 0)  # fmt: skip
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mbind to node {node}: {os.strerror(err)}")
@@ -200,14 +198,6 @@ def fill(args: argparse.Namespace) -> int:
     pages = args.size // PAGE
     for i in range(pages):
         buf[i * PAGE : i * PAGE + len(marker) + 8] = page_marker(marker, i)
-    strays = 0
-    if args.mbind is not None:
-        # Right after a hot-add the bound buffer occasionally gets a few hundred of its pages on
-        # node 0 (425-456 of 24576 in about 1 run in 3 under load; the cause is not found).
-        # Move them (MPOL_MF_MOVE); STRICT makes a page that cannot move an error (EIO).
-        strays = sum(n for nid, n in node_pages(address).items() if nid != args.mbind)
-        if strays:
-            mbind(address, args.size, args.mbind, MPOL_MF_MOVE | MPOL_MF_STRICT)
     pinned: list[int] = []
     if args.pin:
         # A page held by a pipe (vmsplice) cannot be migrated: memory offlining must wait.
@@ -220,7 +210,7 @@ def fill(args: argparse.Namespace) -> int:
         if libc.vmsplice(pinned[1], ctypes.byref(iov), 1, 0) != PAGE:
             raise OSError(ctypes.get_errno(), "vmsplice")
     tmp = args.ready + ".tmp"
-    Path(tmp).write_text(json.dumps({"pid": os.getpid(), "pages": pages, "strays": strays,
+    Path(tmp).write_text(json.dumps({"pid": os.getpid(), "pages": pages,
                                      "nodes": node_pages(address)}))  # fmt: skip
     os.replace(tmp, args.ready)
     if not args.hold:
