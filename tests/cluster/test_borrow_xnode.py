@@ -87,6 +87,28 @@ def fill_on_b(xc: ClusterHarness, tmp: str, command_prefix: str, extra: str, nam
     return dict(json.loads(xc.wait_file(B, ready, timeout=300, log=f"/tmp/fill-{name}.log")))
 
 
+# Open race (not the emulator's, as far as is known): in about 1 run in 3 under load, a buffer
+# mbind()-bound to the node just borrowed gets 425-456 of its 24576 pages on node 0, all else
+# on the node.  Waiting for the node in Mems_allowed did not stop it; moving the strays with
+# MPOL_MF_MOVE hung.  These tests need every page on the node, so a filler that got strays is
+# ended and started again (a second later the allocator has always honoured the bind so far).
+FILL_TRIES = 3
+
+
+def fill_bound_on_b(xc: ClusterHarness, tmp: str, nid: int, extra: str, name: str) -> dict:
+    """fill_on_b with `--mbind nid`, until every page of the buffer is on node `nid`."""
+    for attempt in range(1, FILL_TRIES + 1):
+        doc = fill_on_b(xc, tmp, "", f"--mbind {nid} {extra}", f"{name}{attempt}")
+        strays = {n: c for n, c in doc["nodes"].items() if n != str(nid)}
+        if not strays:
+            doc["ready"] = f"{tmp}/fill-{name}{attempt}.json"
+            return doc
+        print(f"fill attempt {attempt}: pages off node {nid}: {strays}; filling again")
+        xc.kill(B, int(doc["pid"]), "KILL")
+        time.sleep(1)
+    raise AssertionError(f"{FILL_TRIES} fillers bound to node {nid} all got pages elsewhere")
+
+
 def find_on_a(xc: ClusterHarness, exp: Exporter) -> list[int]:
     return list(
         xc.py_json(
@@ -146,7 +168,7 @@ def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
         try:
             # Only the buffer is bound to the borrowed node, so the process lives on after the
             # node's memory goes; one of its pages sits in a pipe, which keeps it from moving.
-            doc = fill_on_b(xc, guest_tmp, "", f"--mbind {nid} --hold --pin", "held")
+            doc = fill_bound_on_b(xc, guest_tmp, nid, "--hold --pin", "held")
             pages, pid = int(doc["pages"]), int(doc["pid"])
             assert doc["nodes"].get(str(nid), 0) >= pages, doc
             xc.kill(A, exp.pid, "USR1")  # A unexports while B borrows
@@ -163,7 +185,7 @@ def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
             # The pipe lets go: B migrates the pages to its own node, removes the memory,
             # acknowledges, and A's memory comes back.
             xc.kill(B, pid, "USR2")
-            xc.wait_file(B, f"{guest_tmp}/fill-held.json.unpinned")
+            xc.wait_file(B, doc["ready"] + ".unpinned")
             assert wait_until(lambda: node_memory(xc, B, nid) == 0, REVOKE_UNPLUG_S)
             assert "System RAM (Remote)" not in borrowed_iomem(xc, B)
             assert memory_blocks_of(xc, B, nid) == ""
@@ -171,7 +193,7 @@ def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
             assert pool_used(xc, A) == 0
             # The process kept its data, now on B's own memory.
             xc.kill(B, pid, "USR1")
-            verified = json.loads(xc.wait_file(B, f"{guest_tmp}/fill-held.json.verified"))
+            verified = json.loads(xc.wait_file(B, doc["ready"] + ".verified"))
             assert verified["ok"] is True
             assert str(nid) not in verified["nodes"], verified
             xc.kill(B, pid, "TERM")
@@ -191,7 +213,7 @@ def test_stalled_exporter_is_dead_and_the_borrow_is_unplugged(
     with exporter(xc, guest_tmp, size=SZ_128M, seed=23, name="stalled") as exp:
         mem_id, nid = borrow_on(xc, exp)
         try:
-            doc = fill_on_b(xc, guest_tmp, "", f"--mbind {nid} --hold", "stalled")
+            doc = fill_bound_on_b(xc, guest_tmp, nid, "--hold", "stalled")
             pid = int(doc["pid"])
             os.kill(pid_of, signal.SIGSTOP)
             try:
@@ -199,7 +221,7 @@ def test_stalled_exporter_is_dead_and_the_borrow_is_unplugged(
                 assert str(mem_id) in xc.run(B, "cat /sys/kernel/obmm_emu/revoked").out.split()
                 assert "System RAM (Remote)" not in borrowed_iomem(xc, B)
                 xc.kill(B, pid, "USR1")
-                verified = json.loads(xc.wait_file(B, f"{guest_tmp}/fill-stalled.json.verified"))
+                verified = json.loads(xc.wait_file(B, doc["ready"] + ".verified"))
                 assert verified["ok"] is True
                 assert str(nid) not in verified["nodes"], verified
                 xc.kill(B, pid, "TERM")
