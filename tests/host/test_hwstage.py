@@ -21,6 +21,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from bytecode_probe import bytecode_imports
 
 from obmm.testbed.hw import config as hwconfig
 from obmm.testbed.hw import preflight as hwpreflight
@@ -645,16 +646,9 @@ def test_shipped_pytest_starts_from_its_bytecode(tmp_path: Path) -> None:
 
     with tarfile.open(fileobj=io.BytesIO(hwpreflight.ShippedDeps.collect().tarball())) as tar:
         tar.extractall(tmp_path / "pydeps", filter="tar")
-    proc = subprocess.run(
-        [sys.executable, "-S", "-v", "-c", "import pytest, _pytest.main, _pytest.junitxml"],
-        env={"PYTHONPATH": str(tmp_path / "pydeps"), "PYTHONDONTWRITEBYTECODE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
+    found = bytecode_imports(
+        tmp_path, tmp_path / "pydeps", "import pytest, _pytest.main, _pytest.junitxml", "-S"
     )
-    ours = [ln for ln in proc.stderr.splitlines() if str(tmp_path) in ln]
-    loaded = [ln for ln in ours if ln.startswith("# code object from")]
-    assert len(loaded) >= 20, proc.stderr[-2000:]
-    assert [ln for ln in loaded if "__pycache__" not in ln] == []
-    assert not [ln for ln in ours if "stale" in ln or "bad mtime" in ln], ours
+    assert len(found.loaded) >= 20, found.stderr[-2000:]
+    assert found.compiled == []
+    assert found.stale == []

@@ -24,14 +24,14 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[in
     monkeypatch.setattr(provision, "kmod_dir", lambda: kmod.parent)
     builds: list[int] = []
 
-    def fake_build(headers: Path, src: Path, out: Path) -> list[Path]:
+    def fake_build(headers: Path, src: Path, out: Path, **kw: object) -> list[Path]:
         builds.append(1)
         out.mkdir(parents=True, exist_ok=True)
         ko = out / "m.ko"
         ko.write_bytes(b"ko%d" % len(builds))
         return [ko]
 
-    monkeypatch.setattr(kbuild, "fetch_headers", lambda release: tmp_path)
+    monkeypatch.setattr(kbuild, "fetch_headers", lambda release, *a, **kw: tmp_path)
     monkeypatch.setattr(kbuild, "build_modules", fake_build)
     monkeypatch.setattr(elfcheck.Symvers, "load", staticmethod(lambda path: None))
     monkeypatch.setattr(elfcheck, "module_exports", lambda ko: set())
@@ -77,20 +77,10 @@ def _kmod_command(kmod: Path, out: Path, *extra: str) -> int:
 
 @pytest.fixture
 def command_tree(
-    tree: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    tree: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Path, list[int]]:
-    """`obmm-testbed kmod` over the fake tree (its build takes the keyword options)."""
+    """`obmm-testbed kmod` over the fake tree: its kmod/ dir and the builds made."""
     kmod, builds = tree
-
-    def fake_build(headers: Path, src: Path, out: Path, **kw: object) -> list[Path]:
-        builds.append(1)
-        out.mkdir(parents=True, exist_ok=True)
-        ko = out / "m.ko"
-        ko.write_bytes(b"ko%d" % len(builds))
-        return [ko]
-
-    monkeypatch.setattr(kbuild, "fetch_headers", lambda release, *a, **kw: tmp_path)
-    monkeypatch.setattr(kbuild, "build_modules", fake_build)
     monkeypatch.setattr(elfcheck, "check_module", lambda *a, **kw: [])
     return kmod.parent, builds
 
