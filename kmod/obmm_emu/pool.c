@@ -26,6 +26,7 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/bitmap.h>
+#include <linux/delay.h>
 #include <linux/io.h>
 #include <linux/ioport.h>
 #include <linux/jiffies.h>
@@ -89,6 +90,14 @@ static unsigned int quarantine_ms = OBMM_EMU_DEFAULT_QUARANTINE_MS;
 module_param(quarantine_ms, uint, 0444);
 MODULE_PARM_DESC(quarantine_ms,
 		 "Time in ms unexported memory waits before reuse (default 1000, min 4 revoke_scan_ms)");
+
+/* Bounds test_zero_delay_ms: a stuck worker would stall module unload. */
+#define OBMM_POOL_TEST_ZERO_DELAY_MAX_MS	5000
+
+static unsigned int test_zero_delay_ms;
+module_param(test_zero_delay_ms, uint, 0600);
+MODULE_PARM_DESC(test_zero_delay_ms,
+		 "test only: the zero worker holds each granule it claimed this long before clearing it (ms, at most 5000)");
 
 struct obmm_pool_state {
 	bool present;
@@ -211,6 +220,9 @@ static void obmm_pool_zero_work(struct work_struct *work)
 		WRITE_ONCE(the_pool.zeroing, idx);
 		mutex_unlock(&the_pool.lock);
 
+		if (READ_ONCE(test_zero_delay_ms))
+			msleep(min_t(unsigned int, READ_ONCE(test_zero_delay_ms),
+				     OBMM_POOL_TEST_ZERO_DELAY_MAX_MS));
 		ret = obmm_pool_zero_granule(idx);
 
 		mutex_lock(&the_pool.lock);
@@ -253,33 +265,37 @@ static unsigned long obmm_pool_find_aligned(unsigned long n, bool fast,
 }
 
 /*
- * A run for n granules.  *@claimed: the best one, block-aligned, holds the
- * granule the zero worker is clearing; the caller waits for that claim to
- * end instead of settling on a run that cannot be borrowed (the worker
- * walks freed memory granule by granule right after a quarantine ends).
+ * The lowest run for n granules.  *@claimed: a lower run holds the granule
+ * the zero worker is clearing; the caller waits for that claim to end, so
+ * placement does not depend on where the worker is (right after a
+ * quarantine ends it walks the freed memory granule by granule).  An
+ * export of whole memory blocks first looks for a block-aligned run: only
+ * such a range can be borrowed.
  */
 static unsigned long obmm_pool_find(unsigned long n, bool fast, bool *claimed)
 {
 	u64 block = obmm_memory_block_bytes();
-	unsigned long idx, align = 0, z = the_pool.zeroing;
+	unsigned long idx, lower, align = 0, z = the_pool.zeroing;
 
 	*claimed = false;
-	if (block > the_pool.granu && !(n * the_pool.granu % block)) {
+	if (block > the_pool.granu && !(n * the_pool.granu % block))
 		align = block / the_pool.granu - 1;
+	for (;;) {
 		idx = obmm_pool_find_aligned(n, fast, align);
-		if (idx < the_pool.nr)
-			return idx;
+		/* FAST takes cleared memory only, and the claimed granule is dirty. */
 		if (z != OBMM_POOL_NOT_ZEROING && !fast) {
 			clear_bit(z, the_pool.used_map);
-			idx = obmm_pool_find_aligned(n, fast, align);
+			lower = obmm_pool_find_aligned(n, fast, align);
 			set_bit(z, the_pool.used_map);
-			if (idx < the_pool.nr) {
+			if (lower < idx) {
 				*claimed = true;
-				return idx;
+				return lower;
 			}
 		}
+		if (idx < the_pool.nr || !align)
+			return idx;
+		align = 0;	/* no block-aligned run: any run */
 	}
-	return obmm_pool_find_aligned(n, fast, 0);
 }
 
 /* Until the zero worker's current claim ends; pool lock held, dropped meanwhile. */

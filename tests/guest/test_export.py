@@ -17,10 +17,8 @@ from obmm_fixtures import (
     SZ_4K,
     expect_errno,
     exported,
-    pool_dirs,
     pool_total,
     pool_used,
-    read_int,
 )
 
 import obmm
@@ -235,19 +233,10 @@ def test_pool_used_accounts_export(dev: obmm.Obmm) -> None:
 
 
 def wait_quarantine_drained(timeout: float = 10.0) -> None:
-    """obmm_emu keeps unexported memory out of the pool for quarantine_ms (revocation).
-
-    Then wait for the background clearing too: while the zero worker clears a released
-    granule it holds it, and an EXPORT meanwhile takes the next one.
-    """
+    """obmm_emu keeps unexported memory out of the pool for quarantine_ms (revocation)."""
     path = Path("/sys/kernel/obmm_emu/quarantined")
     deadline = time.monotonic() + timeout
     while path.exists() and int(path.read_text(), 0) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    while (
-        sum(read_int(d / "available_uncleared") for d in pool_dirs())
-        and time.monotonic() < deadline
-    ):
         time.sleep(0.05)
 
 
@@ -263,6 +252,36 @@ def test_exported_memory_is_zeroed(dev: obmm.Obmm) -> None:
         assert dev.query_pa_by_memid(exp2.mem_id) == pa
         with obmm.ShmDev(exp2.mem_id) as shm, shm.mmap(SZ_2M) as m:
             assert m.read(0, SZ_2M) == bytes(SZ_2M)
+
+
+ZERO_DELAY_MS = Path("/sys/module/obmm_emu/parameters/test_zero_delay_ms")
+
+
+@pytest.mark.emulator_only
+def test_an_export_waits_for_the_granule_the_zero_worker_holds(dev: obmm.Obmm) -> None:
+    """Right after a quarantine ends the zero worker claims the released granule to clear it.
+    An EXPORT meanwhile waits for that claim and gets the lowest free memory, the granule just
+    released, instead of the next one: placement does not depend on the worker (the test-only
+    test_zero_delay_ms makes it hold its claim for a second here)."""
+    wait_quarantine_drained()
+    exp = dev.export(SZ_2M)
+    pa = dev.query_pa_by_memid(exp.mem_id)
+    ZERO_DELAY_MS.write_text("1000")
+    try:
+        dev.unexport(exp.mem_id)
+        quarantined = Path("/sys/kernel/obmm_emu/quarantined")
+        deadline = time.monotonic() + 10
+        while int(quarantined.read_text(), 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # the worker has claimed the released granule and holds it
+        t0 = time.monotonic()
+        with exported(dev) as again:
+            waited = time.monotonic() - t0
+            placed = dev.query_pa_by_memid(again.mem_id)
+    finally:
+        ZERO_DELAY_MS.write_text("0")
+    print(f"the export waited {waited:.2f} s for the worker's claim")
+    assert placed == pa, f"placed at {placed:#x}, not at the released {pa:#x}"
 
 
 @pytest.mark.emulator_only
