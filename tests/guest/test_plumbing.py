@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -66,6 +67,18 @@ def test_node_environment_matches_the_topology() -> None:
     pool_base = int(os.environ["OBMM_POOL_BASE"])
     memtotal_kib = int(Path("/proc/meminfo").read_text().split()[1])
     assert memtotal_kib * 1024 <= pool_base
+
+
+@pytest.mark.emulator_only  # QEMU testbed plumbing
+def test_the_clock_is_the_tsc_and_no_watchdog_can_take_it() -> None:
+    """Every clock read of the suites stays in the vDSO: the TSC is the clocksource, and the
+    kernel was told it is reliable, so a vCPU starved under load cannot make the clocksource
+    watchdog switch to the HPET (it did once, on an 8-node bench cluster)."""
+    cs = Path("/sys/devices/system/clocksource/clocksource0")
+    assert (cs / "current_clocksource").read_text().strip() == "tsc"
+    log = subprocess.run(["dmesg"], capture_output=True, text=True, check=True).stdout
+    assert "Marking TSC unstable" not in log
+    assert "tsc=reliable" in Path("/proc/cmdline").read_text().split()
 
 
 @pytest.mark.emulator_only  # QEMU testbed plumbing

@@ -264,6 +264,11 @@ def kernel_cmdline(
         "nokaslr",
         "mitigations=off",
         "audit=0",
+        # The TSC is QEMU's host-clock-based counter, so it is monotonic; but a starved vCPU
+        # thread between the watchdog's two reads looks like skew, and the kernel then
+        # switches to the HPET for good (seen on a node of an 8-node bench cluster), which
+        # makes every clock read a syscall.  So no clocksource watchdog.
+        "tsc=reliable",
         "net.ifnames=0",
         "systemd.show_status=0",
         # A stalled CPU or hung task is a kernel death too: end the VM instead of hanging.
