@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,46 @@ def test_a_multi_line_error_prints_its_first_line(
 def test_testbed_errors_share_one_base_and_keep_their_old_one(cls: type, older: type) -> None:
     assert issubclass(cls, errors.TestbedError)
     assert issubclass(cls, older)
+
+
+def test_sigterm_during_a_command_unwinds_says_so_and_leaves_no_scratch(tmp_path: Path) -> None:
+    """`obmm-testbed bench` stopped by SIGTERM while its throw-away image cache is being built
+    (a CI job cancelled): the scratch cache is removed, the image builder is gone, one line says
+    why, exit status 130.  Before, the process died at once and left the cache in $TMPDIR."""
+    fake_bin, scratch = tmp_path / "bin", tmp_path / "tmp"
+    fake_bin.mkdir()
+    scratch.mkdir()
+    pidfile = tmp_path / "mmdebstrap.pid"
+    fake = fake_bin / "mmdebstrap"
+    fake.write_text(f'#!/bin/sh\necho $$ > "{pidfile}"\nexec sleep 60\n')
+    fake.chmod(0o755)
+    env = dict(os.environ)
+    env.update(
+        PATH=f"{fake_bin}:{env['PATH']}",
+        TMPDIR=str(scratch),
+        OBMM_TESTBED_CACHE=str(tmp_path / "cache"),
+    )
+    argv = [sys.executable, "-m", "obmm.tools.cli", "bench", "--suites-only", "--no-plots"]
+    proc = subprocess.Popen(
+        [*argv, "--out", str(tmp_path / "out")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for _ in range(600):  # the fake builder has started
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+            assert proc.poll() is None, proc.communicate()[1]
+            time.sleep(0.05)
+        assert list(scratch.glob("obmm-bench-cache-*")), "no throw-away cache to remove"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == errors.EXIT_INTERRUPTED, err
+    assert err.splitlines()[-1] == "obmm-testbed: interrupted (signal 15)", err
+    assert not list(scratch.iterdir()), list(scratch.iterdir())
+    builder = int(pidfile.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(builder, 0)

@@ -9,6 +9,7 @@ keep their older bases too (``RuntimeError``, ``ValueError``) so existing handle
 from __future__ import annotations
 
 EXIT_TESTBED_ERROR = 2
+EXIT_INTERRUPTED = 130  # like a shell's status after Ctrl-C
 
 
 class TestbedError(Exception):

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from obmm.identity import ENV_NODE_ID
 from obmm.testbed import qemu
-from obmm.testbed.errors import TestbedError
+from obmm.testbed.errors import EXIT_INTERRUPTED, TestbedError
 from obmm.testbed.kguard import KernelLogGuard
 from obmm.testbed.parallel import on_each
 from obmm.testbed.provision import GUEST_ROOT
@@ -75,7 +75,6 @@ ENV_CFLAGS = "OBMM_CFLAGS"
 EXIT_KERNEL_REPORT = 1
 EXIT_TIMEOUT = 124  # like timeout(1)
 EXIT_GUEST_GONE = 255  # like ssh(1)
-EXIT_INTERRUPTED = 130  # like a shell's status after Ctrl-C
 DEFAULT_TIMEOUT_S = 600.0
 STOP_GRACE_S = 10.0
 READY_POLL_S = 0.2

@@ -1,7 +1,9 @@
 """The `obmm-testbed` command line: one entry point, subcommands registered by the modules.
 
 A testbed failure (any :class:`obmm.testbed.errors.TestbedError`) ends the command with one line,
-``obmm-testbed: <what failed>``, on stderr and exit status 2; ``-v`` adds the detail.
+``obmm-testbed: <what failed>``, on stderr and exit status 2; ``-v`` adds the detail.  SIGTERM
+unwinds like Ctrl-C (every ``finally`` runs: clusters stopped, scratch removed), then the
+command says so in one line and exits 130.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import sys
 from collections.abc import Sequence
 
 from obmm import __version__
-from obmm.testbed.errors import EXIT_TESTBED_ERROR, TestbedError
+from obmm.testbed.errors import EXIT_INTERRUPTED, EXIT_TESTBED_ERROR, TestbedError
+from obmm.tools import interrupts
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
-        result: int = args.func(args)
+        with interrupts.sigterm_unwinds():
+            result: int = args.func(args)
+    except KeyboardInterrupt as exc:
+        print(f"obmm-testbed: interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except TestbedError as exc:
         detail = str(exc).strip().splitlines()[1:]
         if detail:
