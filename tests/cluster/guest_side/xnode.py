@@ -144,8 +144,9 @@ def import_handle(
 # -- borrowing (NUMA_REMOTE) -------------------------------------------------------------------
 
 PAGE = 4096
-# mbind(2) numbers (glibc has no wrapper; libnuma's is not installed).
+# mbind(2) and move_pages(2) numbers (glibc has no wrappers; libnuma is not installed).
 SYS_MBIND = {"x86_64": 237, "aarch64": 235}
+SYS_MOVE_PAGES = {"x86_64": 279, "aarch64": 239}
 MPOL_BIND = 2
 
 
@@ -154,15 +155,44 @@ def page_marker(marker: bytes, index: int) -> bytes:
     return marker + index.to_bytes(8, "little")
 
 
-def node_pages(address: int) -> dict[int, int]:
-    """Pages per NUMA node of the mapping at `address` (/proc/self/numa_maps)."""
-    for line in Path("/proc/self/numa_maps").read_text().splitlines():
-        fields = line.split()
-        if int(fields[0], 16) != address:
+def page_nodes(address: int, pages: int) -> list[int]:
+    """The NUMA node of each of the `pages` pages at `address` (-errno for a page not there),
+    asked of the kernel: move_pages(2) with no target nodes only reports where pages are."""
+    import ctypes
+    import platform
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    addrs = (ctypes.c_void_p * pages)(*[address + i * PAGE for i in range(pages)])
+    status = (ctypes.c_int * pages)()
+    rc = libc.syscall(SYS_MOVE_PAGES[platform.machine()], 0, ctypes.c_ulong(pages), addrs,
+                      None, status, 0)  # fmt: skip
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"move_pages (query): {os.strerror(err)}")
+    return list(status)
+
+
+def count_nodes(nodes: list[int]) -> dict[int, int]:
+    """Pages per NUMA node, from page_nodes()."""
+    counts: dict[int, int] = {}
+    for node in nodes:
+        counts[node] = counts.get(node, 0) + 1
+    return counts
+
+
+def runs_off(nodes: list[int], node: int, limit: int = 6) -> list[list[int]]:
+    """The first `limit` runs [first, last] of page indices not on `node`."""
+    runs: list[list[int]] = []
+    for i, n in enumerate(nodes):
+        if n == node:
             continue
-        return {int(f[1:].split("=")[0]): int(f.split("=")[1]) for f in fields
-                if f[0] == "N" and "=" in f}  # fmt: skip
-    return {}
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        elif len(runs) == limit:
+            break
+        else:
+            runs.append([i, i])
+    return runs
 
 
 def mbind(address: int, size: int, node: int) -> None:
@@ -210,8 +240,11 @@ def fill(args: argparse.Namespace) -> int:
         if libc.vmsplice(pinned[1], ctypes.byref(iov), 1, 0) != PAGE:
             raise OSError(ctypes.get_errno(), "vmsplice")
     tmp = args.ready + ".tmp"
-    Path(tmp).write_text(json.dumps({"pid": os.getpid(), "pages": pages,
-                                     "nodes": node_pages(address)}))  # fmt: skip
+    where = page_nodes(address, pages)
+    doc = {"pid": os.getpid(), "pages": pages, "nodes": count_nodes(where)}
+    if args.mbind is not None:
+        doc["off_node_runs"] = runs_off(where, args.mbind)  # where a bind was not honoured
+    Path(tmp).write_text(json.dumps(doc))
     os.replace(tmp, args.ready)
     if not args.hold:
         return 0
@@ -220,7 +253,7 @@ def fill(args: argparse.Namespace) -> int:
         ok = all(buf[i * PAGE : i * PAGE + len(marker) + 8] == page_marker(marker, i)
                  for i in range(pages))  # fmt: skip
         Path(args.ready + ".verified").write_text(
-            json.dumps({"ok": ok, "nodes": node_pages(address)})
+            json.dumps({"ok": ok, "nodes": count_nodes(page_nodes(address, pages))})
         )
 
     def on_usr2(signum: int, frame: object) -> None:
