@@ -103,8 +103,9 @@ def fill_bound_on_b(xc: ClusterHarness, tmp: str, nid: int, extra: str, name: st
         if not strays:
             doc["ready"] = f"{tmp}/fill-{name}{attempt}.json"
             return doc
-        print(f"fill attempt {attempt}: {doc['pages']} pages by node {doc['nodes']}, page runs "
-              f"off node {nid}: {doc['off_node_runs']}; filling again")  # fmt: skip
+        runs, policy = doc["off_node_runs"], doc["policy"]
+        print(f"fill attempt {attempt}: {doc['pages']} pages by node {doc['nodes']}, runs off "
+              f"node {nid}: {runs}, buffer policy {policy}; filling again")  # fmt: skip
         xc.kill(B, int(doc["pid"]), "KILL")
         time.sleep(1)
     raise AssertionError(f"{FILL_TRIES} fillers bound to node {nid} all got pages elsewhere")

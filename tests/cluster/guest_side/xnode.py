@@ -180,6 +180,15 @@ def count_nodes(nodes: list[int]) -> dict[int, int]:
     return counts
 
 
+def vma_policy(address: int) -> str:
+    """The memory policy of the mapping that starts at `address` (numa_maps' second field)."""
+    for line in Path("/proc/self/numa_maps").read_text().splitlines():
+        fields = line.split()
+        if int(fields[0], 16) == address:
+            return fields[1]
+    return ""
+
+
 def runs_off(nodes: list[int], node: int, limit: int = 6) -> list[list[int]]:
     """The first `limit` runs [first, last] of page indices not on `node`."""
     runs: list[list[int]] = []
@@ -244,6 +253,7 @@ def fill(args: argparse.Namespace) -> int:
     doc = {"pid": os.getpid(), "pages": pages, "nodes": count_nodes(where)}
     if args.mbind is not None:
         doc["off_node_runs"] = runs_off(where, args.mbind)  # where a bind was not honoured
+        doc["policy"] = vma_policy(address)  # the buffer's policy now, as numa_maps shows it
     Path(tmp).write_text(json.dumps(doc))
     os.replace(tmp, args.ready)
     if not args.hold:
