@@ -87,11 +87,12 @@ def fill_on_b(xc: ClusterHarness, tmp: str, command_prefix: str, extra: str, nam
     return dict(json.loads(xc.wait_file(B, ready, timeout=300, log=f"/tmp/fill-{name}.log")))
 
 
-# Open race (not the emulator's, as far as is known): in about 1 run in 3 under load, a buffer
-# mbind()-bound to the node just borrowed gets 425-456 of its 24576 pages on node 0, all else
-# on the node.  Waiting for the node in Mems_allowed did not stop it; moving the strays with
-# MPOL_MF_MOVE hung.  These tests need every page on the node, so a filler that got strays is
-# ended and started again (a second later the allocator has always honoured the bind so far).
+# Open race (cause not found): in about 1 run in 3 under load, a buffer mbind()-bound to the
+# node just borrowed gets 417-488 of its 24576 pages on node 0, all else on the node.  Waiting
+# for the node in Mems_allowed did not stop it; moving the strays with MPOL_MF_MOVE hung; a
+# cpuset rebind of the policy was ruled out.  These tests need every page on the node, so a
+# filler that got strays is ended and started again; once (2026-12-01) all three tries got
+# strays.  The filler reports the stray runs and the buffer's policy for the next look.
 FILL_TRIES = 3
 
 

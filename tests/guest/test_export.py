@@ -269,10 +269,7 @@ def test_an_export_waits_for_the_granule_the_zero_worker_holds(dev: obmm.Obmm) -
     ZERO_DELAY_MS.write_text("1000")
     try:
         dev.unexport(exp.mem_id)
-        quarantined = Path("/sys/kernel/obmm_emu/quarantined")
-        deadline = time.monotonic() + 10
-        while int(quarantined.read_text(), 0) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_quarantine_drained()
         time.sleep(0.3)  # the worker has claimed the released granule and holds it
         t0 = time.monotonic()
         with exported(dev) as again:

@@ -19,6 +19,7 @@ import random
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -172,14 +173,6 @@ def page_nodes(address: int, pages: int) -> list[int]:
     return list(status)
 
 
-def count_nodes(nodes: list[int]) -> dict[int, int]:
-    """Pages per NUMA node, from page_nodes()."""
-    counts: dict[int, int] = {}
-    for node in nodes:
-        counts[node] = counts.get(node, 0) + 1
-    return counts
-
-
 def vma_policy(address: int) -> str:
     """The memory policy of the mapping that starts at `address` (numa_maps' second field)."""
     for line in Path("/proc/self/numa_maps").read_text().splitlines():
@@ -250,7 +243,7 @@ def fill(args: argparse.Namespace) -> int:
             raise OSError(ctypes.get_errno(), "vmsplice")
     tmp = args.ready + ".tmp"
     where = page_nodes(address, pages)
-    doc = {"pid": os.getpid(), "pages": pages, "nodes": count_nodes(where)}
+    doc = {"pid": os.getpid(), "pages": pages, "nodes": dict(Counter(where))}
     if args.mbind is not None:
         doc["off_node_runs"] = runs_off(where, args.mbind)  # where a bind was not honoured
         doc["policy"] = vma_policy(address)  # the buffer's policy now, as numa_maps shows it
@@ -263,7 +256,7 @@ def fill(args: argparse.Namespace) -> int:
         ok = all(buf[i * PAGE : i * PAGE + len(marker) + 8] == page_marker(marker, i)
                  for i in range(pages))  # fmt: skip
         Path(args.ready + ".verified").write_text(
-            json.dumps({"ok": ok, "nodes": count_nodes(page_nodes(address, pages))})
+            json.dumps({"ok": ok, "nodes": dict(Counter(page_nodes(address, pages)))})
         )
 
     def on_usr2(signum: int, frame: object) -> None:
