@@ -121,10 +121,17 @@ def test_testbed_errors_share_one_base_and_keep_their_old_one(cls: type, older: 
     assert issubclass(cls, older)
 
 
-def test_sigterm_during_a_command_unwinds_says_so_and_leaves_no_scratch(tmp_path: Path) -> None:
-    """`obmm-testbed bench` stopped by SIGTERM while its throw-away image cache is being built
-    (a CI job cancelled): the scratch cache is removed, the image builder is gone, one line says
-    why, exit status 130.  Before, the process died at once and left the cache in $TMPDIR."""
+@pytest.mark.parametrize(
+    ("entry", "prog"),
+    [(["obmm.tools.cli", "bench"], "obmm-testbed"), (["obmm.bench"], "python -m obmm.bench")],
+)
+def test_sigterm_during_a_command_unwinds_says_so_and_leaves_no_scratch(
+    tmp_path: Path, entry: list[str], prog: str
+) -> None:
+    """`obmm-testbed bench` (and `python -m obmm.bench`) stopped by SIGTERM while its
+    throw-away image cache is being built (a CI job cancelled): the scratch cache is removed,
+    the image builder is gone, one line says why, exit status 130.  Before, the process died
+    at once and left the cache in $TMPDIR."""
     fake_bin, scratch = tmp_path / "bin", tmp_path / "tmp"
     fake_bin.mkdir()
     scratch.mkdir()
@@ -138,7 +145,7 @@ def test_sigterm_during_a_command_unwinds_says_so_and_leaves_no_scratch(tmp_path
         TMPDIR=str(scratch),
         OBMM_TESTBED_CACHE=str(tmp_path / "cache"),
     )
-    argv = [sys.executable, "-m", "obmm.tools.cli", "bench", "--suites-only", "--no-plots"]
+    argv = [sys.executable, "-m", *entry, "--suites-only", "--no-plots"]
     proc = subprocess.Popen(
         [*argv, "--out", str(tmp_path / "out")],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -157,7 +164,7 @@ def test_sigterm_during_a_command_unwinds_says_so_and_leaves_no_scratch(tmp_path
             proc.kill()
             proc.wait()
     assert proc.returncode == errors.EXIT_INTERRUPTED, err
-    assert err.splitlines()[-1] == "obmm-testbed: interrupted (signal 15)", err
+    assert err.splitlines()[-1] == f"{prog}: interrupted (signal 15)", err
     assert not list(scratch.iterdir()), list(scratch.iterdir())
     builder = int(pidfile.read_text())
     with pytest.raises(ProcessLookupError):

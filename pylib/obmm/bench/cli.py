@@ -22,6 +22,7 @@ from obmm.bench.probe import ProbeSettings
 from obmm.bench.report import write_run
 from obmm.bench.results import Environment
 from obmm.bench.runner import BenchConfig, run_local_bench
+from obmm.tools import interrupts
 
 DEFAULT_OUT = Path("bench-results")
 
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_bench_arguments(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return _cmd_bench(args)
+    return interrupts.run_unwinding("python -m obmm.bench", lambda: _cmd_bench(args))
 
 
 if __name__ == "__main__":

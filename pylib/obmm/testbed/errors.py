@@ -8,8 +8,9 @@ keep their older bases too (``RuntimeError``, ``ValueError``) so existing handle
 
 from __future__ import annotations
 
+from obmm.tools.interrupts import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+
 EXIT_TESTBED_ERROR = 2
-EXIT_INTERRUPTED = 130  # like a shell's status after Ctrl-C
 
 
 class TestbedError(Exception):

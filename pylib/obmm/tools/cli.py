@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from obmm import __version__
-from obmm.testbed.errors import EXIT_INTERRUPTED, EXIT_TESTBED_ERROR, TestbedError
+from obmm.testbed.errors import EXIT_TESTBED_ERROR, TestbedError
 from obmm.tools import interrupts
 
 log = logging.getLogger(__name__)
@@ -57,11 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
-        with interrupts.sigterm_unwinds():
-            result: int = args.func(args)
-    except KeyboardInterrupt as exc:
-        print(f"obmm-testbed: interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        result = interrupts.run_unwinding("obmm-testbed", lambda: int(args.func(args)))
     except TestbedError as exc:
         detail = str(exc).strip().splitlines()[1:]
         if detail:

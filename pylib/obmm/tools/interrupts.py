@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 HELD = (signal.SIGINT, signal.SIGTERM)
+EXIT_INTERRUPTED = 130  # like a shell's status after Ctrl-C
 
 
 def raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -43,6 +45,18 @@ def sigterm_unwinds() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def run_unwinding(prog: str, func: Callable[[], int]) -> int:
+    """`func()` with SIGTERM unwinding like Ctrl-C; an interrupt ends it after the unwinding
+    with one line on stderr (`<prog>: interrupted (...)`) and EXIT_INTERRUPTED.  For the entry
+    points of commands."""
+    try:
+        with sigterm_unwinds():
+            return func()
+    except KeyboardInterrupt as exc:
+        print(f"{prog}: interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 @contextlib.contextmanager
