@@ -44,6 +44,10 @@ def noisy(center: float, n: int, rng: random.Random) -> list[float]:
     return [center * (1 + rng.uniform(-0.1, 0.3)) for _ in range(n)]
 
 
+# an import's Engram prefetch time over its local baseline's, round by round
+ENGRAM_FACTORS = {"loopback": 1.0, "cross-node": 1.02, "cross-node-sync": 1.3}
+
+
 def synthetic_run() -> Run:
     rng = random.Random(7)
     run = Run(env=env())
@@ -88,16 +92,32 @@ def synthetic_run() -> Run:
                 params={**params, "test": "load", "param": 4},
             )
         )
-        run.figures.append(
-            Figure(
-                name=f"engram.prefetch.{src}.128tok",
-                group="engram",
-                unit="ms",
-                samples=noisy(0.3 * factor, 50, rng),
-                baseline=bname("engram.prefetch", ".128tok"),
-                params={**params, "test": "engram", "param": 128},
+    # Engram: interleaved runs, each import beside local memory of both page sizes
+    for kind, factor in ENGRAM_FACTORS.items():
+        local = noisy(0.3, 40, rng)
+        thp = [v * 0.97 for v in local]
+        for source, base, samples in (
+            (f"{kind}-local", None, local),
+            (f"{kind}-local-thp", f"{kind}-local", thp),
+            (kind, f"{kind}-local", [v * factor for v in local]),
+            (f"{kind}-pmd", f"{kind}-local-thp", [v * factor for v in thp]),
+        ):
+            run.figures.append(
+                Figure(
+                    name=f"engram.prefetch.{source}.128tok",
+                    group="engram",
+                    unit="ms",
+                    samples=samples,
+                    baseline=f"engram.prefetch.{base}.128tok" if base else None,
+                    params={
+                        "source": source,
+                        "sync": kind.endswith("sync"),
+                        "test": "engram",
+                        "param": 128,
+                        "interleaved": True,
+                    },
+                )
             )
-        )
     results = []
     for size in controlpath.SIZES[:5]:
         res = controlpath.SizeResult(size)
@@ -204,15 +224,15 @@ def test_summary_table_has_ratio_and_published_section() -> None:
     text = summary_markdown(run)
     assert (
         "| figure | min | median | max | p99 | n | baseline | baseline min / median / max "
-        "| ratio |" in text
+        "| ratio | ratio per round min / median / max |" in text
     )
-    cross = run.figure("engram.prefetch.cross-node.128tok")
+    cross = run.figure("data.chase.cross-node.64MiB")
     assert cross is not None
     ratio = run.ratio(cross)
     assert ratio is not None
-    row = next(ln for ln in text.splitlines() if ln.startswith("| engram.prefetch.cross-node."))
-    assert row.endswith(f"| x{ratio:.2f} |")
-    assert "| engram.prefetch.local.128tok |" in row
+    row = next(ln for ln in text.splitlines() if ln.startswith("| data.chase.cross-node.64MiB"))
+    assert row.endswith(f"| x{ratio:.2f} | - |")  # not interleaved: no per-round ratio
+    assert "| data.chase.local.64MiB |" in row
     # the published figures are in their own, labelled section after this run's table
     assert text.index("## This run") < text.index(f"## {PUBLISHED_LABEL}")
     published = text[text.index(f"## {PUBLISHED_LABEL}") :]
@@ -260,3 +280,92 @@ def test_load_rejects_other_schema(tmp_path: Path) -> None:
     (tmp_path / "results.json").write_text(json.dumps({"schema": 99}))
     with pytest.raises(ValueError, match="schema"):
         Run.load(tmp_path)
+
+
+def test_engram_section_pairs_rounds_and_judges_each_variant() -> None:
+    """Every interleaved Engram variant against its same-process baseline: min / median / max
+    of both, the ratio of medians, the per-round ratios' min / median / max and the verdict."""
+    run = synthetic_run()
+    text = summary_markdown(run)
+    section = text[text.index("## Engram prefetch, side by side") : text.index("## This run")]
+    rows = {ln.split(" | ")[0][2:]: ln for ln in section.splitlines() if ln.startswith("| engram")}
+    assert len(rows) == 3 * len(ENGRAM_FACTORS)  # the 4 K local baseline has no row
+    for kind, factor in ENGRAM_FACTORS.items():
+        page = run.figure(f"engram.prefetch.{kind}.128tok")
+        base = run.figure(f"engram.prefetch.{kind}-local.128tok")
+        assert page is not None and base is not None
+        paired = run.paired_ratios(page)
+        assert paired == pytest.approx([factor] * 40)
+        row = rows[page.name]
+        assert f"| {base.name} |" in row
+        assert f"{fmt_value(page.minimum, 'ms')} / {fmt_value(page.median, 'ms')} / " in row
+        assert f"x{factor:.2f} / x{factor:.2f} / x{factor:.2f}" in row
+        assert row.endswith("| yes |" if factor <= 1.05 else "| **no** |")
+        pmd_row = rows[f"engram.prefetch.{kind}-pmd.128tok"]
+        assert f"| engram.prefetch.{kind}-local-thp.128tok |" in pmd_row
+        assert rows[f"engram.prefetch.{kind}-local-thp.128tok"].endswith("| (page size) |")
+    assert (
+        "Above x1.05 in this run: engram.prefetch.cross-node-sync.128tok, "
+        "engram.prefetch.cross-node-sync-pmd.128tok." in section
+    )
+    # what the run's own figures say: page size, and O_SYNC against cacheable
+    assert "- Page size: local memory with 2 MiB pages against 4 KiB pages" in section
+    assert "x0.97 (beside cross-node)" in section
+    assert "cross-node x1.02 cacheable, x1.30 O_SYNC" in section
+    # the JSON carries the per-round ratios too
+    doc = run.to_dict()
+    by_name = {f["name"]: f for f in doc["figures"]}
+    assert by_name["engram.prefetch.cross-node.128tok"]["paired_ratio"] == pytest.approx(
+        {"min": 1.02, "median": 1.02, "max": 1.02}
+    )
+    assert by_name["data.chase.cross-node.64MiB"]["paired_ratio"] is None
+
+
+def test_paired_ratios_need_the_same_rounds() -> None:
+    """Only figures measured interleaved with their baseline, with as many samples, pair."""
+    inter: dict[str, ParamValue] = {"interleaved": True}
+    run = Run(env=env())
+    run.add(
+        [
+            Figure("engram.prefetch.a-local.128tok", "engram", "ms", [1.0, 2.0], params=inter),
+            Figure(
+                "engram.prefetch.a.128tok",
+                "engram",
+                "ms",
+                [1.5, 2.0],
+                baseline="engram.prefetch.a-local.128tok",
+                params=inter,
+            ),
+            Figure(
+                "engram.prefetch.b.128tok",
+                "engram",
+                "ms",
+                [1.5],
+                baseline="engram.prefetch.a-local.128tok",
+                params=inter,
+            ),
+            Figure(
+                "engram.prefetch.c.128tok",
+                "engram",
+                "ms",
+                [1.5, 2.0],
+                baseline="engram.prefetch.a-local.128tok",
+            ),
+        ]
+    )
+    a, b, c = (run.figure(f"engram.prefetch.{x}.128tok") for x in "abc")
+    assert a is not None and b is not None and c is not None
+    assert run.paired_ratios(a) == [1.5, 1.0]
+    assert run.paired_ratio_stats(a) == {"min": 1.0, "median": 1.25, "max": 1.5}
+    assert run.paired_ratios(b) is None  # a sample short
+    assert run.paired_ratios(c) is None  # not interleaved
+
+
+def test_warnings_lead_the_summary_and_survive_the_json(tmp_path: Path) -> None:
+    run = synthetic_run()
+    run.warnings.append("node 1's clock ran at x7.30 of the host's")
+    outdir = write_run(run, tmp_path, name="w", plots=False)
+    text = (outdir / "summary.md").read_text()
+    assert text.index("## Warnings") < text.index("## Headline")
+    assert "- **node 1's clock ran at x7.30 of the host's**" in text
+    assert Run.load(outdir).warnings == run.warnings

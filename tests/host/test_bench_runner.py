@@ -39,6 +39,7 @@ TINY = ProbeSettings(
     interleave_samples=3,
     interleave_chase_loads=5000,
     interleave_best_of=2,
+    interleave_engram_iters=4,
 )
 
 
@@ -137,23 +138,32 @@ def test_two_nodes_every_source(tmp_path: Path, config: BenchConfig) -> None:
         assert f"data.chase.{src}.256KiB" in names, src
         assert f"data.load.{src}" in names, src
         assert f"data.read.{src}" in names
-        assert f"engram.prefetch.{src}.128tok" in names
-    # an import's latency figures pair with local memory measured in the same process
+    # Engram is measured only beside local memory in the same process: no figure of it is
+    # compared with local memory measured by another process (or another node)
+    assert not any(n.startswith("engram.") and ".local." in n for n in names)
+    # an import's Engram, chase and load figures pair with local memory measured in the same
+    # process, sample by sample
     for src in ("loopback", "loopback-sync", "cross-node", "cross-node-sync"):
-        for test in ("chase.{}.256KiB", "load.{}"):
-            page = run.figure("data." + test.format(src))
-            pmd = run.figure("data." + test.format(f"{src}-pmd"))
-            assert page is not None and pmd is not None
-            assert page.baseline == "data." + test.format(f"{src}-local")
-            assert pmd.baseline == "data." + test.format(f"{src}-local-thp")
-            assert run.ratio(page) is not None and run.ratio(pmd) is not None
+        for fmt in ("data.chase.{}.256KiB", "data.load.{}", "engram.prefetch.{}.128tok"):
+            page = run.figure(fmt.format(src))
+            pmd = run.figure(fmt.format(f"{src}-pmd"))
+            thp = run.figure(fmt.format(f"{src}-local-thp"))
+            assert page is not None and pmd is not None and thp is not None, fmt.format(src)
+            assert page.baseline == fmt.format(f"{src}-local")
+            assert pmd.baseline == fmt.format(f"{src}-local-thp")
+            assert thp.baseline == fmt.format(f"{src}-local")
+            for fig in (page, pmd, thp):
+                assert run.ratio(fig) is not None
+                paired = run.paired_ratios(fig)
+                assert paired is not None and len(paired) == len(fig.samples)
     assert "control.export.2MiB" in names
     # every paired figure has its baseline in the same run
     for fig in run.figures:
         if fig.ok and fig.baseline:
             assert run.figure(fig.baseline) is not None, fig.name
     cross = run.figure("engram.prefetch.cross-node.128tok")
-    assert cross is not None and run.ratio(cross) is not None
+    assert cross is not None and len(cross.samples) == TINY.interleave_engram_iters
+    assert run.figure("engram.prefetch.cross-node-sync.128tok") is not None
     # memprobe was built on both nodes; node 0 filled, node 1 measured the cross-node import
     assert {n for n, a in fake.log if a[0] == "gcc"} == {0, 1}
     probes = [(n, a) for n, a in fake.log if a[0].endswith("/memprobe")]

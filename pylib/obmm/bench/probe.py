@@ -37,13 +37,27 @@ SOURCE_TITLES = {
 LOCAL_SUFFIX = "-local"  # anonymous memory, 4 KiB pages: the page-granule mapping's baseline
 LOCAL_THP_SUFFIX = "-local-thp"  # anonymous memory, 2 MiB pages: the PMD mapping's baseline
 PMD_SUFFIX = "-pmd"  # the same kind of import mapped with the PMD flag (huge entries)
-INTERLEAVED_TESTS = "load,chase"
+INTERLEAVED_TESTS = "engram,load,chase"
 
 
-def interleaved_sources(name: str) -> dict[str, str | None]:
-    """The sources of one interleaved run of mapping `name`, each with its baseline."""
+def interleaved_sources(name: str, *, pmd: bool = True) -> dict[str, str | None]:
+    """The sources of one interleaved run of mapping `name`, each with its baseline: the page
+    mapping against 4 KiB local memory, the PMD mapping (`pmd`) against 2 MiB local memory,
+    and the 2 MiB local memory against the 4 KiB (what the page size alone costs)."""
     local, thp = f"{name}{LOCAL_SUFFIX}", f"{name}{LOCAL_THP_SUFFIX}"
-    return {local: None, thp: local, name: local, f"{name}{PMD_SUFFIX}": thp}
+    sources: dict[str, str | None] = {local: None, thp: local, name: local}
+    if pmd:
+        sources[f"{name}{PMD_SUFFIX}"] = thp
+    return sources
+
+
+def kind_of(source: str) -> str:
+    """The mapping an interleaved source was measured beside ("cross-node-local-thp" ->
+    "cross-node"); a source of no interleaved run is its own kind."""
+    for suffix in (LOCAL_THP_SUFFIX, LOCAL_SUFFIX, PMD_SUFFIX):
+        if source.endswith(suffix):
+            return source[: -len(suffix)]
+    return source
 
 
 def source_title(source: str) -> str:
@@ -105,6 +119,7 @@ class ProbeSettings:
     interleave_samples: int = 32  # a multiple of the 4 sources: each leads a round as often
     interleave_chase_loads: int = 1 << 14
     interleave_best_of: int = 10  # a chase sample is the fastest of this many timed runs
+    interleave_engram_iters: int = 64  # prefetch rounds; a multiple of 4: each source leads
 
     @classmethod
     def quick(cls) -> ProbeSettings:
@@ -120,6 +135,7 @@ class ProbeSettings:
             max_seconds=8.0,
             interleave_samples=20,
             interleave_chase_loads=1 << 13,
+            interleave_engram_iters=40,
         )
 
     def args(self) -> list[str]:
@@ -152,15 +168,23 @@ class ProbeSettings:
         for opt, value in (
             ("--samples", self.interleave_samples),
             ("--chase-loads", self.interleave_chase_loads),
+            ("--engram-iters", self.interleave_engram_iters),
             ("--max-seconds", f"{4 * self.max_seconds:g}"),
         ):
             args[args.index(opt) + 1] = str(value)
         return [*args, "--best-of", str(self.interleave_best_of)]
 
+    def engram_bytes(self) -> int:
+        """Bytes of the Engram tables at full size."""
+        return self.engram_rows * ENGRAM_TABLES * ENGRAM_ROW_BYTES
+
     def region_bytes(self) -> int:
         """Bytes a source needs for every test at full size (Engram tables or the largest set)."""
-        engram = self.engram_rows * ENGRAM_TABLES * ENGRAM_ROW_BYTES
-        return max(engram, self.bw_size, *self.chase_sizes)
+        return max(self.engram_bytes(), self.bw_size, *self.chase_sizes)
+
+    def interleave_bytes(self) -> int:
+        """Bytes each source of an interleaved run needs (Engram tables or the largest set)."""
+        return max(self.engram_bytes(), *self.chase_sizes)
 
 
 @dataclass
@@ -239,16 +263,32 @@ def _engram_names(source: str, tokens: int) -> tuple[str, str]:
 
 
 def figures_from_probe(
-    out: ProbeOutput, source: str, *, baseline_source: str | None = "local"
+    out: ProbeOutput,
+    source: str,
+    *,
+    baseline_source: str | None = "local",
+    interleaved: bool = False,
 ) -> list[Figure]:
-    """Figures of one memprobe run on `source`, each paired with `baseline_source`'s."""
+    """Figures of one memprobe run on `source`, each paired with `baseline_source`'s.
+
+    `interleaved`: the output is one source of a `memprobe --interleave` run, so sample k of
+    a figure and of its baseline were taken in the same round (params["interleaved"]).
+    """
     base = None if baseline_source in (None, source) else baseline_source
     sync = bool(out.env.get("sync", False))
     truncated = {(str(t["test"]), int(t["param"])): t for t in out.truncated}
     figs: list[Figure] = []
 
     def params(test: str, param: int) -> dict[str, str | int | float | bool]:
-        return {"test": test, "source": source, "param": param, "sync": sync}
+        p: dict[str, str | int | float | bool] = {
+            "test": test,
+            "source": source,
+            "param": param,
+            "sync": sync,
+        }
+        if interleaved:
+            p["interleaved"] = True
+        return p
 
     def note(test: str, param: int, extra: str = "") -> str:
         t = truncated.get((test, param))
@@ -316,6 +356,12 @@ def figures_from_probe(
             prefetch, rate = _engram_names(source, param)
             bprefetch, brate = _engram_names(base, param) if base else (None, None)
             rows_note = f"{out.info.get('engram_rows', '?')} rows x {ENGRAM_TABLES} tables"
+            if interleaved:
+                best = out.env.get("best_of", 1)
+                rows_note += (
+                    f"; interleaved with its local baselines, a sample is the fastest of "
+                    f"{best} prefetches"
+                )
             figs.append(
                 Figure(
                     name=prefetch,

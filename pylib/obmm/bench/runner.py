@@ -31,6 +31,7 @@ import os
 import shlex
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -62,12 +63,15 @@ SayFn = Callable[[str], None]
 
 GRANULE = 2 << 20
 VERIFY_FAILED = 3
-ALL_TESTS = "verify,engram,load,chase,read,write,clock"
-# load and chase of imports: the interleaved runs (_interleaved_figures)
-REMOTE_TESTS = "verify,engram,read,write"
+# Engram, load and chase: the interleaved runs (_interleaved_figures), where every source has
+# its local baselines beside it in the same process
+LOCAL_TESTS = "verify,load,chase,read,write,clock"
+REMOTE_TESTS = "verify,read,write"
 
 
 GUEST_PYTHON = ("env", "PYTHONPATH=/opt/obmm-testbed/pylib", "python3")
+CLOCK_TOLERANCE = 0.02  # a node clock further off the host's than this is reported
+CLOCK_MIN_SPAN_S = 10.0  # shorter spans say nothing of a clock's rate over SSH
 COMMAND_TIMEOUT_S = 900.0
 
 
@@ -301,7 +305,7 @@ def _import_sources(
 
 
 def _latency_failure(sources: dict[str, str | None], reason: str) -> list[Figure]:
-    """Skipped figures for the latency sources of an interleaved run that could not be measured
+    """Skipped figures for the sources of an interleaved run that could not be measured
     (named apart from the source's own `data.<source>` failure)."""
     return [
         Figure(
@@ -311,20 +315,57 @@ def _latency_failure(sources: dict[str, str | None], reason: str) -> list[Figure
     ]
 
 
+def measure_interleaved(
+    nodes: Nodes,
+    node: int,
+    kinds: dict[str, str],
+    sources: dict[str, str | None],
+    size: int,
+    *,
+    sync: bool = False,
+) -> list[Figure]:
+    """One `memprobe --interleave` run on `node`: every source of `kinds` (label -> memprobe
+    KIND[:PATH]) mapped side by side, `size` bytes each; figures of each of `sources` against
+    its baseline there.  A failure becomes skipped figures."""
+    cfg = nodes.config
+    spec = ",".join(f"{label}={kind}" for label, kind in kinds.items())
+    argv = [cfg.binary, "--interleave", spec, "--length", str(size)]
+    argv += [*cfg.probe.interleave_args(), "--tests", INTERLEAVED_TESTS]
+    argv += ["--sync"] if sync else []
+    nodes.say(f"memprobe interleaved {', '.join(kinds)} on node {node}")
+    rc, out, err = nodes.run(node, argv)
+    try:
+        parsed = parse_output(out)
+    except ValueError as exc:
+        parsed = None
+        err = f"memprobe output unreadable: {exc}"
+    if parsed is None or rc != 0 or parsed.done is None:
+        why = f"memprobe exited {rc} on node {node}: {err.strip()[-300:]}"
+        return _latency_failure(sources, why)
+    outs = parsed.by_source()
+    figs: list[Figure] = []
+    for source, base in sources.items():
+        if source in outs:
+            figs += figures_from_probe(outs[source], source, baseline_source=base, interleaved=True)
+        else:
+            figs += _latency_failure({source: None}, "memprobe printed no sample of it")
+    return figs
+
+
 def _interleaved_figures(
     nodes: Nodes, exporter: int, importer: int, name: str, free: int | None, *, sync: bool
 ) -> list[Figure]:
-    """Load and chase of import `name` (page and PMD granule) and of the importer's local
-    memory, interleaved in one memprobe process on the importer."""
+    """Engram, load and chase of import `name` (page and PMD granule) and of the importer's
+    local memory (4 KiB and 2 MiB pages), interleaved in one memprobe process on the importer."""
     cfg = nodes.config
-    size = _round_granule(max(cfg.probe.chase_sizes))
+    size = _round_granule(cfg.probe.interleave_bytes())
     if free is not None and 2 * size > free:
         size = free // 2 // GRANULE * GRANULE
     sources = interleaved_sources(name)
     if size < GRANULE:
         return _latency_failure(sources, "the export pool has no 2 x 2 MiB free")
     page, pmd = name, f"{name}{PMD_SUFFIX}"
-    figs: list[Figure] = []
+    local, thp = (s for s in sources if s not in (page, pmd))
     try:
         with (
             nodes.exported(exporter, size) as exp_page,
@@ -332,38 +373,57 @@ def _interleaved_figures(
             nodes.imported(importer, exp_page) as imp_page,
             nodes.imported(importer, exp_pmd) as imp_pmd,
         ):
-            local, thp = (s for s, base in sources.items() if s not in (page, pmd))
-            spec = ",".join(
-                [
-                    f"{local}=anon",
-                    f"{thp}=anon-thp",
-                    f"{page}=shmdev:/dev/obmm_shmdev{imp_page['mem_id']}",
-                    f"{pmd}=shmdev-pmd:/dev/obmm_shmdev{imp_pmd['mem_id']}",
-                ]
-            )
-            argv = [cfg.binary, "--interleave", spec, "--length", str(size)]
-            argv += [*cfg.probe.interleave_args(), "--tests", INTERLEAVED_TESTS]
-            argv += ["--sync"] if sync else []
-            nodes.say(f"memprobe interleaved {', '.join(sources)} on node {importer}")
-            rc, out, err = nodes.run(importer, argv)
-            try:
-                parsed = parse_output(out)
-            except ValueError as exc:
-                parsed = None
-                err = f"memprobe output unreadable: {exc}"
-            if parsed is None or rc != 0 or parsed.done is None:
-                why = f"memprobe exited {rc} on node {importer}: {err.strip()[-300:]}"
-                return _latency_failure(sources, why)
-            outs = parsed.by_source()
-            for source, base in sources.items():
-                if source in outs:
-                    figs += figures_from_probe(outs[source], source, baseline_source=base)
-                else:
-                    figs += _latency_failure({source: None}, "memprobe printed no sample of it")
+            kinds = {
+                local: "anon",
+                thp: "anon-thp",
+                page: f"shmdev:/dev/obmm_shmdev{imp_page['mem_id']}",
+                pmd: f"shmdev-pmd:/dev/obmm_shmdev{imp_pmd['mem_id']}",
+            }
+            return measure_interleaved(nodes, importer, kinds, sources, size, sync=sync)
     except BenchError as exc:
-        done = {str(f.params.get("source")) for f in figs}
-        figs += _latency_failure({s: None for s in sources if s not in done}, str(exc))
-    return figs
+        return _latency_failure(sources, str(exc))
+
+
+def _uptime(nodes: Nodes, node: int) -> tuple[float, float] | None:
+    """(host monotonic time, the node's /proc/uptime) read together, or None."""
+    before = time.monotonic()
+    rc, out, _ = nodes.run(node, ["cat", "/proc/uptime"])
+    host = (before + time.monotonic()) / 2
+    try:
+        return (host, float(out.split()[0])) if rc == 0 else None
+    except (ValueError, IndexError):
+        return None
+
+
+def clock_check(
+    start: dict[int, tuple[float, float] | None], end: dict[int, tuple[float, float] | None]
+) -> tuple[str, list[str]]:
+    """A note with the rate of each node's clock against the host's between two readings, and
+    a warning for each node whose clock was off by more than CLOCK_TOLERANCE.
+
+    A guest kernel that calibrated its TSC wrong at boot (under TCG, the PIT loop of a vCPU
+    starved by a loaded host: "tsc: PIT calibration deviates from HPET ... Using PIT
+    calibration value") keeps the wrong rate: every time it measures is off by that factor,
+    while ratios within one process still hold.
+    """
+    rates: dict[int, float] = {}
+    span = 0.0
+    for node, a in start.items():
+        b = end.get(node)
+        if a is not None and b is not None and b[0] - a[0] >= CLOCK_MIN_SPAN_S:
+            rates[node] = (b[1] - a[1]) / (b[0] - a[0])
+            span = max(span, b[0] - a[0])
+    note = f"node clocks against the host's over {span:.0f} s: " + (
+        ", ".join(f"node {n} x{r:.3f}" for n, r in sorted(rates.items())) or "not measured"
+    )
+    warnings = [
+        f"node {n}'s clock ran at x{r:.2f} of the host's: every time measured there is off "
+        f"by that factor (ratios within one process still hold); its kernel calibrated the "
+        f"TSC wrong at boot (see `dmesg | grep -i tsc` on it)"
+        for n, r in sorted(rates.items())
+        if abs(r - 1.0) > CLOCK_TOLERANCE
+    ]
+    return note, warnings
 
 
 def _control_figures(nodes: Nodes, node: int) -> list[Figure]:
@@ -416,6 +476,7 @@ def run_cluster_bench(
     for node in used:
         say(f"building memprobe on node {node}")
         n.install_probe(node)
+    clocks = {node: _uptime(n, node) for node in used}
     guest = node_environment(n, 0)
     env.extra.setdefault("host_kernel", env.kernel)
     env.extra.setdefault("host_cpu_model", env.cpu_model)
@@ -433,7 +494,7 @@ def run_cluster_bench(
         result.notes.append(f"data-path region capped to the free pool: {region} bytes")
     result.notes.append(f"data-path region {region} bytes on every source")
 
-    result.add(n.probe(0, ["--local", str(region)], "local", ALL_TESTS, baseline=None))
+    result.add(n.probe(0, ["--local", str(region)], "local", LOCAL_TESTS, baseline=None))
     if cfg.control:
         result.add(_control_figures(n, 0))
     if region < GRANULE:
@@ -452,6 +513,11 @@ def run_cluster_bench(
             result.add(probe_failure_figures("cross-node", reason))
             if cfg.sync:
                 result.add(probe_failure_figures("cross-node-sync", reason))
+    note, warnings = clock_check(clocks, {node: _uptime(n, node) for node in used})
+    result.notes.append(note)
+    result.warnings += warnings
+    for warning in warnings:
+        log.warning("%s", warning)
     env.finished = now_iso()
     return result
 
@@ -490,7 +556,7 @@ def run_local_bench(
             Path(remote).write_bytes(local.read_bytes())
 
         n = Nodes(local_run, copy, cfg, say)
-        result.add(n.probe(0, ["--local", str(region)], "local", ALL_TESTS, baseline=None))
+        result.add(n.probe(0, ["--local", str(region)], "local", LOCAL_TESTS, baseline=None))
         fd, path = tempfile.mkstemp(prefix="obmm-bench-", dir=shm)
         os.close(fd)
         try:
@@ -499,6 +565,12 @@ def run_local_bench(
                     0, ["--file", path, "--length", str(region), "--fill"], "file", REMOTE_TESTS
                 )
             )
+            # the file beside anonymous memory of both page sizes, in one process
+            sources = interleaved_sources("file", pmd=False)
+            local, thp = (s for s in sources if s != "file")
+            kinds = {local: "anon", thp: "anon-thp", "file": f"file:{path}"}
+            size = _round_granule(settings.interleave_bytes())
+            result.add(measure_interleaved(n, 0, kinds, sources, size))
         finally:
             os.unlink(path)
     if Path("/dev/obmm").exists():
