@@ -20,7 +20,13 @@ from obmm.bench import controlpath
 from obmm.bench.probe import ProbeSettings
 from obmm.bench.report import write_run
 from obmm.bench.results import Environment
-from obmm.bench.runner import BenchConfig, BenchError, run_cluster_bench, run_local_bench
+from obmm.bench.runner import (
+    BenchConfig,
+    BenchError,
+    clock_check,
+    run_cluster_bench,
+    run_local_bench,
+)
 
 pytestmark = pytest.mark.needs_gcc
 
@@ -237,3 +243,25 @@ def test_local_only_run(tmp_path: Path) -> None:
     loop = run.figure("data.loopback")
     assert loop is not None and loop.skipped == "host-only run (--local-only): no VM"
     assert list(tmp_path.iterdir()) == []  # the shared file is removed
+
+
+def test_clock_check_flags_a_node_whose_clock_runs_off_the_host() -> None:
+    """A node that calibrated its TSC wrong keeps a wrong clock: every time it measures is off
+    by that factor.  The rate is the node's uptime over the host's time between two reads."""
+    start = {0: (100.0, 50.0), 1: (100.0, 60.0), 2: None}
+    end = {0: (120.0, 70.1), 1: (120.0, 206.0), 2: (120.0, 1.0)}
+    note, warnings = clock_check(start, end)
+    assert note == "node clocks against the host's over 20 s: node 0 x1.005, node 1 x7.300"
+    assert len(warnings) == 1 and warnings[0].startswith("node 1's clock ran at x7.30")
+    # too short a span says nothing (SSH round trips)
+    note, warnings = clock_check({0: (0.0, 0.0)}, {0: (2.0, 9.0)})
+    assert note.endswith("not measured") and warnings == []
+
+
+def test_cluster_run_notes_each_node_clock(tmp_path: Path, config: BenchConfig) -> None:
+    config.sync = False
+    fake = FakeCluster(tmp_path)
+    run = run_cluster_bench(fake.run, fake.copy, 1, env(), config, say=lambda _m: None)
+    uptimes = [a for _n, a in fake.log if a == ["cat", "/proc/uptime"]]
+    assert len(uptimes) == 2  # read at the start and at the end
+    assert any(n.startswith("node clocks against the host's") for n in run.notes)
