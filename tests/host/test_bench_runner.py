@@ -8,6 +8,7 @@ an import at its export's file, so what node 1 reads is what node 0 filled.
 from __future__ import annotations
 
 import json
+import mmap
 import re
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.bench import controlpath
+from obmm.bench import controlpath, scheme7
 from obmm.bench.probe import ProbeSettings
 from obmm.bench.report import write_run
 from obmm.bench.results import Environment
@@ -26,6 +27,7 @@ from obmm.bench.runner import (
     clock_check,
     run_cluster_bench,
     run_local_bench,
+    run_scheme7_bench,
 )
 
 pytestmark = pytest.mark.needs_gcc
@@ -99,6 +101,31 @@ class FakeCluster:
             return self._json({"released": int(args[1])})
         raise AssertionError(args)
 
+    def _scheme7(self, node: int, args: list[str]) -> tuple[int, str, str]:
+        """The node-side scheme-7 steps on the region's file (its shmdev stands for it)."""
+        cmd, mem_id = args[0], int(args[1])
+        rows, dim = (int(args[args.index(o) + 1]) for o in ("--rows", "--dim"))
+        path = Path(self._path_of(mem_id))
+        size = scheme7.table_bytes(rows, dim)
+        if cmd == "fill":
+            with path.open("r+b") as f:
+                f.truncate(max(size, path.stat().st_size))
+                with mmap.mmap(f.fileno(), size) as m:
+                    scheme7.fill(memoryview(m), rows, dim)
+            return self._json({"kind": "scheme7-fill", "bytes": size})
+        with path.open("r+b") as f, mmap.mmap(f.fileno(), size) as m:
+            view = memoryview(m)
+            try:
+                iters = int(args[args.index("--iters") + 1])
+                results = scheme7.measure(view, rows, dim, iters, seed=1)
+            except ValueError as exc:
+                return 1, json.dumps({"error": str(exc)}) + "\n", ""
+            finally:
+                view.release()
+        source = args[args.index("--source") + 1]
+        figs = scheme7.figures(source, results, "sync" if "--sync" in args else "cacheable")
+        return self._json({"kind": "scheme7", "figures": [f.to_dict() for f in figs]})
+
     def _path_of(self, mem_id: int) -> str:
         return str(self.exports[self.imports.get(mem_id, mem_id)])
 
@@ -107,6 +134,8 @@ class FakeCluster:
         self.log.append((node, argv))
         if argv[:3] == ["python3", "-m", "obmm.bench.regions"]:
             return self._regions(node, argv[3:])
+        if argv[:3] == ["python3", "-m", "obmm.bench.scheme7"]:
+            return self._scheme7(node, argv[3:])
         if argv[:3] == ["python3", "-m", "obmm.bench.controlpath"]:
             res = controlpath.SizeResult(2 << 20)
             for op in (*controlpath.OPS, *controlpath.BASE_OPS):
@@ -265,3 +294,36 @@ def test_cluster_run_notes_each_node_clock(tmp_path: Path, config: BenchConfig) 
     uptimes = [a for _n, a in fake.log if a == ["cat", "/proc/uptime"]]
     assert len(uptimes) == 2  # read at the start and at the end
     assert any(n.startswith("node clocks against the host's") for n in run.notes)
+
+
+def test_scheme7_node_0_fills_node_1_reads_cacheable_and_o_sync(
+    tmp_path: Path, config: BenchConfig
+) -> None:
+    config.scheme7_rows, config.scheme7_dim, config.scheme7_iters = 100, 16, 2
+    fake = FakeCluster(tmp_path)
+    run = run_scheme7_bench(fake.run, fake.copy, 2, env(), config, say=lambda _m: None)
+    for src in ("cross-node", "cross-node-sync"):
+        for bench in ("bench1.row", "bench2.batch256", "bench3.128tok"):
+            fig = run.figure(f"scheme7.{bench}.{src}")
+            assert fig is not None and fig.ok, (bench, src)
+            assert fig.baseline == f"scheme7.{bench}.{src}-local"
+            assert run.paired_ratios(fig) is not None
+    steps = [(n, a[3:5]) for n, a in fake.log if a[:3] == ["python3", "-m", "obmm.bench.scheme7"]]
+    assert [(n, a[0]) for n, a in steps] == [(0, "fill"), (1, "client"), (1, "client")]
+    clients = [a for n, a in fake.log if a[3:4] == ["client"]]
+    assert "--sync" not in clients[0] and "--sync" in clients[1]
+    assert fake.exports == {} and fake.imports == {}  # released
+    assert any(n.startswith("scheme7: 100 x 16 fp32 table") for n in run.notes)
+
+
+def test_scheme7_unfilled_table_is_a_skipped_figure_with_the_reason(
+    tmp_path: Path, config: BenchConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that finds no table (the fill did not reach the import) records why."""
+    config.scheme7_rows, config.scheme7_dim, config.scheme7_iters, config.sync = 100, 16, 2, False
+    monkeypatch.setattr(scheme7, "fill", lambda buf, rows, dim: None)
+    fake = FakeCluster(tmp_path)
+    run = run_scheme7_bench(fake.run, fake.copy, 2, env(), config, say=lambda _m: None)
+    fig = run.figure("scheme7.cross-node")
+    assert fig is not None and fig.skipped is not None and "row 42" in fig.skipped
+    assert fake.exports == {} and fake.imports == {}

@@ -2,6 +2,7 @@
 
     obmm-testbed bench --local-only [--out bench-results] [--full]   # host smoke run, no VM
     obmm-testbed bench [--nodes 2] [--quick]                         # needs a cluster hook
+    obmm-testbed bench --scheme7 [--quick] [--hw [--hosts ...]]      # the seed's client
     obmm-testbed bench-compare OLD NEW [--threshold 0.10] [--by-ratio]
 
 The cluster mode is `obmm.bench.cluster_hook.cluster_bench` (it boots the clusters, builds
@@ -21,7 +22,7 @@ from obmm.bench import cluster_hook, compare
 from obmm.bench.probe import ProbeSettings
 from obmm.bench.report import write_run
 from obmm.bench.results import Environment
-from obmm.bench.runner import BenchConfig, run_local_bench
+from obmm.bench.runner import BenchConfig, BenchError, run_local_bench
 from obmm.tools import interrupts
 
 DEFAULT_OUT = Path("bench-results")
@@ -32,6 +33,10 @@ def _print_summary(outdir: Path) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.hw and not args.scheme7:
+        raise BenchError("bench --hw runs only the scheme-7 benchmark: add --scheme7")
+    if args.local_only and args.scheme7:
+        raise BenchError("bench --scheme7 needs nodes with /dev/obmm: drop --local-only")
     if args.local_only:
         settings = ProbeSettings() if args.full else ProbeSettings.quick()
         if args.max_seconds is not None:

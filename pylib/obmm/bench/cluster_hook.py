@@ -12,21 +12,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import shutil
 import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from obmm.bench.results import Environment, Figure, Run
 from obmm.bench.runner import (
     GUEST_PYTHON,
     BenchConfig,
+    BenchError,
+    CopyFn,
+    RunFn,
+    SayFn,
     callables_for,
     make_testbed_figure,
     run_cluster_bench,
+    run_scheme7_bench,
 )
 from obmm.bench.suite_timing import SUITES, run_once, suite_figures
 
@@ -203,12 +210,12 @@ def restore_figures(
 
 
 def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
+    if getattr(args, "scheme7", False):
+        return scheme7_bench(args, config)
     from obmm.testbed import accel as accel_mod
-    from obmm.testbed.cluster import Cluster, load_topology
     from obmm.testbed.image import ensure_image, find_recipe
     from obmm.testbed.paths import cache_dir, repo_root, results_dir
     from obmm.testbed.progress import Progress
-    from obmm.testbed.provision import build_guest_modules, module_load_order, prepare_node
 
     progress = Progress("bench")
     say = progress.line
@@ -261,8 +268,33 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     samples = int(getattr(args, "boot_samples", 3))
     testbed += boot_figures(image, accel, sorted(set(boot_nodes)), inits, samples, say)
     testbed += restore_figures(image, accel, sorted(set(boot_nodes)), samples, say)
-    # The measurements get their own pair with a 1 GiB export pool per node (the test topology
-    # has 256 MiB), so the control path reaches the 1 GiB size.
+    run = on_bench_pair(image, accel, env, config, run_cluster_bench, say)
+    measured = {f.name for f in testbed}
+    recorded = [f for f in _qemu_test_figures(QEMU_TEST_TIMINGS) if f.name not in measured]
+    run.add(testbed + recorded)
+    return run
+
+
+BenchFn = Callable[[RunFn, CopyFn, int, Environment, BenchConfig, SayFn], Run]
+
+
+def on_bench_pair(
+    image: Image,
+    accel: str,
+    env: Environment,
+    config: BenchConfig,
+    bench: BenchFn,
+    say: SayFn,
+) -> Run:
+    """`bench` on the benchmark pair: booted (or restored), the modules loaded, torn down.
+
+    The measurements get their own pair with a 1 GiB export pool per node (the test topology
+    has 256 MiB), so the control path reaches the 1 GiB size.
+    """
+    from obmm.testbed.cluster import Cluster, load_topology
+    from obmm.testbed.paths import repo_root, results_dir
+    from obmm.testbed.provision import build_guest_modules, module_load_order, prepare_node
+
     topology = load_topology(BENCH_TOPOLOGY)
     say(f"booting the benchmark pair ({BENCH_TOPOLOGY}: {topology.pool_mib} MiB pool per node)")
     with Cluster.start(image, topology, name="bench-data", accel=accel) as cluster:
@@ -273,14 +305,86 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
                 prepare_node(conn, i, topology, repo_root(), kos)
             run_fn, copy_fn = callables_for(dict(conns))
             config.python = GUEST_PYTHON
-            run = run_cluster_bench(run_fn, copy_fn, topology.nodes, env, config, say=say)
+            return bench(run_fn, copy_fn, topology.nodes, env, config, say)
         finally:
             for conn in conns.values():
                 conn.close()
-    measured = {f.name for f in testbed}
-    recorded = [f for f in _qemu_test_figures(QEMU_TEST_TIMINGS) if f.name not in measured]
-    run.add(testbed + recorded)
-    return run
+
+
+def scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
+    """`obmm-testbed bench --scheme7`: the seed's client benchmark on the benchmark pair, or
+    (`--hw`) on the hardware stage's hosts."""
+    if getattr(args, "hw", False):
+        return hardware_scheme7_bench(args, config)
+    from obmm.testbed import accel as accel_mod
+    from obmm.testbed.image import ensure_image, find_recipe
+    from obmm.testbed.paths import cache_dir
+    from obmm.testbed.progress import Progress
+
+    say = Progress("bench").line
+    image = ensure_image(find_recipe())
+    accel = accel_mod.choose(getattr(args, "accel", None), image.kernel, cache_dir())
+    env = Environment.collect_host(accelerator=accel, node_count=2)
+    return on_bench_pair(image, accel, env, config, run_scheme7_bench, say)
+
+
+def hardware_scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
+    """The scheme-7 bench on the first two hosts of the hardware stage's configuration
+    (HW_HOSTS / HW_CONFIG / --hosts ...; `--qemu NAME`: a running cluster stands in): its
+    pre-flight, the package copied to a fresh directory on each host (removed afterwards),
+    host i running as node i with the stage's decoder hook."""
+    from obmm.decoder import ENV_SPEC as DECODER_ENV
+    from obmm.identity import ENV_NODE_ID
+    from obmm.testbed.hw import config as hw_config
+    from obmm.testbed.hw import preflight, stage
+    from obmm.testbed.paths import repo_root, results_dir
+    from obmm.testbed.progress import Progress
+    from obmm.testbed.provision import payload_tar
+
+    say = Progress("bench").line
+    environ = dict(os.environ)
+    if args.hw_config:
+        environ[hw_config.ENV_CONFIG_FILE] = args.hw_config
+    overrides: dict[str, Any] = {"hosts": args.hw_hosts, "ssh_key": args.hw_key}
+    if args.hw_qemu:
+        base = stage.qemu_stand_in(args.hw_qemu, results_dir() / "hw")
+        overrides = {**base, **{k: v for k, v in overrides.items() if v}}
+    cfg = hw_config.load(environ, overrides)
+    hosts = cfg.hosts[:2]
+    reports = preflight.preflight(cfg)
+    failed = [r for r in reports if not r.ok]
+    if failed:
+        raise BenchError(f"hardware pre-flight failed: {failed[0].failure}")
+    say(f"scheme7 on {', '.join(h.spec for h in hosts)}")
+    payload = payload_tar(repo_root())
+    conns: dict[int, preflight.HwConnection] = {}
+    workdirs: dict[int, str] = {}
+    try:
+        for i, host in enumerate(hosts):
+            conn = preflight.connect(host, cfg)
+            conns[i] = conn
+            made = conn.run(
+                f"mktemp -d {shlex.quote(cfg.remote_tmp)}/obmm-bench.XXXXXX", timeout=60, check=True
+            )
+            workdirs[i] = made.out.strip()
+            conn.run(f"tar -xzf - -C {shlex.quote(workdirs[i])}", timeout=300, check=True,
+                     stdin=payload)  # fmt: skip
+            config.node_env[i] = {"PYTHONPATH": f"{workdirs[i]}/pylib", ENV_NODE_ID: str(i)}
+            if cfg.decoder:
+                config.node_env[i][DECODER_ENV] = cfg.decoder
+        config.python = (cfg.python,)
+        accelerator = "tcg" if args.hw_qemu else "hardware"
+        env = Environment.collect_host(accelerator=accelerator, node_count=len(hosts))
+        env.extra["hw_hosts"] = ",".join(h.spec for h in hosts)
+        if args.hw_qemu:
+            env.extra["hw_stand_in"] = f"QEMU cluster {args.hw_qemu} standing in for hardware"
+        run_fn, copy_fn = callables_for(dict(conns))
+        return run_scheme7_bench(run_fn, copy_fn, len(hosts), env, config, say)
+    finally:
+        for i, conn in conns.items():
+            if i in workdirs:
+                conn.run(f"rm -rf {shlex.quote(workdirs[i])}", timeout=120)
+            conn.close()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -321,6 +425,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --suites: only the image lookup and the suite timings, no boots or data path",
     )
     p.add_argument("--accel", choices=("auto", "tcg", "kvm"), default=None)
+    p.add_argument(
+        "--scheme7",
+        action="store_true",
+        help="only the seed's scheme-7 client benchmark (Bench 1-3 over the Python API): "
+        "node 0 exports and fills the table, node 1 imports and copies rows from it and from "
+        "local memory in turn",
+    )
+    p.add_argument(
+        "--hw",
+        action="store_true",
+        help="with --scheme7: on the hardware stage's hosts (HW_HOSTS / HW_CONFIG or the "
+        "options below) instead of the QEMU pair",
+    )
+    p.add_argument("--hosts", dest="hw_hosts", help="--hw: user@host[:port],... ($HW_HOSTS)")
+    p.add_argument("--config", dest="hw_config", help="--hw: hardware config file ($HW_CONFIG)")
+    p.add_argument("--key", dest="hw_key", help="--hw: SSH private key ($HW_SSH_KEY)")
+    p.add_argument(
+        "--qemu",
+        dest="hw_qemu",
+        metavar="NAME",
+        help="--hw: a running `obmm-testbed up --kmod` cluster stands in for the hosts",
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,11 +49,21 @@ def pool_free(root: Path = MEMPOOL_SYSFS) -> int | None:
 
 
 def node_id(path: Path = EMU_NODE_ID) -> int:
-    """This node's fabric id (obmm_emu); 0 when the module does not publish one."""
+    """This node's fabric id: obmm_emu's, else $OBMM_NODE_ID (what the hardware stage gives a
+    host: its place in the host list), else 0."""
+    for text in (_read(path), os.environ.get(identity.ENV_NODE_ID)):
+        try:
+            return int((text or "").strip(), 0)
+        except ValueError:
+            continue
+    return 0
+
+
+def _read(path: Path) -> str | None:
     try:
-        return int(path.read_text().strip(), 0)
-    except (OSError, ValueError):
-        return 0
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def do_export(size: int) -> dict[str, Any]:

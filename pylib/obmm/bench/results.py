@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Union
 
 SCHEMA = 1
-GROUPS = ("control", "data", "engram", "testbed")
+GROUPS = ("control", "data", "engram", "scheme7", "testbed")
 ParamValue = Union[str, int, float, bool]
 
 

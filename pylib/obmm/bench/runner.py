@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from obmm.bench import controlpath
+from obmm.bench import controlpath, scheme7
 from obmm.bench.probe import (
     CFLAGS,
     INTERLEAVED_TESTS,
@@ -126,6 +126,10 @@ class BenchConfig:
     control_sizes: tuple[int, ...] = controlpath.SIZES
     control_reps: int = 10
     control_max_seconds: float = 20.0
+    scheme7_rows: int = scheme7.ROWS
+    scheme7_dim: int = scheme7.DIM
+    scheme7_iters: int = scheme7.ITERS
+    node_env: dict[int, dict[str, str]] = field(default_factory=dict)  # on hardware hosts
 
     @classmethod
     def quick(cls) -> BenchConfig:
@@ -134,6 +138,7 @@ class BenchConfig:
             control_sizes=(2 << 20, 8 << 20, 32 << 20, 128 << 20),
             control_reps=5,
             control_max_seconds=5.0,
+            scheme7_iters=50,
         )
 
     @property
@@ -164,9 +169,18 @@ class Nodes:
             raise BenchError(f"node {node}: {shlex.join(argv)} exited {rc}: {err.strip()[-500:]}")
         return out
 
+    def python_argv(self, node: int) -> list[str]:
+        """The node's Python command, with the node's environment (config.node_env) first."""
+        env = self.config.node_env.get(node, {})
+        return (
+            ["env", *(f"{k}={v}" for k, v in env.items()), *self.config.python]
+            if env
+            else [*self.config.python]
+        )
+
     def python_json(self, node: int, module: str, *args: str) -> dict[str, Any]:
         """Run `python -m module args` on the node; its last stdout line is a JSON object."""
-        rc, out, err = self.run(node, [*self.config.python, "-m", module, *args])
+        rc, out, err = self.run(node, [*self.python_argv(node), "-m", module, *args])
         lines = [ln for ln in out.splitlines() if ln.strip()]
         try:
             doc: dict[str, Any] = json.loads(lines[-1]) if lines else {}
@@ -518,6 +532,87 @@ def run_cluster_bench(
     result.warnings += warnings
     for warning in warnings:
         log.warning("%s", warning)
+    env.finished = now_iso()
+    return result
+
+
+def _scheme7_failure(source: str, reason: str) -> Figure:
+    """One skipped figure standing for a scheme-7 client run that could not be measured."""
+    return Figure(
+        name=f"scheme7.{source}",
+        group="scheme7",
+        unit="-",
+        skipped=reason,
+        params={"source": source},
+    )
+
+
+def run_scheme7_bench(
+    run: RunFn,
+    copy: CopyFn,
+    nodes: int,
+    env: Environment,
+    config: BenchConfig | None = None,
+    say: SayFn | None = None,
+) -> Run:
+    """The seed's scheme-7 client (Bench 1-3, `obmm.bench.scheme7`) over the Python API.
+
+    Node 0 exports the table and fills it through its shmdev, like the seed's server; node 1
+    (node 0 itself with one node: a loopback import) imports it and runs the client, once
+    cacheable and once O_SYNC (config.sync), each sample also taken from a copy of the table
+    in local memory of the client's process.  The same on QEMU nodes and on real UB hosts, so
+    the two runs' results.json can be put side by side (`obmm-testbed bench-compare`).
+    """
+    cfg = config or BenchConfig()
+    say = say or log.info
+    n = Nodes(run, copy, cfg, say)
+    used = [0, 1] if nodes >= 2 else [0]
+    clocks = {node: _uptime(n, node) for node in used}
+    guest = node_environment(n, 0)
+    env.extra.setdefault("host_kernel", env.kernel)
+    env.extra.setdefault("host_cpu_model", env.cpu_model)
+    env.kernel, env.cpu_model, env.node_count = guest["kernel"], guest["cpu_model"], nodes
+    result = Run(env=env)
+    importer = used[-1]
+    name = "cross-node" if importer else "loopback"
+    table = scheme7.table_bytes(cfg.scheme7_rows, cfg.scheme7_dim)
+    shape = ["--rows", str(cfg.scheme7_rows), "--dim", str(cfg.scheme7_dim)]
+    variants: list[tuple[str, list[str]]] = [(name, [])]
+    variants += [(f"{name}-sync", ["--sync"])] if cfg.sync else []
+    try:
+        with n.exported(0, _round_granule(table)) as exp:
+            say(f"scheme7: filling the {table}-byte table on node 0")
+            n.python_json(0, "obmm.bench.scheme7", "fill", str(exp["mem_id"]), *shape)
+            with n.imported(importer, exp) as imp:
+                for source, extra in variants:
+                    say(f"scheme7: client {source} on node {importer}")
+                    try:
+                        doc = n.python_json(
+                            importer,
+                            "obmm.bench.scheme7",
+                            "client",
+                            str(imp["mem_id"]),
+                            "--source",
+                            source,
+                            "--iters",
+                            str(cfg.scheme7_iters),
+                            *shape,
+                            *extra,
+                        )
+                        result.add(Figure.from_dict(f) for f in doc.get("figures", []))
+                    except BenchError as exc:
+                        result.add([_scheme7_failure(source, str(exc))])
+    except BenchError as exc:
+        done = {str(f.params.get("source")) for f in result.figures}
+        result.add(_scheme7_failure(s, str(exc)) for s, _ in variants if s not in done)
+    result.notes.append(
+        f"scheme7: {cfg.scheme7_rows} x {cfg.scheme7_dim} fp32 table ({table} bytes), "
+        f"{cfg.scheme7_iters} samples per bench; node 0 exports and fills, node {importer} "
+        "imports and copies; local: the same table in local memory of the client's process"
+    )
+    note, warnings = clock_check(clocks, {node: _uptime(n, node) for node in used})
+    result.notes.append(note)
+    result.warnings += warnings
     env.finished = now_iso()
     return result
 
