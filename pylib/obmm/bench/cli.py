@@ -4,6 +4,7 @@
     obmm-testbed bench [--nodes 2] [--quick]                         # needs a cluster hook
     obmm-testbed bench --scheme7 [--quick] [--hw [--hosts ...]]      # the seed's client
     obmm-testbed bench-compare OLD NEW [--threshold 0.10] [--by-ratio]
+    obmm-testbed bench-compare QEMU_RUN HW_RUN --side-by-side [--prefix scheme7.]
 
 The cluster mode is `obmm.bench.cluster_hook.cluster_bench` (it boots the clusters, builds
 run/copy callables and calls `obmm.bench.runner.run_cluster_bench`); `obmm-testbed bench` and
@@ -57,7 +58,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     argv = [str(args.old), str(args.new), "--threshold", str(args.threshold)]
-    return compare.main(argv + (["--by-ratio"] if args.by_ratio else []))
+    argv += ["--by-ratio"] if args.by_ratio else []
+    argv += ["--side-by-side", "--prefix", args.prefix] if args.side_by_side else []
+    return compare.main(argv)
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,6 +100,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("new", type=Path)
     c.add_argument("--threshold", type=float, default=0.10)
     c.add_argument("--by-ratio", action="store_true")
+    c.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="one table, each run's median and ratio to its own baseline, no verdict "
+        "(runs on different machines: the QEMU pair beside real UB hosts)",
+    )
+    c.add_argument("--prefix", default="", help="--side-by-side: only figures named so")
     c.set_defaults(func=_cmd_compare)
 
 

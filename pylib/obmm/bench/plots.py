@@ -237,10 +237,10 @@ def plot_bandwidth(run: Run, path: Path) -> Path | None:
 # An interleaved run's sources in plotting order: (suffix, tick label, colour or None = the
 # import's own colour, hatched)
 ENGRAM_PARTS = (
-    (LOCAL_SUFFIX, "local\n4 KiB", "#1f77b4", False),
-    ("", "import\n4 KiB entries", None, False),
-    (LOCAL_THP_SUFFIX, "local\n2 MiB", "#aec7e8", False),
-    (PMD_SUFFIX, "import\nPMD entries", None, True),
+    (LOCAL_SUFFIX, "local\n4K", "#1f77b4", False),
+    ("", "import\n4K", None, False),
+    (LOCAL_THP_SUFFIX, "local\n2M", "#aec7e8", False),
+    (PMD_SUFFIX, "import\nPMD", None, True),
 )
 
 
@@ -290,7 +290,7 @@ def plot_engram(run: Run, path: Path) -> Path | None:
             _title(kind),
             ((start + x - 1) / 2, 0),
             xycoords=("data", "axes fraction"),
-            xytext=(0, -42),
+            xytext=(0, -52),
             textcoords="offset points",
             ha="center",
             va="top",
@@ -332,6 +332,9 @@ def plot_engram(run: Run, path: Path) -> Path | None:
     ax1.set_xlim(0.3, x - 0.5)
     ax1.set_ylim(0, top * 1.3)
     ax1.set_ylabel("ms per prefetch (box: quartiles, whiskers: min..max)")
+    ax1.set_xlabel(
+        "4K: 4 KiB pages or page entries; 2M: 2 MiB pages; PMD: 2 MiB entries", fontsize=8
+    )
     ax1.set_title(
         f"This run: {tokens[-1]}-token Engram prefetch (12 tables x 1364 B rows), each import "
         f"side by side\nwith local memory in one process; median and ratio to the local memory "

@@ -502,8 +502,8 @@ def engram_findings(run: Run) -> list[str]:
         out.append(
             "- Page size: local memory with 2 MiB pages against 4 KiB pages, same process: "
             + ", ".join(f"x{r:.2f} (beside {k})" for k, r in page)
-            + ".  Under TCG a 4 KiB page costs a longer guest page walk on each miss of QEMU's "
-            "software TLB; each mapping is compared with local memory of its own page size."
+            + ": the page size alone moves an Engram figure by that much, so each mapping is "
+            "compared with local memory of its own page size."
         )
     sync = []
     for k in kinds:
