@@ -298,14 +298,18 @@ def test_interleave_engram_same_tables_every_source(memprobe: Path, tmp_path: Pa
         memprobe,
         *("--interleave", spec, "--length", "2M", "--tests", "engram"),
         *("--engram-rows", str(ROWS), "--engram-iters", "6", "--best-of", "3"),
+        *("--engram-small-rows", "10"),
     )
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(ln) for ln in proc.stdout.splitlines()]
     verify = [ln for ln in lines if ln["kind"] == "verify"]
     assert [(v["source"], v["ok"]) for v in verify] == [("a", True), ("b", True), ("c", True)]
     samples = [ln for ln in lines if ln["kind"] == "sample"]
-    assert {s["test"] for s in samples} == {"engram"}
-    assert [s["source"] for s in samples] == ["a", "b", "c"] * 6
+    assert [s["test"] for s in samples] == ["engram"] * 18 + ["engram-small"] * 18
+    assert [s["source"] for s in samples] == ["a", "b", "c"] * 12
+    # no page fault while timed: every page of every source was mapped before
+    info = {k: v for ln in lines if ln["kind"] == "info" for k, v in ln.items()}
+    assert info["engram_faults"] == 0 and info["engram-small_faults"] == 0
     assert all(s["value"] > 0 and s["rows_per_s"] > 0 for s in samples)
     env = next(ln for ln in lines if ln["kind"] == "env")
     assert env["best_of"] == 3
@@ -323,7 +327,11 @@ def test_interleave_engram_same_tables_every_source(memprobe: Path, tmp_path: Pa
     fig = figs["engram.prefetch.c.128tok"]
     assert fig.baseline == "engram.prefetch.a.128tok"
     assert fig.params["interleaved"] is True and len(fig.samples) == 6
+    assert fig.params["faults"] == 0
     assert "fastest of 3 prefetches" in fig.note
+    small = figs["engram.small_tables.c.128tok"]
+    assert small.baseline == "engram.small_tables.a.128tok" and len(small.samples) == 6
+    assert "the first 10 rows of each table" in small.note
 
 
 def test_interleave_sync_kinds_need_a_path(memprobe: Path, tmp_path: Path) -> None:

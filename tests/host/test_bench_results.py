@@ -18,6 +18,7 @@ from obmm.bench.results import (
     ParamValue,
     Run,
     cpu_model_from_cpuinfo,
+    engram_section,
     fmt_value,
     percentile,
     size_label,
@@ -308,6 +309,11 @@ def test_engram_section_pairs_rounds_and_judges_each_variant() -> None:
         "Above x1.05 in this run: engram.prefetch.cross-node-sync.128tok, "
         "engram.prefetch.cross-node-sync-pmd.128tok." in section
     )
+    # no small-table figures in this run: nothing to tell where the time goes
+    assert (
+        "- engram.prefetch.cross-node-sync.128tok: x1.30; this run has no small-table figure"
+        in section
+    )
     # what the run's own figures say: page size, and O_SYNC against cacheable
     assert "- Page size: local memory with 2 MiB pages against 4 KiB pages" in section
     assert "x0.97 (beside cross-node)" in section
@@ -369,3 +375,43 @@ def test_warnings_lead_the_summary_and_survive_the_json(tmp_path: Path) -> None:
     assert text.index("## Warnings") < text.index("## Headline")
     assert "- **node 1's clock ran at x7.30 of the host's**" in text
     assert Run.load(outdir).warnings == run.warnings
+
+
+@pytest.mark.parametrize(
+    ("small_factor", "faults", "says"),
+    [
+        (1.0, 0, "the extra time comes with the pages a prefetch touches"),
+        (1.2, 0, "not explained by this run's figures"),
+        (1.0, 3, "not explained by this run's figures"),
+    ],
+)
+def test_a_variant_over_the_limit_is_explained_by_its_small_table_figure(
+    small_factor: float, faults: int, says: str
+) -> None:
+    """A variant above x1.05 whose copies from small tables (same process) are within it and
+    which took no fault while timed: the summary says the time comes with the pages touched."""
+    run = Run(env=env())
+    inter: dict[str, ParamValue] = {"interleaved": True, "test": "engram", "faults": faults}
+    for kind, factor in (("engram.prefetch", 1.07), ("engram.small_tables", small_factor)):
+        run.add(
+            [
+                Figure(f"{kind}.x-local-thp.128tok", "engram", "ms", [1.0, 1.1], params=inter),
+                Figure(
+                    f"{kind}.x-pmd.128tok",
+                    "engram",
+                    "ms",
+                    [factor, 1.1 * factor],
+                    baseline=f"{kind}.x-local-thp.128tok",
+                    params={**inter, "source": "x-pmd"},
+                ),
+            ]
+        )
+    section = "\n".join(engram_section(run))
+    row = next(ln for ln in section.splitlines() if ln.startswith("| engram.prefetch.x-pmd"))
+    assert row.endswith(f"| x1.07 | x1.07 / x1.07 / x1.07 | x{small_factor:.2f} | **no** |")
+    line = next(ln for ln in section.splitlines() if ln.startswith("- engram.prefetch.x-pmd"))
+    assert line.startswith(
+        f"- engram.prefetch.x-pmd.128tok: x1.07 from the whole tables, x{small_factor:.2f} from "
+        f"small tables (same process), {faults} page faults while timed: "
+    )
+    assert says in line

@@ -48,6 +48,7 @@ TINY = ProbeSettings(
     interleave_chase_loads=5000,
     interleave_best_of=2,
     interleave_engram_iters=4,
+    interleave_engram_small_rows=20,
 )
 
 
@@ -191,6 +192,14 @@ def test_two_nodes_every_source(tmp_path: Path, config: BenchConfig) -> None:
                 assert run.ratio(fig) is not None
                 paired = run.paired_ratios(fig)
                 assert paired is not None and len(paired) == len(fig.samples)
+        # the same copies from small tables, beside the same baselines; no fault while timed
+        for sfx, base in (("", "-local"), ("-pmd", "-local-thp")):
+            fig = run.figure(f"engram.small_tables.{src}{sfx}.128tok")
+            assert fig is not None and fig.ok, src + sfx
+            assert fig.baseline == f"engram.small_tables.{src}{base}.128tok"
+            assert run.paired_ratios(fig) is not None
+        prefetch = run.figure(f"engram.prefetch.{src}.128tok")
+        assert prefetch is not None and prefetch.params["faults"] == 0
     assert "control.export.2MiB" in names
     # every paired figure has its baseline in the same run
     for fig in run.figures:

@@ -120,6 +120,8 @@ class ProbeSettings:
     interleave_chase_loads: int = 1 << 14
     interleave_best_of: int = 10  # a chase sample is the fastest of this many timed runs
     interleave_engram_iters: int = 64  # prefetch rounds; a multiple of 4: each source leads
+    # the same prefetch from the first rows of each table only (a few pages: 1.6 MB)
+    interleave_engram_small_rows: int = 100
 
     @classmethod
     def quick(cls) -> ProbeSettings:
@@ -172,7 +174,13 @@ class ProbeSettings:
             ("--max-seconds", f"{4 * self.max_seconds:g}"),
         ):
             args[args.index(opt) + 1] = str(value)
-        return [*args, "--best-of", str(self.interleave_best_of)]
+        return [
+            *args,
+            "--best-of",
+            str(self.interleave_best_of),
+            "--engram-small-rows",
+            str(self.interleave_engram_small_rows),
+        ]
 
     def engram_bytes(self) -> int:
         """Bytes of the Engram tables at full size."""
@@ -262,6 +270,12 @@ def _engram_names(source: str, tokens: int) -> tuple[str, str]:
     return (f"engram.prefetch.{source}.{tokens}tok", f"engram.rows_per_s.{source}.{tokens}tok")
 
 
+def small_tables_name(source: str, tokens: int) -> str:
+    """The interleaved Engram prefetch from the first few rows of each table (memprobe's
+    engram-small test): the same copies, but from pages that stay in the TLBs and caches."""
+    return f"engram.small_tables.{source}.{tokens}tok"
+
+
 def figures_from_probe(
     out: ProbeOutput,
     source: str,
@@ -289,6 +303,10 @@ def figures_from_probe(
         if interleaved:
             p["interleaved"] = True
         return p
+
+    def faults(test: str) -> int:
+        """Page faults memprobe took while timing `test` (-1: not reported)."""
+        return int(out.info.get(f"{test}_faults", -1))
 
     def note(test: str, param: int, extra: str = "") -> str:
         t = truncated.get((test, param))
@@ -352,6 +370,24 @@ def figures_from_probe(
                         note="two back-to-back CLOCK_MONOTONIC reads",
                     )
                 )
+        elif test == "engram-small":
+            rows_note = f"the first {out.env.get('engram_small_rows', '?')} rows of each table"
+            figs.append(
+                Figure(
+                    name=small_tables_name(source, param),
+                    group="engram",
+                    unit="ms",
+                    samples=values,
+                    baseline=small_tables_name(base, param) if base else None,
+                    params={**params(test, param), "faults": faults(test)},
+                    note=note(
+                        test,
+                        param,
+                        f"{param} tokens x {ENGRAM_TABLES} random {ENGRAM_ROW_BYTES} B rows "
+                        f"from {rows_note}, interleaved like engram.prefetch",
+                    ),
+                )
+            )
         elif test == "engram":
             prefetch, rate = _engram_names(source, param)
             bprefetch, brate = _engram_names(base, param) if base else (None, None)
@@ -369,7 +405,7 @@ def figures_from_probe(
                     unit="ms",
                     samples=values,
                     baseline=bprefetch,
-                    params=params(test, param),
+                    params={**params(test, param), "faults": faults(test)},
                     note=note(
                         test,
                         param,
@@ -392,7 +428,17 @@ def figures_from_probe(
             )
     for skip in out.skips:
         test, param, reason = str(skip["test"]), int(skip["param"]), str(skip["reason"])
-        if test == "engram":
+        if test == "engram-small":
+            figs.append(
+                Figure(
+                    name=small_tables_name(source, param),
+                    group="engram",
+                    unit="ms",
+                    skipped=reason,
+                    params=params(test, param),
+                )
+            )
+        elif test == "engram":
             for name in _engram_names(source, param) if param else (f"engram.{source}",):
                 figs.append(
                     Figure(

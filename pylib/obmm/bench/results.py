@@ -481,7 +481,9 @@ same buffer in turn, rotating which went first; a sample is the fastest of the p
 one round (so a prefetch the vCPU was descheduled in does not decide it).  The import with
 4 KiB entries is compared with 4 KiB local memory, the PMD mapping with 2 MiB local memory,
 O_SYNC runs with the local memory of their own process.  ratio: median / baseline median;
-per round: sample k / baseline sample k (min / median / max)."""
+per round: sample k / baseline sample k (min / median / max); small tables: the ratio of the
+same prefetch from the first rows of each table only (a few pages, which stay in the TLBs and
+caches), measured in the same process."""
 
 
 def _engram(run: Run, source: str, tokens: int = 128) -> Figure | None:
@@ -522,6 +524,25 @@ def engram_findings(run: Run) -> list[str]:
     return out
 
 
+def _over_limit(run: Run, fig: Figure, small_ratio: float | None) -> str:
+    """Why a variant is above the limit, as far as the run's own figures say."""
+    ratio = run.ratio(fig) or 0.0
+    faults = int(fig.params.get("faults", -1))
+    head = f"- {fig.name}: x{ratio:.2f}"
+    if small_ratio is None:
+        return f"{head}; this run has no small-table figure to tell where the time goes."
+    said = f"{head} from the whole tables, x{small_ratio:.2f} from small tables (same process)"
+    said += f", {faults} page faults while timed" if faults >= 0 else ""
+    if small_ratio <= ENGRAM_LIMIT and faults <= 0:
+        return (
+            f"{said}: the extra time comes with the pages a prefetch touches, not with the rows "
+            "it copies, and no fault put the emulated driver on the path: it is spent below "
+            "the guest, reaching memory that is not in the TLBs and caches (QEMU's software "
+            "TLB under TCG, the host's TLB and caches)."
+        )
+    return f"{said}: not explained by this run's figures."
+
+
 def engram_section(run: Run) -> list[str]:
     """The interleaved Engram figures of a run: every variant against its local baseline."""
     figs = [
@@ -537,23 +558,25 @@ def engram_section(run: Run) -> list[str]:
         ENGRAM_METHOD,
         "",
         "| prefetch from | min / median / max | baseline (same process) | min / median / max "
-        f"| ratio | per round min / median / max | within x{ENGRAM_LIMIT:.2f} |",
-        "|---|---:|---|---:|---:|---:|---|",
+        f"| ratio | per round min / median / max | small tables | within x{ENGRAM_LIMIT:.2f} |",
+        "|---|---:|---|---:|---:|---:|---:|---|",
     ]
-    over = []
+    over: list[tuple[Figure, float | None, Figure | None]] = []
     for fig in figs:
         base = run.baseline_of(fig)
         if base is None:
             continue
         ratio = run.ratio(fig)
         source = str(fig.params.get("source"))
+        small = run.figure(fig.name.replace("engram.prefetch.", "engram.small_tables.", 1))
+        small_ratio = run.ratio(small) if small is not None else None
         if source.endswith(("-local", "-local-thp")):
             verdict = "(page size)"
         elif ratio is not None and ratio <= ENGRAM_LIMIT:
             verdict = "yes"
         else:
             verdict = "**no**"
-            over.append(fig.name)
+            over.append((fig, small_ratio, small))
         cells = (
             _md_escape(fig.name),
             _spread(fig),
@@ -561,16 +584,19 @@ def engram_section(run: Run) -> list[str]:
             _spread(base),
             _ratio_text(ratio),
             _ratio_spread(run.paired_ratio_stats(fig)),
+            _ratio_text(small_ratio),
             verdict,
         )
         lines.append("| " + " | ".join(cells) + " |")
     limit = f"x{ENGRAM_LIMIT:.2f}"
     verdict_line = (
-        f"Above {limit} in this run: {', '.join(over)}."
+        f"Above {limit} in this run: {', '.join(f.name for f, _r, _s in over)}."
         if over
         else f"Every import variant within {limit} of its local baseline in this run."
     )
-    lines += ["", verdict_line, "", *engram_findings(run), ""]
+    lines += ["", verdict_line, ""]
+    lines += [_over_limit(run, fig, small_ratio) for fig, small_ratio, _s in over]
+    lines += ["", *engram_findings(run), ""]
     return lines
 
 
