@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from obmm.bench.results import Environment, Figure, Run
+from obmm.bench.results import HOST_PAGES_KEY, Environment, Figure, Run
 from obmm.bench.runner import (
     GUEST_PYTHON,
     BenchConfig,
@@ -39,6 +40,8 @@ from obmm.bench.suite_timing import SUITES, run_once, suite_figures
 
 if TYPE_CHECKING:
     from obmm.testbed.image import Image
+
+log = logging.getLogger(__name__)
 
 BOOT_SIZES = {1: "single", 2: "pair", 4: "quad"}  # the test suites' topologies
 BENCH_TOPOLOGY = "bench-pair"
@@ -305,10 +308,36 @@ def on_bench_pair(
                 prepare_node(conn, i, topology, repo_root(), kos)
             run_fn, copy_fn = callables_for(dict(conns))
             config.python = GUEST_PYTHON
-            return bench(run_fn, copy_fn, topology.nodes, env, config, say)
+            run = bench(run_fn, copy_fn, topology.nodes, env, config, say)
+            note_host_pages(run, [n.pid for n in cluster.nodes])
+            return run
         finally:
             for conn in conns.values():
                 conn.close()
+
+
+def note_host_pages(run: Run, pids: list[int]) -> None:
+    """How the host maps the QEMU processes' memory (their nodes' RAM files and windows):
+    kB mapped with 2 MiB pages of all they map, into env.extra and a note.  With 4 KiB host
+    pages, a guest prefetch that misses the TLBs costs more below the guest (the summary's
+    Engram section says so where a variant is over its limit)."""
+    rss = pmd = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            return
+        fields = {
+            k.strip(): v.split()[0]
+            for k, _, v in (ln.partition(":") for ln in text.splitlines()[1:])
+        }
+        rss += int(fields.get("Rss", 0))
+        pmd += int(fields.get("ShmemPmdMapped", 0)) + int(fields.get("FilePmdMapped", 0))
+    run.env.extra[HOST_PAGES_KEY] = f"{pmd} of {rss} kB"
+    run.notes.append(
+        f"host: the nodes' QEMU processes map {pmd} of {rss} kB with 2 MiB pages "
+        "(the rest with 4 KiB pages)"
+    )
 
 
 def scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
@@ -340,6 +369,7 @@ def hardware_scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run
     from obmm.testbed.paths import repo_root, results_dir
     from obmm.testbed.progress import Progress
     from obmm.testbed.provision import payload_tar
+    from obmm.testbed.ssh import SshError
 
     say = Progress("bench").line
     environ = dict(os.environ)
@@ -382,9 +412,13 @@ def hardware_scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run
         return run_scheme7_bench(run_fn, copy_fn, len(hosts), env, config, say)
     finally:
         for i, conn in conns.items():
-            if i in workdirs:
-                conn.run(f"rm -rf {shlex.quote(workdirs[i])}", timeout=120)
-            conn.close()
+            try:
+                if i in workdirs:
+                    conn.run(f"rm -rf {shlex.quote(workdirs[i])}", timeout=120)
+            except SshError as exc:
+                log.warning("host %d: %s left behind: %s", i, workdirs[i], exc)
+            finally:
+                conn.close()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
