@@ -25,7 +25,7 @@ import pytest
 from xharness import ClusterHarness
 
 from obmm.testbed.cluster import Cluster
-from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
+from obmm.testbed.guest_plugin import emulator_only_reason
 from obmm.testbed.paths import repo_root, results_dir
 
 # It needs a QEMU cluster to stand in for hosts (and on hardware it would run itself again).
@@ -128,7 +128,7 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
         if (skip := case.find("skipped")) is not None
     }
     assert set(skips) == emulator_only
-    assert set(skips.values()) == {EMULATOR_ONLY_SKIP}
+    assert set(skips.values()) == {emulator_only_reason("hardware")}
     bad = [k for k, c in cases.items() if c.find("failure") is not None or c.find("error")]
     assert bad == []
     summary = json.loads((results / "summary.json").read_text())

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from obmm.bench.runner import BenchError
+from obmm.bench.measure import BenchError
 from obmm.testbed import (
     errors,
+    guest_suite,
     image,
     kbuild,
     matrix,
@@ -21,7 +22,6 @@ from obmm.testbed import (
     provision,
     qemu,
     run,
-    runner,
     ssh,
 )
 from obmm.testbed.cluster import ClusterError
@@ -106,7 +106,7 @@ def test_a_multi_line_error_prints_its_first_line(
         (ClusterError, RuntimeError),
         (progress.StepFailed, RuntimeError),
         (ssh.SshError, RuntimeError),
-        (runner.RunnerError, RuntimeError),
+        (guest_suite.RunnerError, RuntimeError),
         (provision.ProvisionError, RuntimeError),
         (qemu.TopologyError, ValueError),
         (hwconfig.ConfigError, ValueError),

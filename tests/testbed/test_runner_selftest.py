@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from obmm.testbed.cluster import NodeDied
-from obmm.testbed.provision import GUEST_SELFTEST
-from obmm.testbed.runner import (
+from obmm.testbed.guest_suite import (
     GuestSession,
     GuestUnresponsive,
 )
+from obmm.testbed.provision import GUEST_SELFTEST
 from obmm.testbed.ssh import GuestGone
 
 PANIC_BUDGET_S = 60.0

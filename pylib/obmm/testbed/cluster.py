@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from obmm import envvars
 from obmm.testbed import acpi, kmemleak, qemu
 from obmm.testbed import snapshot as snapshot_mod
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image, create_overlay
 from obmm.testbed.parallel import on_each
-from obmm.testbed.paths import cache_dir, qemu_dir, run_root, timeout_scale
+from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import Connection, GuestGone, Target
 
@@ -49,9 +50,7 @@ TERM_TIMEOUT_S = 5.0
 HUB_READY_TIMEOUT_S = 15.0
 CONSOLE_TAIL_LINES = 40
 PR_SET_PDEATHSIG = 1
-DEFAULT_NAME = "default"
-ENV_NAME = "OBMM_TESTBED_NAME"  # the cluster the CLI and the suites use unless told
-INIT_ENV = "OBMM_TESTBED_INIT"
+DEFAULT_NAME = "default"  # the cluster `up`, `ssh`, `down` use unless told
 # Host randomness written into a restored guest's pool.
 SEED_BYTES = 64
 _DEATH_MARKERS = ("Kernel panic", "BUG:", "Oops:", "general protection fault")
@@ -71,14 +70,6 @@ class NodeDied(GuestGone):
         self.console_tail = console_tail
 
 
-def default_init() -> str:
-    """How nodes boot unless told: $OBMM_TESTBED_INIT (fast or systemd), else fast."""
-    init = os.environ.get(INIT_ENV) or qemu.INIT_FAST
-    if init not in qemu.INIT_MODES:
-        raise ClusterError(f"{INIT_ENV}={init!r}: must be one of {', '.join(qemu.INIT_MODES)}")
-    return init
-
-
 def rundir_for(name: str) -> Path:
     if not name or "/" in name or name.startswith("."):
         raise ClusterError(f"invalid cluster name {name!r}")
@@ -89,23 +80,22 @@ def default_logdir(name: str) -> Path:
     return cache_dir() / "logs" / name
 
 
-def load_topology(spec: str | None = None) -> qemu.Topology:
-    """A topology by name (qemu/topologies/NAME.json) or path; default $OBMM_TESTBED_TOPOLOGY."""
-    spec = spec or os.environ.get("OBMM_TESTBED_TOPOLOGY") or "single"
+def load_topology(spec: str) -> qemu.Topology:
+    """A topology by name (qemu/topologies/NAME.json) or path."""
     path = Path(spec)
     if not path.suffix:
         path = qemu_dir() / "topologies" / f"{spec}.json"
     return qemu.Topology.load(path)
 
 
-def boot_timeout(topology: qemu.Topology, accel: str) -> float:
-    """Seconds to wait for every node's sshd: TCG nodes share the host's cores (times
-    $OBMM_TESTBED_TIMEOUT_SCALE, for slower kernels)."""
+def boot_timeout(topology: qemu.Topology, accel: str, scale: float = 1.0) -> float:
+    """Seconds to wait for every node's sshd: TCG nodes share the host's cores (times `scale`,
+    the settings' timeout_scale, for slower kernels)."""
     if accel == "kvm":
-        return (60.0 + 10.0 * topology.nodes) * timeout_scale()
+        return (60.0 + 10.0 * topology.nodes) * scale
     cores = os.cpu_count() or 1
     base = 120.0 + 60.0 * max(0, topology.nodes - 1) * max(1.0, 2.0 / cores)
-    return base * timeout_scale()
+    return base * scale
 
 
 def allocate_ports(count: int, avoid: Sequence[int] = ()) -> list[int]:
@@ -251,6 +241,7 @@ class Cluster:
     hub_pid: int | None = None
     hub_pid_start: int | None = None
     hub_popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+    qemu_binary: str = envvars.QEMU.default
 
     # -- discovery --------------------------------------------------------------------------
 
@@ -271,6 +262,7 @@ class Cluster:
             "owner_pid": self.owner_pid,
             "hub_pid": self.hub_pid,
             "hub_pid_start": self.hub_pid_start,
+            "qemu_binary": self.qemu_binary,
             "nodes": [n.to_dict() for n in self.nodes],
             "saved_at": time.time(),
         }
@@ -300,6 +292,7 @@ class Cluster:
             owner_pid=state.get("owner_pid"),
             hub_pid=state.get("hub_pid"),
             hub_pid_start=state.get("hub_pid_start"),
+            qemu_binary=state.get("qemu_binary", envvars.QEMU.default),
             nodes=[Node.from_dict(n) for n in state["nodes"]],
         )
 
@@ -319,25 +312,29 @@ class Cluster:
         *,
         name: str = DEFAULT_NAME,
         accel: str = "tcg",
-        init: str | None = None,
+        init: str = qemu.INIT_FAST,
         logdir: Path | None = None,
         detach: bool = False,
         wait: bool = True,
         timeout: float | None = None,
+        timeout_scale: float = 1.0,
         extra_args: Callable[[int], Sequence[str]] | None = None,
         progress: Progress | None = None,
-        snapshot: str | None = None,
+        snapshot: str = snapshot_mod.MODE_AUTO,
+        qemu_binary: str = envvars.QEMU.default,
     ) -> Cluster:
         """Boot every node and (by default) wait until each accepts an SSH login.
 
         With `detach` the QEMUs outlive this process (the CLI's `up`); otherwise they are
         killed if it dies.  On any failure, Ctrl-C included, everything started is torn down.
-        `snapshot` ("auto" or "off", default $OBMM_TESTBED_SNAPSHOT): with "auto" a saved
-        snapshot of this cluster shape is restored instead of booting (see
-        :mod:`obmm.testbed.snapshot`), and a cold boot saves one.  A snapshot that does not fit
-        or verify is reported and the cluster boots cold.
+        `snapshot` ("auto" or "off"): with "auto" a saved snapshot of this cluster shape is
+        restored instead of booting (see :mod:`obmm.testbed.snapshot`), and a cold boot saves
+        one.  A snapshot that does not fit or verify is reported and the cluster boots cold.
+        Front ends come here through :func:`obmm.testbed.session.bring_up`.
         """
-        snap_mode = snapshot or snapshot_mod.mode()
+        snap_mode = snapshot
+        if init not in qemu.INIT_MODES:
+            raise ClusterError(f"init must be one of {', '.join(qemu.INIT_MODES)}, got {init!r}")
         if snap_mode not in snapshot_mod.MODES:
             raise ClusterError(f"snapshot must be one of {', '.join(snapshot_mod.MODES)}")
         rundir = rundir_for(name)
@@ -350,8 +347,9 @@ class Cluster:
             topology=topology,
             accel=accel,
             image=image,
-            init=init or default_init(),
+            init=init,
             owner_pid=None if detach else os.getpid(),
+            qemu_binary=qemu_binary,
         )
         key: snapshot_mod.Key | None = None
         snap: snapshot_mod.Snapshot | None = None
@@ -396,12 +394,14 @@ class Cluster:
                         detach=detach,
                         wait=wait,
                         timeout=timeout,
+                        timeout_scale=timeout_scale,
                         extra_args=extra_args,
                         progress=progress,
                         snapshot=snap_mode,
+                        qemu_binary=qemu_binary,
                     )
             if wait:
-                cluster.wait_ssh(timeout or boot_timeout(topology, accel), progress)
+                cluster.wait_ssh(timeout or boot_timeout(topology, accel, timeout_scale), progress)
             if key is not None and snap is None:
                 cluster._save_snapshot(key, progress)
         except BaseException:
@@ -419,7 +419,7 @@ class Cluster:
             argvs.append(snapshot_mod.blank_argv(argv, self.rundir, self.logdir, 0))
         return snapshot_mod.Key.make(
             image_fingerprint=str(self.image.manifest.get("fingerprint", self.image.directory)),
-            qemu=snapshot_mod.qemu_identity(_qemu_binary()),
+            qemu=snapshot_mod.qemu_identity(self.qemu_binary),
             topology=self.topology,
             init=self.init,
             accel=self.accel,
@@ -644,7 +644,7 @@ class Cluster:
             accel=self.accel,
             init=self.init,
             firmware=self._firmware(),
-            qemu_binary=_qemu_binary(),
+            qemu_binary=self.qemu_binary,
             extra_args=extra,
             fast_init_modules=self.image.fast_init_modules,
             extra_cmdline=self.image.extra_cmdline,
@@ -851,10 +851,6 @@ async def _qmp_quit_async(node: Node) -> bool:
         with contextlib.suppress(Exception):
             await qmp.disconnect()
     return True
-
-
-def _qemu_binary() -> str:
-    return os.environ.get("OBMM_TESTBED_QEMU", "qemu-system-x86_64")
 
 
 def _read_tail(path: Path, lines: int = 20) -> str:

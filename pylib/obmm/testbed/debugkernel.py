@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from obmm import envvars
 from obmm.testbed import kbuild, paths
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.filelock import locked
@@ -326,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m obmm.testbed.debugkernel")
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build (or reuse) the debug kernel; prints its directory")
-    b.add_argument("-j", "--jobs", type=int, default=int(os.environ.get("DEBUG_KERNEL_JOBS", "2")))
+    b.add_argument("-j", "--jobs", type=int, default=envvars.DEBUG_KERNEL_JOBS.get())
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     sub.add_parser("path", help="print the cached kernel's directory (exit 1 if not built)")
     args = parser.parse_args(argv)

@@ -43,7 +43,6 @@ from obmm.testbed.errors import TestbedError
 
 log = logging.getLogger(__name__)
 
-ENV = "OBMM_TESTBED_SNAPSHOT"
 MODE_AUTO = "auto"
 MODE_OFF = "off"
 MODES = (MODE_AUTO, MODE_OFF)
@@ -61,13 +60,6 @@ PORT_MARK = "<port>"
 
 class SnapshotError(TestbedError):
     """A snapshot cannot be saved, or does not fit or verify; the message says why."""
-
-
-def mode() -> str:
-    value = os.environ.get(ENV) or MODE_AUTO
-    if value not in MODES:
-        raise SnapshotError(f"{ENV}={value!r}: must be one of {', '.join(MODES)}")
-    return value
 
 
 def snapshots_dir() -> Path:

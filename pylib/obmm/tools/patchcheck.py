@@ -34,6 +34,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from obmm import envvars
 from obmm.testbed import paths
 from obmm.testbed.errors import TestbedError
 
@@ -190,7 +191,7 @@ def fetch_checkpatch(cache: Path | None = None) -> Path:
     and const_structs.checkpatch are extracted from ``linux-source-6.1`` (got
     with ``apt-get download``) into ``<cache>/checkpatch/``.  Idempotent.
     """
-    env = os.environ.get("OBMM_CHECKPATCH")
+    env = envvars.CHECKPATCH.raw()
     if env:
         if not Path(env).is_file():
             raise CheckError(f"OBMM_CHECKPATCH={env} does not exist")
