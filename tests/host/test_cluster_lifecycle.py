@@ -156,8 +156,13 @@ def test_fast_boot_of_an_image_without_its_initramfs_says_what_to_use_and_leaves
     assert list(run_root.iterdir()) == []
     # The distribution boot needs only what every image has.
     with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
-        start_with(qemu_bin,
-            fake_image, qemu.Topology(nodes=1), name="z", init="systemd", logdir=tmp_path / "l"
+        start_with(
+            qemu_bin,
+            fake_image,
+            qemu.Topology(nodes=1),
+            name="z",
+            init="systemd",
+            logdir=tmp_path / "l",
         )
     systemd_argv = (tmp_path / "l" / "node0.qemu.log").read_text()
     assert "systemd.hostname=node0" in systemd_argv

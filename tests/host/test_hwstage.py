@@ -599,9 +599,7 @@ def test_cluster_suite_in_hardware_mode_skips_emulator_only_with_the_reason(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     js = hwstage.JunitSummary.read(tmp_path / "j.xml")
     assert js.counts == {"passed": 0, "failed": 0, "error": 0, "skipped": len(expected)}
-    reason = (
-        emulator_only_reason("hardware")
-    )
+    reason = emulator_only_reason("hardware")
     assert set(js.skipped.values()) == {reason}
 
 

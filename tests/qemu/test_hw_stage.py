@@ -27,9 +27,7 @@ from obmm.testbed.guest_suite import GuestSession
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.paths import results_dir
 
-EMULATOR_REASON = (
-    emulator_only_reason("hardware")
-)
+EMULATOR_REASON = emulator_only_reason("hardware")
 PREFLIGHT_BUDGET_S = 15.0
 # Skips the guest suite makes on any target when the machine lacks something (not markers).
 ENVIRONMENT_SKIPS = {"no free 2 MiB hugetlbfs page"}

@@ -49,6 +49,11 @@ QMP_QUIT_TIMEOUT_S = 5.0
 TERM_TIMEOUT_S = 5.0
 HUB_READY_TIMEOUT_S = 15.0
 CONSOLE_TAIL_LINES = 40
+#: What the fast init (qemu/debian/obmm-init) prints on the console once sshd listens.
+READY_LINE = "obmm-init: sshd listening"
+CONSOLE_POLL_S = 0.02
+#: The first login after the ready line: sshd listens, so a slow answer is load, not absence.
+READY_LOGIN_TIMEOUT_S = 10.0
 PR_SET_PDEATHSIG = 1
 DEFAULT_NAME = "default"  # the cluster `up`, `ssh`, `down` use unless told
 # Host randomness written into a restored guest's pool.
@@ -734,9 +739,14 @@ class Cluster:
         on_each(self.nodes, wait_one)
 
     def _wait_node(self, node: Node, deadline: float) -> None:
+        first_attempt: float | None = None
+        if self.init == qemu.INIT_FAST and self.restored_from is None:
+            # The fast init says when sshd listens: one login then, no timed-out probing.
+            if self._wait_console(node, READY_LINE, deadline):
+                first_attempt = READY_LOGIN_TIMEOUT_S
         conn = Connection(self.target(node.index), alive=self.all_alive, name=node.name)
         try:
-            conn.connect(deadline)
+            conn.connect(deadline, first_attempt=first_attempt)
         except GuestGone:
             conn.close()
             self.check_alive()
@@ -759,6 +769,28 @@ class Cluster:
                 self._configure_fabric_net(conn, node)
         finally:
             conn.close()
+
+    def _wait_console(self, node: Node, line: str, deadline: float) -> bool:
+        """Until `line` appears on the node's console (True), or the deadline (False); a QEMU
+        that exits meanwhile raises NodeDied."""
+        wanted = line.encode()
+        offset = 0
+        carry = b""
+        while time.monotonic() < deadline:
+            try:
+                with node.console_log.open("rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                data = b""
+            offset += len(data)
+            if wanted in carry + data:
+                return True
+            carry = (carry + data)[-len(wanted) :]
+            if not node.alive():
+                self.check_alive()
+            time.sleep(CONSOLE_POLL_S)
+        return False
 
     def _configure_fabric_net(self, conn: Connection, node: Node) -> None:
         """Give the node its link-local address on the inter-node NIC."""

@@ -67,7 +67,7 @@ class HwConnection(ssh.Connection):
         self.host = host
         self.config = config
 
-    def connect(self, deadline: float) -> None:
+    def connect(self, deadline: float, *, first_attempt: float | None = None) -> None:
         ssh._quiet_paramiko()
         host, cfg = self.host, self.config
         timeout = max(1.0, deadline - time.monotonic())

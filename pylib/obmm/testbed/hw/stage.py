@@ -6,7 +6,7 @@
 1. **Pre-flight** (:mod:`obmm.testbed.hw.preflight`) of every host in parallel; the first failing
    check of a host ends the stage within seconds with its reason (exit status 2).
 2. **Guest suite** on each host in turn: a host-side pytest (``-p obmm.testbed.pytest_qemu -p
-   obmm.testbed.hw.pytest_plugin tests/hw/guest.guestsuite``) copies the package and ``tests/guest``
+   obmm.testbed.hw.pytest_plugin tests/qemu/guest.guestsuite``) copies the package and ``tests/guest``
    (plus, if the host lacks pytest, a pure-Python pytest archive) to a fresh temp directory on
    the host, runs the guest pytest there with ``OBMM_TARGET=hardware`` and streams each result
    back as its own host test item (the QEMU stage's runner and reporting).  Nothing is built or
@@ -44,6 +44,7 @@ from obmm import envvars
 from obmm.testbed import guest_suite as runner
 from obmm.testbed import provision
 from obmm.testbed.cluster import ClusterError
+from obmm.testbed.errors import require_package
 from obmm.testbed.hw.config import ConfigError, HwConfig, HwHost, load
 from obmm.testbed.hw.preflight import (
     HwConnection,
@@ -58,7 +59,7 @@ from obmm.testbed.ssh import Connection, SshError
 
 log = logging.getLogger(__name__)
 
-SUITE_FILE = "tests/hw/guest.guestsuite"
+SUITE_FILE = "tests/qemu/guest.guestsuite"
 KMSG_MARKER = "obmm-hw-test: begin"
 EXIT_PREFLIGHT = 2
 EMULATOR_ONLY_REASON = "emulator_only"
@@ -488,6 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def command(args: argparse.Namespace) -> int:
     """Pre-flight, then the suites; the exit status of the stage.  A configuration that cannot
     be used raises ConfigError (or ClusterError for a missing --qemu stand-in)."""
+    require_package("pytest")  # the suites run under pytest on this machine
     env = dict(os.environ)
     if args.config:
         env[envvars.HW_CONFIG.name] = args.config
