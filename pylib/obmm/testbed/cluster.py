@@ -740,10 +740,10 @@ class Cluster:
 
     def _wait_node(self, node: Node, deadline: float) -> None:
         first_attempt: float | None = None
-        if self.init == qemu.INIT_FAST and self.restored_from is None:
-            # The fast init says when sshd listens: one login then, no timed-out probing.
-            if self._wait_console(node, READY_LINE, deadline):
-                first_attempt = READY_LOGIN_TIMEOUT_S
+        # The fast init says when sshd listens: one login then, no timed-out probing.
+        fresh_fast = self.init == qemu.INIT_FAST and self.restored_from is None
+        if fresh_fast and self._wait_console(node, READY_LINE, deadline):
+            first_attempt = READY_LOGIN_TIMEOUT_S
         conn = Connection(self.target(node.index), alive=self.all_alive, name=node.name)
         try:
             conn.connect(deadline, first_attempt=first_attempt)

@@ -6,7 +6,8 @@
 1. **Pre-flight** (:mod:`obmm.testbed.hw.preflight`) of every host in parallel; the first failing
    check of a host ends the stage within seconds with its reason (exit status 2).
 2. **Guest suite** on each host in turn: a host-side pytest (``-p obmm.testbed.pytest_qemu -p
-   obmm.testbed.hw.pytest_plugin tests/qemu/guest.guestsuite``) copies the package and ``tests/guest``
+   obmm.testbed.hw.pytest_plugin tests/qemu/guest.guestsuite``) copies the package and
+   ``tests/guest``
    (plus, if the host lacks pytest, a pure-Python pytest archive) to a fresh temp directory on
    the host, runs the guest pytest there with ``OBMM_TARGET=hardware`` and streams each result
    back as its own host test item (the QEMU stage's runner and reporting).  Nothing is built or
