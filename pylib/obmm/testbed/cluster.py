@@ -247,6 +247,7 @@ class Cluster:
     hub_pid_start: int | None = None
     hub_popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
     qemu_binary: str = envvars.QEMU.default
+    _ready: dict[int, Connection] = field(default_factory=dict, repr=False, compare=False)
 
     # -- discovery --------------------------------------------------------------------------
 
@@ -740,11 +741,13 @@ class Cluster:
 
     def _wait_node(self, node: Node, deadline: float) -> None:
         first_attempt: float | None = None
-        # The fast init says when sshd listens: one login then, no timed-out probing.
-        fresh_fast = self.init == qemu.INIT_FAST and self.restored_from is None
-        if fresh_fast and self._wait_console(node, READY_LINE, deadline):
+        if self.restored_from is not None:
+            first_attempt = READY_LOGIN_TIMEOUT_S  # saved with sshd listening
+        elif self.init == qemu.INIT_FAST and self._wait_console(node, READY_LINE, deadline):
+            # The fast init says when sshd listens: one login then, no timed-out probing.
+            log.debug("%s: the console says sshd listens", node.name)
             first_attempt = READY_LOGIN_TIMEOUT_S
-        conn = Connection(self.target(node.index), alive=self.all_alive, name=node.name)
+        conn = Connection(self.target(node.index), alive=node.alive, name=node.name)
         try:
             conn.connect(deadline, first_attempt=first_attempt)
         except GuestGone:
@@ -767,8 +770,16 @@ class Cluster:
             # The fast init brings the inter-node NIC up from the kernel command line.
             elif self.topology.nodes > 1 and self.init == qemu.INIT_SYSTEMD:
                 self._configure_fabric_net(conn, node)
-        finally:
+        except BaseException:
             conn.close()
+            raise
+        # Kept for the first user of the node (take_connection): a login costs most of a
+        # restore's second under TCG.
+        self._ready[node.index] = conn
+
+    def take_connection(self, index: int) -> Connection | None:
+        """The connection the boot's readiness check left open to node `index`, once."""
+        return self._ready.pop(index, None)
 
     def _wait_console(self, node: Node, line: str, deadline: float) -> bool:
         """Until `line` appears on the node's console (True), or the deadline (False); a QEMU
@@ -809,8 +820,15 @@ class Cluster:
 
     # -- stop -------------------------------------------------------------------------------
 
+    def close_connections(self) -> None:
+        """Close what the readiness check left open (the nodes run on)."""
+        for conn in self._ready.values():
+            conn.close()
+        self._ready.clear()
+
     def stop(self) -> None:
         """Kill every QEMU (QMP quit, then SIGTERM, then SIGKILL) and remove the run dir."""
+        self.close_connections()
         if self.image.manifest.get("debug_kernel") and self.nodes:
             # The debug kernel's leak check needs the nodes alive (obmm.testbed.kmemleak).
             kmemleak.scan_nodes(

@@ -128,8 +128,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         settings, purpose="up", load_modules=args.kmod, detach=True, logdir=args.log_dir
     )
     cluster = session.cluster
-    for node in session.nodes:
-        node.close()
+    session.close_connections()
     print(
         f"cluster {cluster.name}: {cluster.topology.nodes} node(s) up in "
         f"{time.monotonic() - start:.0f} s ({cluster.accel}"

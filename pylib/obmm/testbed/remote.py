@@ -371,8 +371,12 @@ class RemoteNode:
         """The node's shared connection (opened on first use)."""
         with self._conn_lock:
             if self._conn is None:
-                self._conn = self.connect()
+                self._conn = self.open_connection()
             return self._conn
+
+    def open_connection(self) -> Connection:
+        """How the shared connection is opened (a subclass may hand over one it has)."""
+        return self.connect()
 
     def close(self) -> None:
         with self._conn_lock:

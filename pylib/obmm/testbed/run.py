@@ -545,8 +545,7 @@ def _teardown(plan: Plan, session: Session, logdir: Path, status: int) -> None:
     """Stop the cluster (or say how to reach a kept one)."""
     name = session.name
     if plan.keep:
-        for node in session.nodes:
-            node.close()
+        session.close_connections()
         print(
             f"cluster {name} kept: obmm-testbed ssh --name {name} 0 "
             f"[-- CMD]; obmm-testbed status --name {name}; "

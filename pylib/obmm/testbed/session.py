@@ -51,6 +51,9 @@ class GuestNode(RemoteNode):
     def connect(self, timeout: float = 30.0, *, node_only: bool = True) -> Connection:
         return self.cluster.connect(self.index, timeout, node_only=node_only)
 
+    def open_connection(self) -> Connection:
+        return self.cluster.take_connection(self.index) or self.connect()
+
     @property
     def qemu_pid(self) -> int:
         """The node's QEMU process (to stop or kill it on purpose)."""
@@ -103,10 +106,15 @@ class Session:
     def all_alive(self) -> bool:
         return self.cluster.all_alive()
 
-    def stop(self) -> None:
-        """Close every connection and stop the cluster (not one this session attached to)."""
+    def close_connections(self) -> None:
+        """Close every SSH connection; the nodes run on (`up`, `run --keep`)."""
         for node in self.nodes:
             node.close()
+        self.cluster.close_connections()
+
+    def stop(self) -> None:
+        """Close every connection and stop the cluster (not one this session attached to)."""
+        self.close_connections()
         if self.owned:
             self.cluster.stop()
 
@@ -198,7 +206,7 @@ def bring_up(
     try:
         if load_modules:
             provision.prepare(session.nodes, topology, kos, params=settings.params)
-        _identify(session)
+            _identify(session)  # the controller the driver made; plain `up` needs none
     except BaseException:
         session.stop()
         raise

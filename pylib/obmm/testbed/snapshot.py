@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from obmm.testbed import paths, qemu
+from obmm.testbed.parallel import on_each
 from obmm.testbed.errors import TestbedError
 
 log = logging.getLogger(__name__)
@@ -202,21 +203,28 @@ class Snapshot:
         return cls(directory, manifest)
 
     def restore_into(self, rundir: Path) -> None:
-        """Copy the RAM files, control region and overlays into `rundir`, verifying each."""
-        for name, want in self.manifest["files"].items():
-            if not name.endswith((".ram", ".qcow2")) and name != "control":
-                continue
-            src = self.directory / name
-            if not src.is_file():
-                raise SnapshotError(f"snapshot {self.digest}: {name} is missing")
-            if src.stat().st_size != want["size"]:
-                raise SnapshotError(
-                    f"snapshot {self.digest}: {name} is {src.stat().st_size} bytes, "
-                    f"the manifest says {want['size']} (truncated?)"
-                )
-            _size, crc = copy_sparse(src, rundir / name)
-            if crc != want["crc32"]:
-                raise SnapshotError(f"snapshot {self.digest}: {name} does not match its checksum")
+        """Copy the RAM files, control region and overlays into `rundir`, verifying each (the
+        files at once: the copy and its checksum run without the GIL)."""
+        names = [
+            name
+            for name in self.manifest["files"]
+            if name.endswith((".ram", ".qcow2")) or name == "control"
+        ]
+        on_each(names, lambda name: self._restore_file(name, rundir))
+
+    def _restore_file(self, name: str, rundir: Path) -> None:
+        want = self.manifest["files"][name]
+        src = self.directory / name
+        if not src.is_file():
+            raise SnapshotError(f"snapshot {self.digest}: {name} is missing")
+        if src.stat().st_size != want["size"]:
+            raise SnapshotError(
+                f"snapshot {self.digest}: {name} is {src.stat().st_size} bytes, "
+                f"the manifest says {want['size']} (truncated?)"
+            )
+        _size, crc = copy_sparse(src, rundir / name)
+        if crc != want["crc32"]:
+            raise SnapshotError(f"snapshot {self.digest}: {name} does not match its checksum")
 
     def verify_states(self) -> None:
         """The migration streams are small: check them whole before any QEMU reads one."""
