@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from obmm.testbed import paths, qemu
-from obmm.testbed.parallel import on_each
 from obmm.testbed.errors import TestbedError
+from obmm.testbed.parallel import on_each
 
 log = logging.getLogger(__name__)
 
