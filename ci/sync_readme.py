@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Refresh the README's generated tables: the cause table (obmm.causes), the variable table
-(obmm.envvars) and the fidelity table (kmod/obmm_emu/FIDELITY.md).  `--check` exits 1 when the README is stale."""
+(obmm.envvars) and the fidelity table (kmod/obmm_emu/FIDELITY.md).  `--check` exits 1 when the
+README is stale."""
 
 from __future__ import annotations
 
