@@ -448,6 +448,42 @@ def _build_ignore(_dir: str, names: list[str]) -> list[str]:
     return [n for n in names if n.endswith(suffixes) or n == ".tmp_versions"]
 
 
+def _is_build_output(name: str) -> bool:
+    return bool(_build_ignore("", [name]))
+
+
+def sync_sources(src: Path, copy: Path) -> int:
+    """Make `copy` hold `src`'s sources, keeping its build output, so make rebuilds only what
+    changed (the edit-one-file loop: one object and the link instead of the whole module).
+    A changed file is written anew (its mtime now, newer than any object built from the old
+    one); a source that went away goes.  Returns how many files were written."""
+    copy.mkdir(parents=True, exist_ok=True)
+    written = 0
+    wanted: set[Path] = set()
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if any(_is_build_output(part) for part in rel.parts):
+            continue
+        wanted.add(rel)
+        dest = copy / rel
+        if path.is_dir():
+            dest.mkdir(exist_ok=True)
+        elif not dest.is_file() or dest.read_bytes() != path.read_bytes():
+            shutil.copyfile(path, dest)
+            shutil.copymode(path, dest)
+            written += 1
+    for path in sorted(copy.rglob("*"), reverse=True):
+        rel = path.relative_to(copy)
+        if rel in wanted or any(_is_build_output(part) for part in rel.parts):
+            continue
+        if path.is_dir():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif not _is_build_output(path.name):
+            path.unlink()
+    return written
+
+
 def _mirror_siblings(kmod_dir: Path, work: Path) -> None:
     """Link kmod/'s siblings (uapi/ ...) next to the copies, so ``$(src)/../../uapi`` resolves."""
     work.mkdir(parents=True, exist_ok=True)
@@ -479,10 +515,11 @@ def build_modules(
 ) -> list[Path]:
     """Build every module under ``kmod_dir`` with W=1 and copy the .ko files to ``out_dir``.
 
-    Each module is built in a fresh copy under ``<build_dir>/kmod/`` (default
-    build_dir ``<out_dir>/.build``), so the source tree stays free of build
-    output; kmod/'s siblings are linked beside the copy so relative paths in a
-    Kbuild file keep working.  ``modules`` limits the build to those names;
+    Each module is built in a copy under ``<build_dir>/kmod/`` (default build_dir
+    ``<out_dir>/.build``), so the source tree stays free of build output; the copy keeps
+    its objects between builds (:func:`sync_sources`), so an edit rebuilds what it touches;
+    kmod/'s siblings are linked beside the copy so relative paths in a Kbuild file keep
+    working.  ``modules`` limits the build to those names;
     ``make_vars`` adds make variables (e.g. ARCH/CROSS_COMPILE for a cross build).
     """
     headers_dir = Path(headers_dir).resolve()
@@ -526,9 +563,7 @@ def _build_locked(
     built: list[Path] = []
     for src in dirs:
         copy = work / kmod_dir.name / src.name
-        if copy.exists():
-            shutil.rmtree(copy)
-        shutil.copytree(src, copy, ignore=_build_ignore)
+        sync_sources(src, copy)
         argv = [
             "make",
             f"-j{jobs or os.cpu_count() or 1}",
@@ -551,9 +586,13 @@ def _build_locked(
             for line in (proc.stdout + proc.stderr).splitlines()
             if not _MAKE_CHATTER_RE.match(line)
         )
+        warnings = find_warnings(output)
+        if proc.returncode != 0 or (warnings and warnings_as_errors):
+            # The next build starts clean: an object kept from a failed build would not be
+            # compiled (nor warn) again.
+            shutil.rmtree(copy, ignore_errors=True)
         if proc.returncode != 0:
             raise KbuildError(f"{src.name}: make exited {proc.returncode}:\n{output}")
-        warnings = find_warnings(output)
         if warnings and warnings_as_errors:
             raise BuildWarningsError(src.name, warnings, output)
         for line in warnings:
