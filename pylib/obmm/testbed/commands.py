@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from obmm.testbed import numaview, qemu, snapshot
+from obmm.testbed import dev, numaview, qemu, snapshot
 from obmm.testbed import settings as settings_mod
 from obmm.testbed.cluster import DEFAULT_NAME, Cluster, ClusterError, stop_all_stale
 from obmm.testbed.image import DEFAULT_RECIPE, ensure_image, find_recipe, list_recipes
@@ -45,6 +45,15 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--log-dir", type=Path, help="console logs (default <cache>/logs/NAME)")
     p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser(
+        "dev",
+        help="the inner loop: rebuild what changed, reload the modules, run the guest tests "
+        "you name on a cluster kept up between calls",
+        description=dev.__doc__.split("\n\n", 1)[0] if dev.__doc__ else None,
+    )
+    dev.add_arguments(p)
+    p.set_defaults(func=dev.command)
 
     p = sub.add_parser("down", help="stop a cluster: every QEMU killed, run dir removed")
     _name(p)

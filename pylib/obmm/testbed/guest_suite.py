@@ -172,6 +172,26 @@ def guest_pytest_command(
     return pytest_shell_command(GUEST_ROOT, env, args, junit=junit)
 
 
+def guest_pytest_human_command(
+    args: Sequence[str], *, node: int, nodes: int, topology: qemu.Topology, driver: str = "emu"
+) -> str:
+    """pytest in a guest for a person at a terminal (`obmm-testbed dev`): the suite's
+    environment, its output as pytest prints it, no event stream."""
+    env = {
+        "PYTHONPATH": str(GUEST_ROOT / "pylib"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        envvars.NODE_ID.name: str(node),
+        envvars.NODE_COUNT.name: str(nodes),
+        envvars.POOL_BASE.name: str(topology.pool_base),
+        envvars.POOL_SIZE.name: str(topology.pool_size),
+        envvars.TARGET.name: "qemu",
+        envvars.NODE_DRIVER.name: driver,
+    }
+    env_s = " ".join(f"{k}={_q(v)}" for k, v in env.items())
+    argv = ["python3", "-m", "pytest", "-p", "no:cacheprovider", *args]
+    return f"cd {GUEST_ROOT} && env {env_s} {' '.join(_q(a) for a in argv)}"
+
+
 def pytest_shell_command(
     root: str | PurePath,
     env: dict[str, str],

@@ -213,6 +213,16 @@ def unpack_payload(node: Node, payload: bytes) -> None:
     )
 
 
+def unload_modules(node: Node, modules: Sequence[Path]) -> None:
+    """rmmod the loaded ones of `modules`, last loaded first (the driver, then the testhook);
+    a module still in use is a ProvisionError with rmmod's reason."""
+    for ko in reversed(modules):
+        cmd = f"[ ! -d /sys/module/{ko.stem} ] || rmmod {ko.stem}"
+        result = node.run(cmd, timeout=120, bare=True)
+        if not result.ok:
+            raise ProvisionError(f"{node.name}: rmmod {ko.stem} failed: {result.err.strip()}")
+
+
 def load_modules(
     node: Node, topology: qemu.Topology, modules: Sequence[Path], *, params: Sequence[str] = ()
 ) -> None:
