@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -251,3 +252,94 @@ def test_an_unknown_init_is_refused_before_anything_starts(
     with pytest.raises(cl.ClusterError, match="init must be one of fast, systemd, got 'runit'"):
         cl.Cluster.start(fake_image, qemu.Topology(), name="r", init="runit")
     assert not run_root.exists() or list(run_root.iterdir()) == []
+
+
+FAKE_QEMU = (
+    "#!/bin/sh\n"
+    'for a in "$@"; do case "$a" in unix:*) p="${a#unix:}"; : > "${p%%,*}";; esac; done\n'
+    "exec sleep 600\n"
+)
+OWNER_SCRIPT = """\
+import sys, time
+from pathlib import Path
+from obmm.testbed import cluster as cl, qemu
+from obmm.testbed.image import Image
+image = Image.open(Path(sys.argv[1]))
+detach = sys.argv[3] == "detach"
+c = cl.Cluster.start(image, qemu.Topology(nodes=2), name=sys.argv[2], detach=detach,
+                     wait=sys.argv[4] == "wait", qemu_binary=sys.argv[5], timeout=600)
+print(" ".join(str(n.pid) for n in c.nodes), c.hub_pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _owner(run_root: Path, image: Image, name: str, fake: Path, detach: str, wait: str
+           ) -> subprocess.Popen[str]:  # fmt: skip
+    env = {**os.environ, "OBMM_TESTBED_RUN_ROOT": str(run_root)}
+    return subprocess.Popen(
+        [sys.executable, "-c", OWNER_SCRIPT, str(image.directory), name, detach, wait, str(fake)],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+def _gone(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while cl._pid_start_time(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return cl._pid_start_time(pid) is None
+
+
+def test_a_killed_owners_cluster_is_removed_by_the_next_command_and_no_other(
+    run_root: Path, fake_image: Image, tmp_path: Path
+) -> None:
+    """An owner SIGKILLed while its cluster runs (the `run` of the issue): its QEMUs and hub die
+    with it, its run directory (RAM files: host memory) stays until the reaper, which leaves a
+    live owner's cluster and one owned by nobody (`up`) alone."""
+    fake = tmp_path / "fake-qemu"
+    fake.write_text(FAKE_QEMU)
+    fake.chmod(0o755)
+    owner = _owner(run_root, fake_image, "dead", fake, "own", "nowait")
+    assert owner.stdout is not None
+    *qemus, hub = (int(w) for w in owner.stdout.readline().split())
+    mine = start_with(str(fake), fake_image, qemu.Topology(nodes=1), name="mine", wait=False)
+    kept = start_with(str(fake), fake_image, qemu.Topology(nodes=1), name="kept", wait=False,
+                      detach=True)  # fmt: skip
+    kept.disown()
+    try:
+        owner.kill()
+        owner.wait()
+        assert all(_gone(pid) for pid in (*qemus, hub))  # they die with their owner
+        assert cl.rundir_for("dead").is_dir()  # ... but the RAM files stay
+        assert cl.reap_dead_owners() == ["dead"]
+        assert not cl.rundir_for("dead").exists()
+        assert cl.rundir_for("mine").is_dir() and cl.rundir_for("kept").is_dir()
+        assert cl.reap_dead_owners() == []
+    finally:
+        mine.stop()
+        cl.Cluster.attach("kept").stop()
+    assert list(run_root.iterdir()) == []
+
+
+def test_up_killed_while_booting_leaves_nothing_after_the_next_command(
+    run_root: Path, fake_image: Image, tmp_path: Path
+) -> None:
+    """`up` owns its cluster until the nodes are ready (then nobody does): killed while it
+    waits for SSH, its QEMUs (started to outlive it) are stopped by the reaper."""
+    fake = tmp_path / "fake-qemu"
+    fake.write_text(FAKE_QEMU)
+    fake.chmod(0o755)
+    owner = _owner(run_root, fake_image, "booting", fake, "detach", "wait")
+    try:
+        state = cl.rundir_for("booting") / cl.STATE_FILE
+        deadline = time.monotonic() + 30
+        while not state.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        pids = [n.pid for n in cl.Cluster.attach("booting").nodes]
+    finally:
+        owner.kill()
+        owner.wait()
+    assert not any(_gone(pid, 1.0) for pid in pids)  # detached: they outlived their owner
+    assert cl.reap_dead_owners() == ["booting"]
+    assert all(_gone(pid) for pid in pids)
+    assert list(run_root.iterdir()) == []

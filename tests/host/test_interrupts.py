@@ -5,26 +5,57 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from obmm.tools import interrupts
 
 
+@pytest.fixture(autouse=True)
+def handlers_restored() -> Iterator[None]:
+    """Each test ends with this process's handlers as they were (a test may start an
+    unwinding, which holds later signals for the rest of a process's life)."""
+    before = {sig: signal.getsignal(sig) for sig in interrupts.HELD}
+    yield
+    interrupts.unwound(before)  # type: ignore[arg-type]
+
+
 def test_sigterm_unwinds_like_ctrl_c_inside_the_block_only() -> None:
     before = signal.getsignal(signal.SIGTERM)
+    with interrupts.sigterm_unwinds():
+        pass
+    assert signal.getsignal(signal.SIGTERM) is before  # no signal: nothing stays changed
     with interrupts.sigterm_unwinds(), pytest.raises(KeyboardInterrupt, match="signal 15"):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
-    assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_a_signal_during_a_teardown_waits_for_its_end() -> None:
+def test_after_the_first_signal_the_next_ones_wait_for_the_unwinding(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SIGTERM twice (timeout(1), a CI runner cancelling): the second does not interrupt the
+    teardown the first started; one line says it was noted."""
+    torn_down = []
+    with pytest.raises(KeyboardInterrupt, match="signal 15"), interrupts.sigterm_unwinds():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # during the teardown
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            torn_down.append(True)
+    assert torn_down == [True]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["signal 15 noted: the teardown already under way runs to its end"]
+
+
+def test_a_signal_during_a_teardown_waits_for_its_end(capsys: pytest.CaptureFixture[str]) -> None:
     finished = []
-    before = signal.getsignal(signal.SIGINT)  # SIG_IGN in a pytest-xdist worker
     with (
         pytest.raises(KeyboardInterrupt, match="signal 2"),
-        interrupts.signals_deferred() as noted,
+        interrupts.signals_deferred("stopping cluster x") as noted,
     ):
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -32,7 +63,7 @@ def test_a_signal_during_a_teardown_waits_for_its_end() -> None:
         assert noted == [signal.SIGINT, signal.SIGTERM]
         finished.append(True)
     assert finished == [True]
-    assert signal.getsignal(signal.SIGINT) is before
+    assert capsys.readouterr().err.strip() == "stopping cluster x; signal 2 waits for it"
 
 
 def test_a_teardown_without_a_signal_ends_quietly() -> None:

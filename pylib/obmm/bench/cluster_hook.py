@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -213,6 +211,7 @@ def restore_figures(
 def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     from obmm.testbed import accel as accel_mod
     from obmm.testbed.image import ensure_image, find_recipe
+    from obmm.testbed.ownership import scratch_dir
     from obmm.testbed.paths import cache_dir, repo_root, results_dir
     from obmm.testbed.progress import Progress
     from obmm.testbed.session import bring_up
@@ -225,16 +224,14 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     recipe = find_recipe(settings.recipe)
 
     if not getattr(args, "skip_cold_image", False):
-        scratch = Path(tempfile.mkdtemp(prefix="obmm-bench-cache-"))
-        try:
+        # Named after this process: if it is killed, the next testbed command removes it.
+        with scratch_dir("bench-cache") as scratch:
             say("cold image build into a throw-away cache")
             start = time.monotonic()
             ensure_image(recipe, cache=scratch, progress=progress)
             testbed.append(
                 make_testbed_figure("testbed.image_build.cold", [time.monotonic() - start])
             )
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
     start = time.monotonic()
     image = ensure_image(recipe, progress=progress, kernel=settings.kernel)
     cached = time.monotonic() - start

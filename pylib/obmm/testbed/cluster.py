@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from obmm import envvars
-from obmm.testbed import acpi, kmemleak, qemu
+from obmm.testbed import acpi, kmemleak, ownership, qemu
 from obmm.testbed import snapshot as snapshot_mod
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image, create_overlay
@@ -39,10 +39,12 @@ from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import Connection, GuestGone, Target
+from obmm.tools import interrupts
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
+OWNER_FILE = "owner.json"
 RUN_PREFIX = "obmm-testbed-"
 PORT_RETRIES = 3
 QMP_QUIT_TIMEOUT_S = 5.0
@@ -143,16 +145,7 @@ def _global_lock() -> Iterator[None]:
         os.close(fd)
 
 
-def _pid_start_time(pid: int) -> int | None:
-    """Start time of `pid` (clock ticks since boot), to tell it from a recycled pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
+_pid_start_time = ownership.pid_start_time
 
 
 def _pdeathsig() -> None:
@@ -241,7 +234,8 @@ class Cluster:
     nodes: list[Node] = field(default_factory=list)
     # The snapshot this cluster was restored from (None: booted cold).
     restored_from: str | None = None
-    owner_pid: int | None = None
+    #: The process the cluster dies with (None: `up`/`--keep`, owned by nobody until `down`).
+    owner: ownership.Owner | None = None
     # The inter-node network hub (obmm.testbed.hub) of a multi-node cluster.
     hub_pid: int | None = None
     hub_pid_start: int | None = None
@@ -265,7 +259,7 @@ class Cluster:
             "init": self.init,
             "restored_from": self.restored_from,
             "image": str(self.image.directory),
-            "owner_pid": self.owner_pid,
+            "owner": self.owner.to_dict() if self.owner else None,
             "hub_pid": self.hub_pid,
             "hub_pid_start": self.hub_pid_start,
             "qemu_binary": self.qemu_binary,
@@ -295,7 +289,7 @@ class Cluster:
             init=state.get("init", qemu.INIT_SYSTEMD),
             restored_from=state.get("restored_from"),
             image=Image.open(Path(state["image"])),
-            owner_pid=state.get("owner_pid"),
+            owner=ownership.Owner.from_dict(state.get("owner")),
             hub_pid=state.get("hub_pid"),
             hub_pid_start=state.get("hub_pid_start"),
             qemu_binary=state.get("qemu_binary", envvars.QEMU.default),
@@ -331,8 +325,8 @@ class Cluster:
     ) -> Cluster:
         """Boot every node and (by default) wait until each accepts an SSH login.
 
-        With `detach` the QEMUs outlive this process (the CLI's `up`); otherwise they are
-        killed if it dies.  On any failure, Ctrl-C included, everything started is torn down.
+        With `detach` the QEMUs outlive this process (the CLI's `up`: it calls :meth:`disown`
+        once the cluster is ready); otherwise they are killed if it dies.  On any failure, Ctrl-C included, everything started is torn down.
         `snapshot` ("auto" or "off"): with "auto" a saved snapshot of this cluster shape is
         restored instead of booting (see :mod:`obmm.testbed.snapshot`), and a cold boot saves
         one.  A snapshot that does not fit or verify is reported and the cluster boots cold.
@@ -354,7 +348,9 @@ class Cluster:
             accel=accel,
             image=image,
             init=init,
-            owner_pid=None if detach else os.getpid(),
+            # Owned while it comes up, detached or not: a `up` killed during boot leaves
+            # nothing (disown() hands a detached cluster to nobody once it is ready).
+            owner=ownership.Owner.me(),
             qemu_binary=qemu_binary,
         )
         key: snapshot_mod.Key | None = None
@@ -363,6 +359,10 @@ class Cluster:
             with _global_lock():
                 cls._reap_stale(name)
                 rundir.mkdir(mode=0o700, parents=True)
+                # First: a start killed before state.json exists is still attributed.
+                (rundir / OWNER_FILE).write_text(
+                    json.dumps(cluster.owner.to_dict() if cluster.owner else None) + "\n"
+                )
                 logdir.mkdir(parents=True, exist_ok=True)
                 if snap_mode == snapshot_mod.MODE_AUTO and wait:
                     try:
@@ -777,6 +777,13 @@ class Cluster:
         # restore's second under TCG.
         self._ready[node.index] = conn
 
+    def disown(self) -> None:
+        """Owned by nobody from now on: it runs until `obmm-testbed down` (its QEMUs were
+        started detached); the reaper of dead owners leaves it alone."""
+        self.owner = None
+        (self.rundir / OWNER_FILE).write_text("null\n")
+        self.save()
+
     def take_connection(self, index: int) -> Connection | None:
         """The connection the boot's readiness check left open to node `index`, once."""
         return self._ready.pop(index, None)
@@ -827,7 +834,14 @@ class Cluster:
         self._ready.clear()
 
     def stop(self) -> None:
-        """Kill every QEMU (QMP quit, then SIGTERM, then SIGKILL) and remove the run dir."""
+        """Kill every QEMU (QMP quit, then SIGTERM, then SIGKILL) and remove the run dir.
+
+        Once begun it finishes: SIGINT and SIGTERM meanwhile wait for it (one line says so),
+        then take effect."""
+        with interrupts.signals_deferred(f"stopping cluster {self.name}"):
+            self._stop()
+
+    def _stop(self) -> None:
         self.close_connections()
         if self.image.manifest.get("debug_kernel") and self.nodes:
             # The debug kernel's leak check needs the nodes alive (obmm.testbed.kmemleak).
@@ -908,6 +922,39 @@ def _read_tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def run_dir_owner(rundir: Path) -> tuple[bool, ownership.Owner | None]:
+    """(recorded, owner) of a run directory: whether it says who owns it, and who."""
+    for name in (STATE_FILE, OWNER_FILE):
+        try:
+            data = json.loads((rundir / name).read_text())
+        except (OSError, ValueError):
+            continue
+        owner = data.get("owner") if name == STATE_FILE and isinstance(data, dict) else data
+        return True, ownership.Owner.from_dict(owner)
+    return False, None
+
+
+def reap_dead_owners() -> list[str]:
+    """Stop and remove every cluster whose owner process is dead (its QEMUs and hub are killed
+    if any still run; the run directory with its RAM files, sockets and pidfiles goes).
+    Clusters with a live owner, and those owned by nobody (``up``, ``run --keep``), are never
+    touched.  The names of the clusters removed.  (Scratch: :func:`ownership.reap_scratch`.)"""
+    removed = []
+    root = run_root()
+    if root.is_dir():
+        for rundir in sorted(root.glob(f"{RUN_PREFIX}*")):
+            recorded, owner = run_dir_owner(rundir)
+            if not recorded or owner is None or owner.alive():
+                continue
+            name = rundir.name[len(RUN_PREFIX) :]
+            # No state.json: a start killed early; nothing was launched from it.
+            with contextlib.suppress(ClusterError):
+                Cluster.attach(name).stop()
+            shutil.rmtree(rundir, ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 def stop_all_stale() -> list[str]:

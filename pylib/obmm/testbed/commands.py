@@ -17,9 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from obmm.testbed import dev, numaview, qemu, snapshot
+from obmm.testbed import dev, numaview, ownership, qemu, snapshot
 from obmm.testbed import settings as settings_mod
-from obmm.testbed.cluster import DEFAULT_NAME, Cluster, ClusterError, stop_all_stale
+from obmm.testbed.cluster import (
+    DEFAULT_NAME,
+    Cluster,
+    ClusterError,
+    reap_dead_owners,
+    stop_all_stale,
+)
 from obmm.testbed.image import DEFAULT_RECIPE, ensure_image, find_recipe, list_recipes
 from obmm.testbed.remote import command_line
 from obmm.testbed.settings import Settings
@@ -59,6 +65,13 @@ def register(sub: Any) -> None:
     _name(p)
     p.add_argument("--all", action="store_true", help="every cluster, and stale run dirs")
     p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser(
+        "gc",
+        help="remove what clusters and scratch directories whose owner died left behind "
+        "(every command does this first; this says what it removed)",
+    )
+    p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("status", help="show clusters, nodes, ports, pids and logs")
     p.add_argument("--name", help="only this cluster")
@@ -138,6 +151,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     cluster = session.cluster
     session.close_connections()
+    cluster.disown()
     print(
         f"cluster {cluster.name}: {cluster.topology.nodes} node(s) up in "
         f"{time.monotonic() - start:.0f} s ({cluster.accel}"
@@ -181,6 +195,18 @@ def _print_cluster(cluster: Cluster) -> None:
     if t.nodes > 1:
         hub = "running" if cluster.hub_alive() else "DEAD"
         print(f"  network hub: {hub} pid {cluster.hub_pid} (unix sockets in {cluster.rundir})")
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    names = reap_dead_owners()
+    scratch = ownership.reap_scratch()
+    for name in names:
+        print(f"cluster {name}: its owner died; removed")
+    for path in scratch:
+        print(f"scratch {path}: its owner died; removed")
+    if not names and not scratch:
+        print("nothing left behind by a dead owner")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:

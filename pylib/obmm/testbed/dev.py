@@ -107,6 +107,7 @@ def _session(settings: Settings, progress: Progress) -> Session:
         )
     progress.line(f"no cluster {settings.name} yet: bringing one up (it stays up)")
     session = bring_up(settings, purpose="dev", default_topology="single", detach=True)
+    session.cluster.disown()
     _record(session, session.modules, settings.params)
     return session
 

@@ -546,6 +546,7 @@ def _teardown(plan: Plan, session: Session, logdir: Path, status: int) -> None:
     name = session.name
     if plan.keep:
         session.close_connections()
+        session.cluster.disown()
         print(
             f"cluster {name} kept: obmm-testbed ssh --name {name} 0 "
             f"[-- CMD]; obmm-testbed status --name {name}; "

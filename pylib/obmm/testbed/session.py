@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from obmm.testbed import provision, qemu
-from obmm.testbed.cluster import Cluster, default_logdir, load_topology
+from obmm.testbed import ownership, provision, qemu
+from obmm.testbed.cluster import Cluster, default_logdir, load_topology, reap_dead_owners
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.kguard import KernelLogGuard
 from obmm.testbed.parallel import on_each
@@ -167,6 +167,10 @@ def bring_up(
 
     if settings.name is None:
         raise SessionError("bring_up: the settings have no cluster name")
+    for name in reap_dead_owners():
+        log.info("cluster %s: its owner died; its run directory was removed", name)
+    for path in ownership.reap_scratch():
+        log.info("%s: its owner died; removed", path)
     progress = progress or Progress(f"{purpose} {settings.name}")
     timings: dict[str, float] = {}
     t0 = time.monotonic()

@@ -47,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _reap() -> None:
+    """What owners that died (SIGKILL, OOM) left behind goes first, whatever the command."""
+    from obmm.testbed.cluster import reap_dead_owners
+    from obmm.testbed.ownership import reap_scratch
+
+    for name in reap_dead_owners():
+        log.info("cluster %s: its owner died; its run directory was removed", name)
+    for path in reap_scratch():
+        log.info("%s: its owner died; removed", path)
+
+
 #: The pyproject extra that brings each optional package.
 EXTRAS = {"pytest": "test", "hypothesis": "test", "matplotlib": "bench"}
 
@@ -67,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        if args.command not in ("gc", "doctor"):  # those two say what they removed
+            _reap()
         result = interrupts.run_unwinding("obmm-testbed", lambda: int(args.func(args)))
     except ModuleNotFoundError as exc:
         print(missing_dependency(exc, str(args.command)), file=sys.stderr)
