@@ -326,7 +326,8 @@ class Cluster:
         """Boot every node and (by default) wait until each accepts an SSH login.
 
         With `detach` the QEMUs outlive this process (the CLI's `up`: it calls :meth:`disown`
-        once the cluster is ready); otherwise they are killed if it dies.  On any failure, Ctrl-C included, everything started is torn down.
+        once the cluster is ready); otherwise they are killed if it dies.  On any failure,
+        Ctrl-C included, everything started is torn down.
         `snapshot` ("auto" or "off"): with "auto" a saved snapshot of this cluster shape is
         restored instead of booting (see :mod:`obmm.testbed.snapshot`), and a cold boot saves
         one.  A snapshot that does not fit or verify is reported and the cluster boots cold.

@@ -27,7 +27,6 @@ from obmm.testbed.cluster import (
     stop_all_stale,
 )
 from obmm.testbed.image import DEFAULT_RECIPE, ensure_image, find_recipe, list_recipes
-from obmm.testbed.remote import command_line
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import CommandTimeout, SshError
 
@@ -81,8 +80,8 @@ def register(sub: Any) -> None:
         "ssh",
         help="run a command on a node (or a shell without one)",
         usage="obmm-testbed ssh [--name NAME] [--timeout S] NODE [-- CMD [ARGS...]]",
-        description="One word after -- is a shell command; several words are an argument "
-        "vector, each word quoted.",
+        description="The words after -- are joined with spaces into one shell command, as "
+        "ssh(1) does.",
     )
     _name(p)
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="command deadline (s)")
@@ -262,7 +261,7 @@ def cmd_ssh(args: argparse.Namespace) -> int:
             return _interactive(cluster, index)
         with cluster.connect(index) as conn:
             result = conn.run(
-                command_line(command),
+                " ".join(command),  # as ssh(1) joins the words of a remote command
                 timeout=timeout,
                 on_stdout=_writer(sys.stdout.buffer),
                 on_stderr=_writer(sys.stderr.buffer),

@@ -110,8 +110,8 @@ def wrap_command(command: str, env: Mapping[str, str], cwd: PurePosixPath, pidfi
 
 
 def command_line(words: Sequence[str]) -> str:
-    """The shell command for the words after ``--`` (`run`, `ssh`): one word is a shell
-    command as it is; several are an argument vector, each word quoted."""
+    """The shell command for the words after ``--`` of `run`: one word is a shell command as
+    it is; several are an argument vector, each word quoted."""
     if len(words) == 1:
         return words[0].strip()
     return shlex.join(words)
