@@ -18,6 +18,10 @@ function               environment variable        default
                                                    the debug kernel (obmm.testbed.debugkernel)
 ``timeout_scale()``    ``$OBMM_TESTBED_TIMEOUT_    ``1``: the factor on the harness's boot and
                        SCALE``                     per-test timeouts (slower debug kernels)
+``ub_upstream_dir()``  ``$OBMM_UB_UPSTREAM``       the pinned upstream UB driver tree, the
+                                                   nearest ``shared/upstream/<UB_UPSTREAM_PIN>``
+                                                   beside the root or above it (an input: it may
+                                                   be absent, and what uses it then skips)
 =====================  ==========================  =============================================
 
 Installed from the wheel (``make dist``), the package carries what a checkout has beside it:
@@ -43,6 +47,9 @@ ENV_KERNEL = "OBMM_TESTBED_KERNEL"
 KERNEL_DEBIAN = "debian"
 KERNEL_DEBUG = "debug"
 ENV_TIMEOUT_SCALE = "OBMM_TESTBED_TIMEOUT_SCALE"
+ENV_UB_UPSTREAM = "OBMM_UB_UPSTREAM"
+#: The pinned copy of kunpengcompute/ub-os-component-dkms (GPL-2.0), kept outside the project.
+UB_UPSTREAM_PIN = "ub-os-component-dkms-65ba333"
 DEFAULT_RUN_ROOT = "/dev/shm"
 DATA_DIR = "_data"  # under the installed package: the checkout's files the testbed needs
 #: What a root has: the checkout and the package data alike.
@@ -127,3 +134,18 @@ def timeout_scale() -> float:
     except ValueError:
         raise ValueError(f"{ENV_TIMEOUT_SCALE}={raw!r} is not a number") from None
     return max(1.0, value)
+
+
+def ub_upstream_dir() -> Path:
+    """The upstream UB driver tree builds and checks use (ubcore, uburma, obmm): an input
+    given by path, never part of the project.  Default: the pinned copy in the nearest
+    ``shared/upstream/`` beside the root or above it; the path is returned even when absent."""
+    override = os.environ.get(ENV_UB_UPSTREAM)
+    if override:
+        return Path(override)
+    root = repo_root().resolve()
+    for parent in (root, *root.parents):
+        candidate = parent / "shared" / "upstream" / UB_UPSTREAM_PIN
+        if candidate.is_dir():
+            return candidate
+    return root.parent / "shared" / "upstream" / UB_UPSTREAM_PIN
