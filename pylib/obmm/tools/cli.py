@@ -37,12 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     abi_cli.register(sub)
     handle_cli.register(sub)
     bench_cli.register(sub)
-    patchcheck.register(sub)
     try:
         from obmm.testbed import commands as testbed_commands
         from obmm.testbed import stage_commands
     except ImportError:  # the testbed needs paramiko; hosts that only use bindings may lack it
-        pass
+        patchcheck.register(sub)  # the series' own checks, without the build and the guest
     else:
         testbed_commands.register(sub)
         stage_commands.register(sub)
