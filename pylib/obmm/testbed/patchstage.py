@@ -109,22 +109,21 @@ def testing_lines(
     patches: int,
 ) -> list[str]:
     """The cover letter's Testing block: tree, kernel, build, KUnit, checkpatch."""
-    commit = f"at {tree.commit[:12]}" if tree.commit else "(not a git checkout)"
+    commit = f"at {tree.commit[:12]}" if tree.commit else "(commit unknown)"
+    guest = f", QEMU guest ({run.accel})" if run is not None else ""
     lines = [
-        f"  tree:       {tree.source.name} {commit}, git tree {tree.tree_id[:12]}",
-        f"  kernel:     {release} (Debian linux-headers {headers_version}), x86_64",
-        f"  build:      ubcore.ko, uburma.ko out of tree, W=1: "
-        f"{built.count(urmabuild.SERIES)} warnings",
-        f"              in the series' lines; upstream's own: ubcore "
+        f"  tree:       {tree.source.name} {commit} (git tree {tree.tree_id[:12]})",
+        f"  kernel:     Debian {release} (headers {headers_version}), x86_64{guest}",
+        "  build:      ubcore.ko and uburma.ko out of tree, W=1: "
+        f"{built.count(urmabuild.SERIES)} warnings in",
+        "              the series' lines; the tree's own: ubcore "
         f"{built.count(urmabuild.UPSTREAM, 'ubcore')}, uburma "
         f"{built.count(urmabuild.UPSTREAM, 'uburma')}",
     ]
-    if verdict is not None and run is not None:
+    if verdict is not None:
         suites = sorted({n.rpartition(".")[0] for n in verdict.expected})
-        lines.append(
-            f"  KUnit:      {', '.join(suites)} {verdict.summary()}, in a QEMU guest ({run.accel})"
-        )
-        lines.append(f"              with kunit.ko built from {kunit.source}")
+        lines.append(f"  KUnit:      {', '.join(suites)}: {verdict.summary()} (kunit.ko")
+        lines.append(f"              out of tree from {kunit.source})")
     else:
         lines.append("  KUnit:      not run")
     lines.append(f"  checkpatch: --strict, {checkpatch_clean}/{patches} patches clean")
