@@ -40,6 +40,8 @@ def test_warnings_are_the_series_ours_or_upstreams(tmp_path: Path) -> None:
         ("compat", "kmod/urma_compat/urma_compat.h", 30, "-Wmissing-prototypes"),
         ("upstream", "", 0, ""),
     ]
+    assert got[0].message == "warning: unused variable 'x' [-Wunused-variable]"
+    assert got[0].where() == "drivers/ub/urma/ubcore/ubcore_seg_map.c:40"
     built = urmabuild.UrmaModules({}, tuple(got), tmp_path / "log")
     assert built.count("upstream") == 3 and built.count("series", "uburma") == 0
     assert built.by_flag("upstream") == {"-Wmissing-prototypes": 1, "kernel-doc": 1, "other": 1}

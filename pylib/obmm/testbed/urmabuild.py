@@ -61,6 +61,14 @@ class BuildWarning:
     flag: str  # "-Wmissing-prototypes", or "" when gcc names none
     text: str  # the whole warning line
 
+    @property
+    def message(self) -> str:
+        """What gcc said, without the place."""
+        m = _GCC_WARNING.match(self.text)
+        if not m:
+            return self.text
+        return f"warning: {m.group('msg')}" + (f" [{self.flag}]" if self.flag else "")
+
     def where(self) -> str:
         return f"{self.file}:{self.line}" if self.file else self.text
 
@@ -180,9 +188,10 @@ def build(
             symvers.append(directory / "Module.symvers")
     bad = [w for w in warnings if w.origin != UPSTREAM]
     if bad:
+        named = "; ".join(f"{w.where()}: {w.message}" for w in bad[:3])
         raise UrmaBuildError(
-            f"{len(bad)} warning(s) in the series' lines or our compat header (W=1); log {log}\n"
-            + "\n".join(w.text for w in bad)
+            f"{len(bad)} warning(s) in the series' lines or our compat header (W=1): {named}"
+            f"{'; ...' if len(bad) > 3 else ''} (log {log})\n" + "\n".join(w.text for w in bad)
         )
     return UrmaModules(kos, tuple(warnings), log)
 
