@@ -677,7 +677,8 @@ def write_series_files(tree: ScratchTree, out: Path, base_commit: str) -> None:
 
 
 def run_static(series_dir: Path, baseline: Path | None, report: Report | None = None) -> Report:
-    """Format, header, trailers, checkpatch, base-commit and baseline-apply of a series dir."""
+    """Format, header, trailers, checkpatch, base-commit and baseline-apply of a series dir
+    (baseline-apply against the upstream tree `baseline`; None: no line, see skip_line)."""
     report = report or Report()
     cover, patches = load_series(series_dir)
     if not patches:
@@ -713,7 +714,9 @@ def run_static(series_dir: Path, baseline: Path | None, report: Report | None = 
 
     if not (series_dir / BASE_FILES_FILE).is_file():
         report.add("FAIL", "baseline-apply", "series", "no BASE-FILES")
-    elif baseline is None or not baseline.is_dir():
+    elif baseline is None:
+        pass  # no upstream tree: the caller says so once (skip_line)
+    elif not baseline.is_dir():
         report.add("NOT RUN", "baseline-apply", "series", f"no upstream tree at {baseline}")
     else:
         status, detail = check_baseline(series_dir, baseline, patches)
@@ -724,8 +727,8 @@ def run_static(series_dir: Path, baseline: Path | None, report: Report | None = 
 def skip_line(upstream: Path) -> str:
     """The one line said when the upstream tree is absent."""
     return (
-        f"NOT RUN upstream       {upstream} not found: apply, build, KUnit and format-patch "
-        f"skipped (--upstream DIR or ${paths.ENV_UB_UPSTREAM})"
+        f"NOT RUN upstream       {upstream} not found: baseline-apply, git am, build, KUnit and "
+        f"format-patch skipped (--upstream DIR or ${paths.ENV_UB_UPSTREAM})"
     )
 
 
@@ -777,7 +780,7 @@ def command(args: argparse.Namespace) -> int:
     if not args.series_dir.is_dir():
         raise CheckError(f"{args.series_dir}: no such series directory")
     upstream = args.upstream or paths.ub_upstream_dir()
-    report = run_static(args.series_dir, upstream)
+    report = run_static(args.series_dir, upstream if upstream.is_dir() else None)
     if upstream.is_dir():
         with tempfile.TemporaryDirectory(prefix="patch-check-") as tmp:
             run_upstream_am(args.series_dir, upstream, Path(tmp) / "tree", report)
