@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from obmm.testbed import kbuild, kunitbuild, kunitguest, paths, urmabuild
-from obmm.testbed.image import DEFAULT_RECIPE, ensure_image, find_recipe
+from obmm.testbed.image import DEFAULT_RECIPE, Image, ensure_image, find_recipe
 from obmm.testbed.progress import Progress
 from obmm.tools import ktap, logscan
 from obmm.tools import patchcheck as pc
@@ -206,9 +206,7 @@ def _build_test_and_format(
     else:
         verdict, run = _kunit(image, kunit, built, expected, out, report, progress)
     patches = pc.load_series(series_dir)[1]
-    clean = sum(
-        1 for ln in report.lines if ln.startswith("PASS    checkpatch") and "outgoing" not in ln
-    )
+    clean = sum(1 for ln in report.lines if ln.startswith("PASS    checkpatch"))
     testing = testing_lines(
         tree, release, headers_version, built, kunit, verdict, run, clean, len(patches)
     )
@@ -216,7 +214,7 @@ def _build_test_and_format(
 
 
 def _kunit(
-    image: object,
+    image: Image,
     kunit: kunitbuild.KunitModules,
     built: urmabuild.UrmaModules,
     expected: list[str],
@@ -229,7 +227,7 @@ def _kunit(
     try:
         count = kunitguest.suite_count(built.kos["ubcore"])
         run = kunitguest.run(
-            image,  # type: ignore[arg-type]
+            image,
             guest[0],
             guest[1:3],
             guest[3],
@@ -256,7 +254,13 @@ def _kunit(
         report.add("FAIL", "kunit", name, "no result")
     write_junit(paths.results_dir() / JUNIT_NAME, cases, expected)
     if run.reports:
-        report.add("FAIL", "kernel-log", "guest", logscan.format_reports(run.reports)[:2000])
+        path = out / "kunit-kernel-reports.txt"
+        path.write_text(logscan.format_reports(run.reports))
+        first = run.reports[0]
+        report.add(
+            "FAIL", "kernel-log", "guest",
+            f"{len(run.reports)} report(s), the first: {first.kind}: {first.title} (all: {path})",
+        )  # fmt: skip
     else:
         report.add("PASS", "kernel-log", "guest", f"no kernel report, {run.release}")
     report.note(f"kunit: {verdict.summary()}")
@@ -286,7 +290,7 @@ def _format(
     else:
         recipients = pc.Recipients((), (), ())
         who = f"no MAINTAINERS in {tree.source.name}: no To/Cc"
-    base = tree.commit or pc._read_pin(series_dir, pc.BASE_FILE)
+    base = tree.commit or pc.read_pin(series_dir, pc.BASE_FILE)
     outgoing = out / "outgoing"
     files = pc.format_series(
         tree, cover, outgoing, testing=testing, recipients=recipients, base_commit=base

@@ -388,7 +388,8 @@ class ScratchTree:
         return f"{what} (git tree {self.tree_id[:12]}, {how})"
 
 
-def _read_pin(series_dir: Path, name: str) -> str:
+def read_pin(series_dir: Path, name: str) -> str:
+    """The one value a series file holds (``BASE``, ``BASE-TREE``), "" if it is absent."""
     path = series_dir / name
     return path.read_text().strip() if path.is_file() else ""
 
@@ -403,8 +404,8 @@ def scratch_tree(upstream: Path, dest: Path, series_dir: Path) -> ScratchTree:
     """
     if not upstream.is_dir():
         raise CheckError(f"upstream tree {upstream} is not a directory")
-    base_pin = _read_pin(series_dir, BASE_FILE)
-    tree_pin = _read_pin(series_dir, BASE_TREE_FILE)
+    base_pin = read_pin(series_dir, BASE_FILE)
+    tree_pin = read_pin(series_dir, BASE_TREE_FILE)
     if dest.exists():
         shutil.rmtree(dest)
     rc, _ = _run(["git", "-C", str(upstream), "rev-parse", "--is-inside-work-tree"])
@@ -701,7 +702,7 @@ def run_static(series_dir: Path, baseline: Path | None, report: Report | None = 
     except (CheckError, OSError, subprocess.SubprocessError) as exc:
         report.add("FAIL", "checkpatch", "series", f"checkpatch.pl unavailable: {exc}")
 
-    base = _read_pin(series_dir, BASE_FILE)
+    base = read_pin(series_dir, BASE_FILE)
     bases = {m for p in (cover, *patches) if p for m in BASE_COMMIT.findall(p.text)}
     if not re.fullmatch(r"[0-9a-f]{40}", base):
         report.add("FAIL", "base-commit", "series", "BASE does not hold a 40-hex commit id")
