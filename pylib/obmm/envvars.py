@@ -206,6 +206,13 @@ RESULTS = Var(
     "built modules, junit files, reports of one run",
     default_text="<root>/results in a checkout, else ~/.local/share/obmm-testbed/results",
 )
+UB_UPSTREAM = Var(
+    "OBMM_UB_UPSTREAM",
+    "paths",
+    "an upstream UB driver tree (kunpengcompute/ub-os-component-dkms layout or an OLK checkout) "
+    "the real-driver and patch-check stages build from; absent: those stages skip, saying so",
+    default_text="the pinned copy in the nearest shared/upstream/ beside the checkout",
+)
 RUN_ROOT = Var(
     "OBMM_TESTBED_RUN_ROOT",
     "paths",

@@ -17,12 +17,15 @@ from obmm.testbed import (
     guest_suite,
     image,
     kbuild,
+    kunitbuild,
+    kunitguest,
     matrix,
     progress,
     provision,
     qemu,
     run,
     ssh,
+    urmabuild,
 )
 from obmm.testbed.cluster import ClusterError
 from obmm.testbed.hw import config as hwconfig
@@ -114,6 +117,9 @@ def test_a_multi_line_error_prints_its_first_line(
         (run.RunError, ValueError),
         (elfcheck.ModuleCheckError, Exception),
         (patchcheck.CheckError, Exception),
+        (kunitbuild.KunitBuildError, RuntimeError),
+        (kunitguest.KunitGuestError, RuntimeError),
+        (urmabuild.UrmaBuildError, RuntimeError),
     ],
 )
 def test_testbed_errors_share_one_base_and_keep_their_old_one(cls: type, older: type) -> None:

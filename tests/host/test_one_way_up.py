@@ -15,6 +15,8 @@ FRONT_ENDS = {
     "obmm-testbed run": "pylib/obmm/testbed/run.py",
     "obmm-testbed up": "pylib/obmm/testbed/commands.py",
     "bench": "pylib/obmm/bench/cluster_hook.py",
+    "patch-check KUnit": "pylib/obmm/testbed/kunitguest.py",
+    "obmm-testbed dev": "pylib/obmm/testbed/dev.py",
 }
 #: Steps of the sequence that only bring_up (and the modules that define them) may call.
 STEPS = {"start": "Cluster.start", "prepare": "provision.prepare", "load_modules": "load_modules"}

@@ -157,8 +157,9 @@ def cached(version: str | None = None) -> DebugKernel | None:
     return load(base_dir() / cache_key(version, fragment_path().read_text()))
 
 
-def _download_source(version: str, progress: Progress) -> Path:
-    """The source .deb, downloaded once per version with apt-get download."""
+def download_source(version: str, progress: Progress) -> Path:
+    """The source .deb, downloaded once per version with apt-get download (atomically: two
+    callers at once both end with the whole file)."""
     downloads = base_dir() / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
     pattern = f"{SOURCE_PACKAGE}_{version.replace(':', '%3a')}_all.deb"
@@ -260,7 +261,7 @@ def build(jobs: int = 2, force: bool = False, stream: object = None) -> DebugKer
             if stale.name[0].isdigit() and stale != root and not (stale / MANIFEST).is_file():
                 shutil.rmtree(stale, ignore_errors=True)
         started = time.monotonic()
-        deb = _download_source(version, progress)
+        deb = download_source(version, progress)
         if root.exists():
             shutil.rmtree(root)  # a killed build: the manifest is written last
         root.mkdir(parents=True)

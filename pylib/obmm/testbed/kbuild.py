@@ -433,6 +433,21 @@ def fetch_headers(
     return headers
 
 
+def headers_version(release: str, cache_dir: Path | None = None) -> str:
+    """The Debian version of the headers fetch_headers() unpacked for ``release`` (that of
+    their source package, ``linux``; ``linux-source-<x.y>`` of the same version matches)."""
+    manifest = (cache_dir or paths.cache_dir() / "kheaders") / release / _MANIFEST
+    try:
+        specs: list[str] = json.loads(manifest.read_text())["packages"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise KbuildError(f"headers for {release} not fetched ({manifest}: {exc})") from exc
+    for spec in specs:
+        name, _, version = spec.partition("=")
+        if name.split(":")[0] == f"linux-headers-{release}" and version:
+            return version
+    raise KbuildError(f"{manifest} names no linux-headers-{release} package")
+
+
 def module_dirs(kmod_dir: Path) -> list[Path]:
     """Subdirectories of kmod/ that are modules (have a Kbuild or Makefile)."""
     return sorted(
@@ -501,6 +516,38 @@ def find_warnings(output: str) -> list[str]:
     return [line for line in output.splitlines() if _WARNING_RE.search(line)]
 
 
+def make_modules(
+    headers_dir: Path,
+    module_dir: Path,
+    *,
+    what: str,
+    extra_cflags: Sequence[str] = (),
+    jobs: int | None = None,
+    make_vars: Mapping[str, str] | None = None,
+) -> str:
+    """``make -C headers_dir M=module_dir W=1 modules`` in the C locale: its output without
+    make's directory chatter.  A failed make is a KbuildError naming ``what``; warnings are the
+    caller's to judge (:func:`find_warnings`)."""
+    argv = ["make", f"-j{jobs or os.cpu_count() or 1}", "-C", str(headers_dir), f"M={module_dir}"]
+    argv.append("W=1")
+    if extra_cflags:
+        argv.append("KCFLAGS=" + " ".join(extra_cflags))
+    argv += [f"{key}={value}" for key, value in (make_vars or {}).items()]
+    argv.append("modules")
+    # C locale: ASCII quotes in gcc's messages.  Kbuild unexports LC_ALL,
+    # so the per-category variables are what reach gcc.
+    env = {**os.environ, "LANG": "C", "LC_CTYPE": "C", "LC_MESSAGES": "C"}
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    output = "\n".join(
+        line
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if not _MAKE_CHATTER_RE.match(line)
+    )
+    if proc.returncode != 0:
+        raise KbuildError(f"{what}: make exited {proc.returncode}:\n{output}")
+    return output
+
+
 def build_modules(
     headers_dir: Path,
     kmod_dir: Path,
@@ -564,35 +611,20 @@ def _build_locked(
     for src in dirs:
         copy = work / kmod_dir.name / src.name
         sync_sources(src, copy)
-        argv = [
-            "make",
-            f"-j{jobs or os.cpu_count() or 1}",
-            "-C",
-            str(headers_dir),
-            f"M={copy}",
-            "W=1",
-        ]
-        if extra_cflags:
-            argv.append("KCFLAGS=" + " ".join(extra_cflags))
-        argv += [f"{key}={value}" for key, value in (make_vars or {}).items()]
-        argv.append("modules")
         started = time.monotonic()
-        # C locale: ASCII quotes in gcc's messages.  Kbuild unexports LC_ALL,
-        # so the per-category variables are what reach gcc.
-        env = {**os.environ, "LANG": "C", "LC_CTYPE": "C", "LC_MESSAGES": "C"}
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
-        output = "\n".join(
-            line
-            for line in (proc.stdout + proc.stderr).splitlines()
-            if not _MAKE_CHATTER_RE.match(line)
-        )
-        warnings = find_warnings(output)
-        if proc.returncode != 0 or (warnings and warnings_as_errors):
-            # The next build starts clean: an object kept from a failed build would not be
+        try:
+            output = make_modules(
+                headers_dir, copy, what=src.name, extra_cflags=extra_cflags, jobs=jobs,
+                make_vars=make_vars,
+            )  # fmt: skip
+        except KbuildError:
+            # The next build starts clean: objects kept from a failed build would not be
             # compiled (nor warn) again.
             shutil.rmtree(copy, ignore_errors=True)
-        if proc.returncode != 0:
-            raise KbuildError(f"{src.name}: make exited {proc.returncode}:\n{output}")
+            raise
+        warnings = find_warnings(output)
+        if warnings and warnings_as_errors:
+            shutil.rmtree(copy, ignore_errors=True)
         if warnings and warnings_as_errors:
             raise BuildWarningsError(src.name, warnings, output)
         for line in warnings:

@@ -14,6 +14,10 @@ function               environment variable        default
                                                    ``$XDG_DATA_HOME/obmm-testbed/results``, else
                                                    ``~/.local/share/obmm-testbed/results``
 ``run_root()``         ``$OBMM_TESTBED_RUN_ROOT``  ``/dev/shm`` (per-cluster run dirs, on tmpfs)
+``ub_upstream_dir()``  ``$OBMM_UB_UPSTREAM``       the pinned upstream UB driver tree, the
+                                                   nearest ``shared/upstream/<UB_UPSTREAM_PIN>``
+                                                   beside the root or above it (an input: it may
+                                                   be absent, and what uses it then skips)
 =====================  ==========================  =============================================
 
 Installed from the wheel (``make dist``), the package carries what a checkout has beside it:
@@ -36,6 +40,8 @@ from obmm import envvars
 
 KERNEL_DEBIAN = "debian"
 KERNEL_DEBUG = "debug"
+#: The pinned copy of kunpengcompute/ub-os-component-dkms (GPL-2.0), kept outside the project.
+UB_UPSTREAM_PIN = "ub-os-component-dkms-65ba333"
 DATA_DIR = "_data"  # under the installed package: the checkout's files the testbed needs
 #: What a root has: the checkout and the package data alike.
 ROOT_MARKERS = ("qemu/topologies", "kmod", "uapi/ub/obmm.h")
@@ -104,3 +110,18 @@ def results_dir() -> Path:
 def run_root() -> Path:
     """Parent of the per-cluster run dirs (RAM files, sockets): tmpfs, so RAM stays RAM."""
     return Path(envvars.RUN_ROOT.get())
+
+
+def ub_upstream_dir() -> Path:
+    """The upstream UB driver tree builds and checks use (ubcore, uburma, obmm): an input
+    given by path, never part of the project.  Default: the pinned copy in the nearest
+    ``shared/upstream/`` beside the root or above it; the path is returned even when absent."""
+    override = envvars.UB_UPSTREAM.raw()
+    if override:
+        return Path(override)
+    root = repo_root().resolve()
+    for parent in (root, *root.parents):
+        candidate = parent / "shared" / "upstream" / UB_UPSTREAM_PIN
+        if candidate.is_dir():
+            return candidate
+    return root.parent / "shared" / "upstream" / UB_UPSTREAM_PIN

@@ -32,12 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     # Each concern registers its own subcommands; a registrar adds parsers
     # whose defaults carry `func(args) -> int`.
     from obmm.bench import cli as bench_cli
-    from obmm.tools import abi_cli, handle_cli, patchcheck
+    from obmm.tools import abi_cli, handle_cli
 
     abi_cli.register(sub)
     handle_cli.register(sub)
     bench_cli.register(sub)
-    patchcheck.register(sub)
     # Always registered: a command whose optional dependency is missing says so when run.
     from obmm.testbed import commands as testbed_commands
     from obmm.testbed import stage_commands
