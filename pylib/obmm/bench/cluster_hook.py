@@ -208,6 +208,76 @@ def restore_figures(
     return figures
 
 
+INNER_LOOP_TEST = "tests/guest/test_sysfs.py::test_export_info"
+INNER_LOOP_FILE = "kmod/obmm_emu/sysfs.c"
+#: What a checkout copy needs for `obmm-testbed dev` to build, provision and test from it.
+INNER_LOOP_TREE = ("pyproject.toml", "kmod", "qemu", "uapi", "pylib", "tests/guest", "tests/c",
+                   "examples/c")  # fmt: skip
+
+
+def inner_loop_figures(
+    settings: Settings, samples: int, say: Callable[[str], None]
+) -> list[Figure]:
+    """Edit one C file of the module, then one guest test's result, on a warm node: what
+    ``obmm-testbed dev`` takes (build of what changed, payload, module reload, the test).
+
+    It runs on a copy of the checkout (``$OBMM_TESTBED_ROOT``), whose file it edits with a real
+    code change each sample (so the module is rebuilt and reloaded), on a cluster of its own
+    that the first, uncounted call boots and the end stops."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from obmm.testbed.ownership import scratch_dir
+    from obmm.testbed.paths import repo_root
+
+    name = "bench-dev"
+    with scratch_dir("inner-loop") as root:
+        for rel in INNER_LOOP_TREE:
+            src = repo_root() / rel
+            if src.is_dir():
+                shutil.copytree(src, root / rel, ignore=shutil.ignore_patterns("__pycache__"))
+            elif src.is_file():
+                shutil.copy2(src, root / rel)
+        env = {**os.environ, envvars.ROOT.name: str(root), envvars.ACCEL.name: settings.accel}
+        env.pop(envvars.RESULTS.name, None)
+        argv = [sys.executable, "-m", "obmm.tools.cli", "dev", "--name", name, "--",
+                INNER_LOOP_TEST, "-q"]  # fmt: skip
+
+        def dev() -> float:
+            start = time.monotonic()
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(f"obmm-testbed dev failed ({proc.returncode}):\n"
+                                   + (proc.stdout + proc.stderr)[-3000:])  # fmt: skip
+            return time.monotonic() - start
+
+        times = []
+        try:
+            say("inner loop: the first dev call brings its node up (not counted)")
+            dev()
+            for k in range(samples):
+                edited = root / INNER_LOOP_FILE
+                with edited.open("a") as f:  # code, not a comment: the module changes
+                    f.write(
+                        f"\nextern const int obmm_bench_edit_{k};\nconst int obmm_bench_edit_{k} = {k};\n"
+                    )
+                say(f"inner loop: edit {INNER_LOOP_FILE}, dev one test, sample {k + 1}/{samples}")
+                times.append(dev())
+        finally:
+            subprocess.run([sys.executable, "-m", "obmm.tools.cli", "down", "--name", name],
+                           env=env, capture_output=True, check=False)  # fmt: skip
+    return [
+        make_testbed_figure(
+            "testbed.inner_loop",
+            times,
+            note=f"edit {INNER_LOOP_FILE}, then obmm-testbed dev -- {INNER_LOOP_TEST} (rebuild "
+            "what changed, reload the module, run the test) on a warm node",
+        )
+    ]
+
+
 def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     from obmm.testbed import accel as accel_mod
     from obmm.testbed.image import ensure_image, find_recipe
@@ -266,6 +336,8 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     samples = int(getattr(args, "boot_samples", 3))
     testbed += boot_figures(settings, sorted(set(boot_nodes)), inits, samples, say)
     testbed += restore_figures(settings, sorted(set(boot_nodes)), samples, say)
+    if int(getattr(args, "inner_loop_samples", 3)) > 0:
+        testbed += inner_loop_figures(settings, int(args.inner_loop_samples), say)
     # The measurements get their own pair with a 1 GiB export pool per node (the test topology
     # has 256 MiB), so the control path reaches the 1 GiB size.
     say(f"bringing up the benchmark pair ({BENCH_TOPOLOGY}: 1 GiB pool per node)")
@@ -300,6 +372,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         help="boots per size and init (default 3; min/median/max in the summary)",
+    )
+    p.add_argument(
+        "--inner-loop-samples",
+        type=int,
+        default=3,
+        help="edit-and-run-one-test loops timed (obmm-testbed dev; default 3, 0: none)",
     )
     p.add_argument(
         "--suites",
