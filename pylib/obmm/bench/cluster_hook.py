@@ -260,9 +260,8 @@ def inner_loop_figures(
             for k in range(samples):
                 edited = root / INNER_LOOP_FILE
                 with edited.open("a") as f:  # code, not a comment: the module changes
-                    f.write(
-                        f"\nextern const int obmm_bench_edit_{k};\nconst int obmm_bench_edit_{k} = {k};\n"
-                    )
+                    symbol = f"obmm_bench_edit_{k}"
+                    f.write(f"\nextern const int {symbol};\nconst int {symbol} = {k};\n")
                 say(f"inner loop: edit {INNER_LOOP_FILE}, dev one test, sample {k + 1}/{samples}")
                 times.append(dev())
         finally:
