@@ -5,20 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from obmm.tools import interrupts
-
-
-@pytest.fixture(autouse=True)
-def handlers_restored() -> Iterator[None]:
-    """Each test ends with this process's handlers as they were (a test may start an
-    unwinding, which holds later signals for the rest of a process's life)."""
-    before = {sig: signal.getsignal(sig) for sig in interrupts.HELD}
-    yield
-    interrupts.unwound(before)  # type: ignore[arg-type]
 
 
 def test_sigterm_unwinds_like_ctrl_c_inside_the_block_only() -> None:

@@ -77,18 +77,14 @@ def sigterm_unwinds() -> Iterator[None]:
 def run_unwinding(prog: str, func: Callable[[], int]) -> int:
     """`func()` with SIGTERM unwinding like Ctrl-C; an interrupt ends it after the unwinding
     with one line on stderr (`<prog>: interrupted (...)`) and EXIT_INTERRUPTED.  For the entry
-    points of commands."""
-    previous: dict[signal.Signals, Handler] = {}
-    if _main_thread():
-        previous = {sig: signal.getsignal(sig) for sig in HELD}
+    points of commands: after an interrupt, later signals stay held until the process exits
+    (a process that goes on calls :func:`unwound`)."""
     try:
         with sigterm_unwinds():
             return func()
     except KeyboardInterrupt as exc:
         print(f"{prog}: interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
         return EXIT_INTERRUPTED
-    finally:
-        unwound(previous)
 
 
 def unwound(handlers: Mapping[signal.Signals, Handler] | None = None) -> None:
