@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -67,3 +69,22 @@ def test_a_failing_teardown_keeps_its_own_exception() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
         raise RuntimeError("teardown failed")
+
+
+def test_an_interrupted_command_exits_with_its_status_whatever_comes_after() -> None:
+    """A second SIGTERM that lands after the unwinding, while the interpreter shuts down (when
+    Python restores the default action of signals it handled), killed `up` with -15 instead
+    of exit 130: once the command's one line is out, later signals are ignored."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from obmm.tools import interrupts\n"
+        "def work():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(5); return 0\n"
+        "status = interrupts.run_unwinding('prog', work)\n"
+        "assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "sys.exit(status)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "prog: interrupted (signal 15)"

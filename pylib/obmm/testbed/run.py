@@ -483,6 +483,7 @@ def command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:
         why = exc or "Ctrl-C"
         print(f"obmm-testbed run: interrupted ({why}); the cluster is stopped", file=sys.stderr)
+        interrupts.exiting()
         return EXIT_INTERRUPTED
 
 

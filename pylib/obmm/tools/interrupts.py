@@ -84,7 +84,17 @@ def run_unwinding(prog: str, func: Callable[[], int]) -> int:
             return func()
     except KeyboardInterrupt as exc:
         print(f"{prog}: interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
+        exiting()
         return EXIT_INTERRUPTED
+
+
+def exiting() -> None:
+    """The unwinding is done and the process exits with its status: a later SIGINT/SIGTERM
+    must not turn that into death by signal (while Python shuts down it restores the default
+    action of every signal that had a Python handler)."""
+    if _main_thread():
+        for sig in HELD:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def unwound(handlers: Mapping[signal.Signals, Handler] | None = None) -> None:
