@@ -14,6 +14,8 @@ HW_ARGS ?=
 
 HW_OPTS = $(if $(HW_HOSTS),--hosts "$(HW_HOSTS)") $(if $(HW_CONFIG),--config "$(HW_CONFIG)") \
 	$(if $(HW_SSH_KEY),--key "$(HW_SSH_KEY)") $(if $(HW_QEMU),--qemu "$(HW_QEMU)")
+# bench has --qemu for the QEMU binary: its stand-in flag is --hw-qemu
+HW_BENCH_OPTS = $(subst --qemu ,--hw-qemu ,$(HW_OPTS))
 
 hw-test: setup-python
 	$(VENV)/bin/obmm-testbed hw-test $(HW_OPTS) $(HW_ARGS)
@@ -26,7 +28,7 @@ hw-preflight: setup-python
 # `make bench BENCH_ARGS=--scheme7`; both in one table:
 #   obmm-testbed bench-compare bench-results/<run> results/hw/bench --side-by-side --prefix scheme7.
 hw-bench: setup-python
-	$(VENV)/bin/obmm-testbed bench --scheme7 --hw $(HW_OPTS) --out results/hw --name bench \
+	$(VENV)/bin/obmm-testbed bench --scheme7 --hw $(HW_BENCH_OPTS) --out results/hw --name bench \
 		--print-summary $(BENCH_ARGS)
 
 # Kernel build matrix: kmod/* W=1 against Debian 12 amd64, Debian 13 amd64, Debian 12 arm64

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from xharness import ClusterHarness
 
-from obmm.testbed.cluster import Cluster
-from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
+from obmm.testbed.guest_plugin import emulator_only_reason
 from obmm.testbed.paths import repo_root, results_dir
+from obmm.testbed.session import Session
 
 # It needs a QEMU cluster to stand in for hosts (and on hardware it would run itself again).
 pytestmark = pytest.mark.emulator_only
@@ -93,7 +93,7 @@ def window_table(xc: ClusterHarness) -> Iterator[str]:
 
 @pytest.mark.hw_proof
 def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
-    cluster: Cluster, xc: ClusterHarness, window_table: str
+    cluster: Session, xc: ClusterHarness, window_table: str
 ) -> None:
     everything = _collect()
     emulator_only = _collect("-m", "emulator_only")
@@ -128,7 +128,7 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
         if (skip := case.find("skipped")) is not None
     }
     assert set(skips) == emulator_only
-    assert set(skips.values()) == {EMULATOR_ONLY_SKIP}
+    assert set(skips.values()) == {emulator_only_reason("hardware")}
     bad = [k for k, c in cases.items() if c.find("failure") is not None or c.find("error")]
     assert bad == []
     summary = json.loads((results / "summary.json").read_text())
@@ -141,7 +141,7 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
     }
     assert summary["hosts"] == {}  # --suite cluster: no guest suite ran
 
-    ports = [n.ssh_port for n in cluster.nodes]
+    ports = [n.ssh_port for n in cluster.cluster.nodes]
     for i, port in enumerate(ports):
         preflight = (results / f"127.0.0.1_{port}" / "preflight.txt").read_text()
         assert f"ok   decoder: file: {window_table} ({xc.nodes} window(s))" in preflight
@@ -160,13 +160,13 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
 
 @pytest.mark.hw_proof
 def test_scheme7_bench_runs_on_the_hardware_stage_hosts(
-    cluster: Cluster, xc: ClusterHarness, window_table: str, tmp_path: Path
+    cluster: Session, xc: ClusterHarness, window_table: str, tmp_path: Path
 ) -> None:
     """`bench --scheme7 --hw` goes through the stage's configuration, pre-flight and decoder
     hook like the suites: node 0 exports and fills, node 1 imports through the site's window
     table and runs the seed's client, cacheable and O_SYNC, each beside local memory; the
     package is gone from the hosts afterwards and no region is left."""
-    argv = [sys.executable, "-m", "obmm.bench", "--scheme7", "--hw", "--qemu", cluster.name,
+    argv = [sys.executable, "-m", "obmm.bench", "--scheme7", "--hw", "--hw-qemu", cluster.name,
             "--quick", "--out", str(tmp_path), "--name", "r", "--no-plots"]  # fmt: skip
     env = dict(_clean_env(), OBMM_DECODER=f"file:{window_table}", HW_CONNECT_TIMEOUT="90")
     proc = subprocess.run(
@@ -188,7 +188,7 @@ def test_scheme7_bench_runs_on_the_hardware_stage_hosts(
             assert fig["skipped"] is None and len(fig["samples"]) == 50, (bench, src)
             assert fig["baseline"] == f"scheme7.{bench}.{src}-local"
             assert fig["paired_ratio"] is not None
-    ports = ",".join(f"root@127.0.0.1:{n.ssh_port}" for n in cluster.nodes[:2])
+    ports = ",".join(f"root@127.0.0.1:{n.ssh_port}" for n in cluster.cluster.nodes[:2])
     assert doc["environment"]["extra"]["hw_hosts"] == ports
     assert cluster.name in doc["environment"]["extra"]["hw_stand_in"]
     for i in range(2):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 import obmm
 from obmm import decoder as decoder_mod
-from obmm import identity
+from obmm import envvars, identity
 from obmm.errors import ObmmError
 
 MEMPOOL_SYSFS = Path("/sys/kernel/obmm_mempool")
@@ -51,7 +50,7 @@ def pool_free(root: Path = MEMPOOL_SYSFS) -> int | None:
 def node_id(path: Path = EMU_NODE_ID) -> int:
     """This node's fabric id: obmm_emu's, else $OBMM_NODE_ID (what the hardware stage gives a
     host: its place in the host list), else 0."""
-    for text in (_read(path), os.environ.get(identity.ENV_NODE_ID)):
+    for text in (_read(path), envvars.NODE_ID.raw()):
         try:
             return int((text or "").strip(), 0)
         except ValueError:

@@ -1,6 +1,6 @@
 """The seed's scheme-7 client benchmark (its Bench 1-3) over the Python API, run on a node.
 
-The seed (reference/seed-scheme7.md, section 2.4) exported a table of `rows` x `dim` fp32
+The seed (docs/engram.md, section 3) exported a table of `rows` x `dim` fp32
 (10 000 x 341: 1364 B rows) filled with float i = i x 0.001, imported it on another node,
 mapped `/dev/obmm_shmdev<id>` and timed, with CLOCK_MONOTONIC around each operation:
 
