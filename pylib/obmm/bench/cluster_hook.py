@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from obmm.testbed.progress import Progress
     from obmm.testbed.settings import Settings
 
+    BenchFn = Callable[[Sequence[Node], Environment, BenchConfig, SayFn], Run]
+
 log = logging.getLogger(__name__)
 
 BOOT_SIZES = {1: "single", 2: "pair", 4: "quad"}  # the test suites' topologies
@@ -353,9 +355,6 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     recorded = [f for f in _qemu_test_figures(QEMU_TEST_TIMINGS) if f.name not in measured]
     run.add(testbed + recorded)
     return run
-
-
-BenchFn = Callable[[Sequence[Node], Environment, BenchConfig, SayFn], Run]
 
 
 def on_bench_pair(
