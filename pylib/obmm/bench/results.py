@@ -535,18 +535,12 @@ def _over_limit(run: Run, fig: Figure, small_ratio: float | None) -> str:
     said = f"{head} from the whole tables, x{small_ratio:.2f} from small tables (same process)"
     said += f", {faults} page faults while timed" if faults >= 0 else ""
     if small_ratio <= ENGRAM_LIMIT and faults <= 0:
-        host = run.env.extra.get(HOST_PAGES_KEY, "")
-        on_small_pages = host.startswith("0 of")
         return (
             f"{said}: the extra time comes with the pages a prefetch touches, not with the rows "
             "it copies, and no fault put the emulated driver on the path: it is spent below "
             "the guest, reaching memory that is not in the TLBs and caches (QEMU's software "
-            "TLB under TCG, the host's TLB and caches)"
-            + (
-                f"; the host maps the nodes' RAM with 4 KiB pages ({host} on 2 MiB pages)."
-                if on_small_pages
-                else "."
-            )
+            "TLB under TCG, the host's TLB and caches, which back local memory and the "
+            "windows alike: see the notes for the host's page size)."
         )
     return f"{said}: not explained by this run's figures."
 
