@@ -267,7 +267,7 @@ FREE_HUGEPAGES = Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages"
 
 def _quarantine_s() -> float:
     try:
-        return read_int(Path("/sys/module/obmm_emu/parameters/quarantine_ms")) / 1000
+        return read_int(Path("/sys/module/obmm/parameters/quarantine_ms")) / 1000
     except (OSError, ValueError):
         return 0.0
 

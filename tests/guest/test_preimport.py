@@ -110,7 +110,7 @@ def preimport_lines() -> list[str]:
 
 
 def module_refcount() -> int:
-    return int(Path("/sys/module/obmm_emu/refcnt").read_text())
+    return int(Path("/sys/module/obmm/refcnt").read_text())
 
 
 def node_memory(nid: int) -> int:

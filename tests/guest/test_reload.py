@@ -1,4 +1,4 @@
-"""obmm_emu unloads clean and loads again: nothing of a region outlives rmmod.
+"""The emulated obmm unloads clean and loads again: nothing of a region outlives rmmod.
 
 The module's regions keep their mappings on inodes of a pseudo filesystem of
 the module (kern_mount at load, kern_unmount at unload).  An inode left behind
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.emulator_only
 
-MODULE = "obmm_emu"
+MODULE = "obmm"
 KO = Path("/opt/obmm-testbed/kmod") / f"{MODULE}.ko"
 PARAMS = Path("/sys/module") / MODULE / "parameters"
 # The parameters the testbed loads the module with (obmm.testbed.provision.insmod_command).
@@ -90,6 +90,35 @@ def test_unload_after_regions_opened_through_other_nodes_leaves_no_inode(
         assert m.read(0, 6) == bytes(6), "a new export is zeroed"
     log = kernel_log.take()
     assert not logscan.scan(log, allow=()), log
+
+
+def module_log_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if f" {MODULE}: " in line]
+
+
+def test_modprobe_finds_the_module_where_a_ub_host_has_it(
+    reload_args: list[str], kernel_log: KernelLog
+) -> None:
+    """The module is `obmm`, installed as /lib/modules/$(uname -r)/obmm/obmm.ko and indexed:
+    `modprobe -r obmm`, `modprobe obmm ...` and ubs-test's insmod of that path work, and the
+    kernel command line hands the module no parameter of the testbed's own."""
+    installed = Path("/lib/modules") / os.uname().release / "obmm" / "obmm.ko"
+    assert installed.read_bytes() == KO.read_bytes()
+    lsmod = subprocess.run(["lsmod"], check=True, capture_output=True, text=True).stdout
+    assert re.search(r"^obmm\s", lsmod, re.M), lsmod
+    kernel_log.take()
+    subprocess.run(["modprobe", "-r", MODULE], check=True)
+    assert not loaded()
+    subprocess.run(["modprobe", MODULE, *reload_args], check=True)
+    assert loaded()
+    with obmm.Obmm() as dev, exported(dev) as exp:
+        assert exp.mem_id > 0
+    log = kernel_log.take()
+    assert not [ln for ln in module_log_lines(log) if "unknown parameter" in ln], log
+    subprocess.run(["rmmod", f"{MODULE}.ko"], check=True)  # as ubs-test spells it
+    subprocess.run(["insmod", str(installed), *reload_args], check=True)
+    assert loaded()
+    assert not logscan.scan(kernel_log.take(), allow=())
 
 
 # A real host's controller directory, as a seed program hard-codes it
@@ -154,7 +183,7 @@ def test_bad_ubc_parameters_fail_the_load(
     assert not loaded()
     assert not list(Path("/sys/devices").glob("ub_bus_controller*"))
     log = kernel_log.take()
-    assert re.search(r"obmm_emu: ubc_(index|dev) .* (out of range|is not a directory name)", log)
+    assert re.search(r"obmm: ubc_(index|dev) .* (out of range|is not a directory name)", log)
     assert not logscan.scan(log, allow=()), log
 
 

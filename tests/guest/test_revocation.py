@@ -422,7 +422,7 @@ with obmm.Obmm() as dev:
         dev.unexport(exp.mem_id)
         print("exported", flush=True)
 """
-QUARANTINE_MS = Path("/sys/module/obmm_emu/parameters/quarantine_ms")
+QUARANTINE_MS = Path("/sys/module/obmm/parameters/quarantine_ms")
 # The waiter's state is read this long into its wait (well inside quarantine_ms).
 WAIT_SETTLE_S = 0.2
 

@@ -34,6 +34,13 @@ def region_dir(mem_id: int) -> Path:
     return SHMDEV_SYSFS / f"obmm_shmdev{mem_id}"
 
 
+def test_the_driver_is_the_obmm_module(dev: obmm.Obmm) -> None:
+    """The module is `obmm`, as on a UB host (lsmod | grep obmm, /sys/module/obmm)."""
+    assert Path("/sys/module/obmm/parameters").is_dir()
+    mods = [line.split()[0] for line in Path("/proc/modules").read_text().splitlines()]
+    assert "obmm" in mods
+
+
 def test_region_root_attributes(dev: obmm.Obmm) -> None:
     with exported(dev, 2 * SZ_2M, priv=b"abc") as exp:
         d = region_dir(exp.mem_id)

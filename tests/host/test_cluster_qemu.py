@@ -150,23 +150,23 @@ def test_fast_init_is_tini_running_our_init_with_both_nics_on_the_command_line()
     # Everything after "--" is init's argv; the caller's extra words stay kernel parameters.
     assert words[-2:] == ["--", "/usr/local/sbin/obmm-init"]
     assert words.index("extra=1") < words.index("--")
-    assert "obmm.hostname=node1" in words
-    assert "obmm.net=0000:00:02.0,10.0.2.15/24" in words
-    assert "obmm.fabric=52:54:00:4f:00:01,169.254.100.11/16" in words
-    assert "obmm.modules=virtio_net,virtio_rng" in words
+    assert "obmm_testbed.hostname=node1" in words
+    assert "obmm_testbed.net=0000:00:02.0,10.0.2.15/24" in words
+    assert "obmm_testbed.fabric=52:54:00:4f:00:01,169.254.100.11/16" in words
+    assert "obmm_testbed.modules=virtio_net,virtio_rng" in words
     assert not any(w.startswith("systemd.") and w != "systemd.show_status=0" for w in words)
 
 
 def test_single_node_fast_init_has_no_fabric_nic() -> None:
     words = qemu.kernel_cmdline(qemu.Topology(nodes=1), 0).split()
-    assert not any(w.startswith("obmm.fabric=") for w in words)
+    assert not any(w.startswith("obmm_testbed.fabric=") for w in words)
 
 
 def test_systemd_init_boots_the_distribution_userland() -> None:
     words = qemu.kernel_cmdline(qemu.Topology(nodes=2), 0, init=qemu.INIT_SYSTEMD).split()
     assert "systemd.hostname=node0" in words
     assert "--" not in words
-    assert not any(w.startswith(("init=", "obmm.")) for w in words)
+    assert not any(w.startswith(("init=", "obmm_testbed.", "obmm.")) for w in words)
     argv = qemu.build_argv(qemu.Topology(), _launch(0, init=qemu.INIT_SYSTEMD))
     assert "systemd.hostname=node0" in _pairs(argv, "-append")[0].split()
 

@@ -56,7 +56,7 @@ def test_emulator_refuses_out_of_window_wrong_node_and_foreign_uba(tmp_path: Pat
 
 
 def test_emulator_without_module_says_so(tmp_path: Path) -> None:
-    with pytest.raises(DecoderError, match=r"obmm_emu\.ko is not loaded"):
+    with pytest.raises(DecoderError, match=r"the emulated obmm\.ko is not loaded"):
         EmulatorDecoder(str(tmp_path / "none")).resolve(0, _uba(0, 0), 2 << 20)
 
 

@@ -323,9 +323,9 @@ def test_all_checks_pass_and_name_the_module(sshd: LocalSshd) -> None:
     details = {c.name: c.detail for c in report.checks}
     assert details["ssh"] == f"logged in as root on 127.0.0.1:{sshd.port}"
     assert details["module"] in (
-        "no obmm or obmm_emu module: built into the kernel",
+        "no obmm module: built into the kernel",
         "obmm (the OBMM driver)",
-        "obmm_emu (the emulator standing in for obmm.ko)",
+        "obmm (the emulator, kmod/obmm_emu, standing in for the real driver)",
     )
     assert details["python"].endswith("(the host's)")
     assert details["decoder"] == "not configured (one host: no cross-node import)"
@@ -560,8 +560,8 @@ def test_emulator_only_tests_are_skipped_on_hardware_with_the_reason(tmp_path: P
     )
     assert proc.returncode == 0, proc.stdout
     assert (
-        "SKIPPED [1] tests/guest/test_x.py:3: emulator_only: holds for obmm_emu.ko only, not "
-        "checked on real UB hardware (OBMM_TARGET=hardware)" in proc.stdout
+        "SKIPPED [1] tests/guest/test_x.py:3: emulator_only: holds for the emulated obmm.ko "
+        "only, not checked on real UB hardware (OBMM_TARGET=hardware)" in proc.stdout
     ), proc.stdout
     assert "1 passed, 1 skipped" in proc.stdout
     env["OBMM_TARGET"] = "qemu"
@@ -600,7 +600,7 @@ def test_cluster_suite_in_hardware_mode_skips_emulator_only_with_the_reason(
     js = hwstage.JunitSummary.read(tmp_path / "j.xml")
     assert js.counts == {"passed": 0, "failed": 0, "error": 0, "skipped": len(expected)}
     reason = (
-        "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
+        "emulator_only: holds for the emulated obmm.ko only, not checked on real UB hardware "
         "(OBMM_TARGET=hardware)"
     )
     assert set(js.skipped.values()) == {reason}

@@ -17,7 +17,7 @@ import pytest
 EVENT_FD_ENV = "OBMM_EVENT_FD"
 # Why a test marked emulator_only is skipped on real hardware (guest and cluster suites alike).
 EMULATOR_ONLY_SKIP = (
-    "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
+    "emulator_only: holds for the emulated obmm.ko only, not checked on real UB hardware "
     "(OBMM_TARGET=hardware)"
 )
 

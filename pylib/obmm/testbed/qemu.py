@@ -3,7 +3,7 @@
 Everything here is pure: the argv builder takes paths and ports and returns a list, so it has
 golden tests and the exact command can be logged and pasted by hand.
 
-The fabric convention (the emulated driver `obmm_emu.ko` depends on it; see qemu/README.md):
+The fabric convention (the emulated driver's obmm.ko depends on it; see qemu/README.md):
 node i's RAM is the shared file `<rundir>/node<i>.ram`; every node maps every node's RAM file
 (its own included) as an ivshmem-plain BAR at PCI slot 0x10+j, and the 2 MiB control region
 `<rundir>/control` at slot 0x0f.  The top `pool_mib` of each node's RAM is hidden from the guest
@@ -280,14 +280,14 @@ def kernel_cmdline(
     else:
         parts += [
             f"init={FAST_INIT_ARGV[0]}",
-            f"obmm.hostname=node{index}",
-            f"obmm.net=0000:00:{NET_SLOT:02x}.0,{SSH_NIC_ADDR}",
+            f"obmm_testbed.hostname=node{index}",
+            f"obmm_testbed.net=0000:00:{NET_SLOT:02x}.0,{SSH_NIC_ADDR}",
         ]
         if modules:
-            parts.append("obmm.modules=" + ",".join(modules))
+            parts.append("obmm_testbed.modules=" + ",".join(modules))
         if topology.nodes > 1:
             parts.append(
-                f"obmm.fabric={fabric_mac(index)},{fabric_ip(index)}/{FABRIC_NET_PREFIXLEN}"
+                f"obmm_testbed.fabric={fabric_mac(index)},{fabric_ip(index)}/{FABRIC_NET_PREFIXLEN}"
             )
     parts.extend(extra)
     if init == INIT_FAST:
