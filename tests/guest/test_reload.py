@@ -42,13 +42,25 @@ def loaded() -> bool:
     return (Path("/sys/module") / MODULE).is_dir()
 
 
+def load_parameters() -> dict[str, str]:
+    """Every parameter the module shows that a test may load it with."""
+    return {p.name: p.read_text() for p in PARAMS.iterdir() if p.name not in TEST_KNOBS}
+
+
+# Run-time knobs of the tests (root-writable), not load parameters.
+TEST_KNOBS = ("test_pin_delay_ms", "test_zero_delay_ms")
+
+
 @pytest.fixture
 def reload_args() -> Iterator[list[str]]:
     """The module's load parameters; it is loaded again with them whatever the test did."""
     if not KO.is_file() or not loaded():
         pytest.skip(f"{KO} not loaded from the testbed's payload")
     args = [f"{p}={(PARAMS / p).read_text().strip()}" for p in RELOAD_PARAMS]
+    before = load_parameters()
     yield args
+    if loaded() and load_parameters() != before:
+        subprocess.run(["rmmod", MODULE], check=True)
     if not loaded():
         subprocess.run(["insmod", str(KO), *args], check=True)
 
@@ -213,4 +225,91 @@ def test_reload_after_a_borrow_finds_the_pool_again(
         assert exp.length == block
     log = kernel_log.take()
     assert "no export pool" not in log, log
+    assert not logscan.scan(log, allow=()), log
+
+
+# ---- module parameters as the real driver has them (ubmempool_allocator.c, obmm_cache.c) ----
+
+# name: (value after a load that does not set it, mode)
+REAL_PARAMS = {
+    "mempool_size": ("1G", 0o440),
+    "mempool_allocator": ("buddy_highmem", 0o440),
+    "mem_allocator_granu": ("2M", 0o440),
+    "mempool_refill_timeout": ("30000", 0o440),
+    "skip_cache_maintain": ("N", 0o444),
+}
+
+
+def test_real_parameters_read_as_after_a_real_load(reload_args: list[str]) -> None:
+    """Loaded with only the fabric's parameters, each of the real driver's reads what the
+    real driver's does after load (mem_allocator_granu: the granule in use)."""
+    subprocess.run(["rmmod", MODULE], check=True)
+    subprocess.run(["modprobe", MODULE, *reload_args], check=True)
+    for name, (value, perm) in REAL_PARAMS.items():
+        path = PARAMS / name
+        assert path.read_text() == value + "\n", name
+        assert stat.S_IMODE(path.stat().st_mode) == perm, name
+
+
+@pytest.mark.parametrize(
+    ("args", "granu", "pool_mib"),
+    [
+        (["mempool_size=256M", "mempool_allocator=hugetlb_pmd"], "2M", 256),
+        (["mempool_size=64M", "mem_allocator_granu=4M"], "4M", 64),
+        (["mempool_size=32Mx"], "2M", 32),  # the real mempool_size parser ignores the tail
+    ],
+)
+def test_modprobe_with_pool_parameters(
+    reload_args: list[str], args: list[str], granu: str, pool_mib: int
+) -> None:
+    """`modprobe obmm mempool_size=NG mempool_allocator=hugetlb_pmd` as ubs-test loads it:
+    the pool is mempool_size (no pool_size given) and exports take the granule."""
+    fabric_args = [a for a in reload_args if not a.startswith("pool_size=")]
+    subprocess.run(["modprobe", "-r", MODULE], check=True)
+    subprocess.run(["modprobe", MODULE, *fabric_args, *args], check=True)
+    given = dict(a.split("=", 1) for a in args)
+    for name, value in given.items():
+        assert (PARAMS / name).read_text() == value + "\n"
+    assert (PARAMS / "mem_allocator_granu").read_text() == granu + "\n"
+    total = int(next(Path("/sys/kernel/obmm_mempool").glob("obmm-*/total")).read_text(), 0)
+    # The pool is claimed in whole granules below the firmware's reserved top.
+    assert pool_mib << 20 >= total > (pool_mib << 20) - (4 << 20)
+    granu_bytes = int(granu[:-1]) << 20
+    with obmm.Obmm() as dev, exported(dev, granu_bytes) as exp:
+        assert exp.length == granu_bytes
+        with pytest.raises(obmm.ObmmError) as err:
+            dev.export(granu_bytes // 2)  # not a whole granule
+        assert err.value.errname == "EINVAL"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["mem_allocator_granu=4Mx"], "invalid mem_allocator_granu: 4Mx"),
+        (["mem_allocator_granu=1M"], "unsupported mem_allocator_granu: 1M"),
+        (["mem_allocator_granu=3M"], "unsupported mem_allocator_granu: 3M"),
+        (["mem_allocator_granu=6M"], "mem_allocator_granu must be power of 2: 6M"),
+        (
+            ["mempool_allocator=hugetlb_pmd", "mem_allocator_granu=4M"],
+            "unsupported mem_allocator_granu for hugetlb_pmd allocator: 4M",
+        ),
+        (
+            ["mempool_allocator=hugetlb_pud", "mem_allocator_granu=2M"],
+            "unsupported mem_allocator_granu for hugetlb_pud allocator: 2M",
+        ),
+        (["mempool_allocator=slab"], "invalid mem allocator specified: slab"),
+    ],
+)
+def test_bad_pool_parameters_fail_the_load_as_the_real_parser(
+    reload_args: list[str], args: list[str], message: str, kernel_log: KernelLog
+) -> None:
+    subprocess.run(["rmmod", MODULE], check=True)
+    kernel_log.take()
+    res = subprocess.run(["insmod", str(KO), *reload_args, *args], capture_output=True, text=True)
+    assert res.returncode != 0
+    assert "Invalid parameters" in res.stderr, res.stderr  # kmod's words for EINVAL
+    assert not loaded()
+    log = kernel_log.take()
+    assert message in log, log
+    assert not Path("/dev/obmm").exists()
     assert not logscan.scan(log, allow=()), log
