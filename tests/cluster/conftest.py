@@ -2,8 +2,8 @@
 
 These tests run on the host (they are not copied into the guests).  One session fixture boots a
 cluster (default: the ``pair`` topology, 2 nodes; ``OBMM_CLUSTER_TOPOLOGY`` overrides), builds and
-loads the modules, copies the package, the guest helpers (``guest_side/xnode.py``, ``ctlpoke.py``)
-and ``examples/`` into every node, and hands tests a :class:`ClusterHarness` to run commands and
+loads the modules, copies the package, the guest helpers (``guest_side/``: ``GUEST_HELPERS``) and
+``examples/`` into every node, and hands tests a :class:`ClusterHarness` to run commands and
 Python snippets on node *i*.
 
 Handles travel as in production: the exporter guest publishes them with ``obmm.exchange`` bound
@@ -118,6 +118,10 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[NodeSet]:
         session.close()
 
 
+#: Copied into every node's helper directory (``ClusterHarness.helpers``).
+GUEST_HELPERS = ("xnode.py", "ctlpoke.py", "atomics.c")
+
+
 @pytest.fixture(scope="session")
 def xc(cluster: NodeSet) -> Iterator[ClusterHarness]:
     """The harness: the cluster with the helpers and examples copied in (and on hardware hosts
@@ -127,7 +131,7 @@ def xc(cluster: NodeSet) -> Iterator[ClusterHarness]:
     else:
         harness = ClusterHarness(cluster)  # GuestSession copied the package to GUEST_ROOT
     root = repo_root()
-    helpers = [Path(__file__).parent / "guest_side" / name for name in ("xnode.py", "ctlpoke.py")]
+    helpers = [Path(__file__).parent / "guest_side" / name for name in GUEST_HELPERS]
     try:
         for i in range(harness.nodes):
             harness.run(i, f"rm -rf {harness.helpers} {harness.examples}")

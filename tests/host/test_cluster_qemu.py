@@ -34,7 +34,10 @@ def _pairs(argv: list[str], flag: str) -> list[str]:
 
 def test_node_ram_is_its_shared_file_on_the_run_dir() -> None:
     argv = qemu.build_argv(qemu.Topology(nodes=2), _launch(1))
-    assert "q35,accel=tcg,memory-backend=ram" in _pairs(argv, "-machine")
+    assert _pairs(argv, "-machine") == ["q35,memory-backend=ram"]
+    # Cross-node atomics: multi-threaded TCG and a second possible CPU (parallel TCG).
+    assert _pairs(argv, "-accel") == ["tcg,thread=multi"]
+    assert _pairs(argv, "-smp") == ["1,maxcpus=2"]
     assert _pairs(argv, "-m") == ["1024M"]
     objects = _pairs(argv, "-object")
     assert f"memory-backend-file,id=ram,size=1024M,mem-path={RUN}/node1.ram,share=on" in objects
@@ -97,9 +100,19 @@ def test_extra_args_hook_is_appended_for_the_guest_network() -> None:
     assert argv[-2:] == list(extra)
 
 
+def test_serial_tcg_is_the_former_argv_for_the_bench() -> None:
+    argv = qemu.build_argv(qemu.Topology(cpus=2), _launch(0, accel=qemu.ACCEL_TCG_SERIAL))
+    assert _pairs(argv, "-accel") == ["tcg"]
+    assert _pairs(argv, "-smp") == ["2"]
+    assert _pairs(argv, "-cpu") == [qemu.TCG_CPU]
+    parallel = qemu.build_argv(qemu.Topology(cpus=2), _launch(0))
+    assert _pairs(parallel, "-smp") == ["2,maxcpus=2"]
+
+
 def test_kvm_uses_host_cpu() -> None:
     argv = qemu.build_argv(qemu.Topology(), _launch(0, accel="kvm"))
-    assert "q35,accel=kvm,memory-backend=ram" in _pairs(argv, "-machine")
+    assert _pairs(argv, "-machine") == ["q35,memory-backend=ram"]
+    assert _pairs(argv, "-accel") == ["kvm"]
     assert _pairs(argv, "-cpu") == ["host"]
 
 

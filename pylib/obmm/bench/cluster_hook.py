@@ -202,6 +202,83 @@ def restore_figures(
     return figures
 
 
+#: What each node runs for the parallel-TCG cost: a slice of the guest suite (Python, ioctls,
+#: mappings: the suites' own mix), on both nodes of a pair at once.
+TCG_WORKLOAD = (
+    "cd /opt/obmm-testbed && PYTHONPATH=pylib python3 -m pytest -q -p no:cacheprovider "
+    "tests/guest/test_export.py tests/guest/test_shmdev.py"
+)
+TCG_VARIANTS = ("tcg", "tcg-serial")  # obmm.testbed.qemu.ACCEL_TCG_SERIAL
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tcg_figure_name(accel: str, what: str) -> str:
+    return f"testbed.{accel.replace('-', '_')}.{what}"
+
+
+def _tcg_sample(image: Image, accel: str, kos: list[Path]) -> tuple[float, float]:
+    """TCG_WORKLOAD on both nodes of a pair started with `accel`: (wall s, QEMU CPU s)."""
+    from obmm.testbed.cluster import Cluster, load_topology
+    from obmm.testbed.parallel import on_each
+    from obmm.testbed.paths import repo_root
+    from obmm.testbed.provision import prepare_node
+
+    topology = load_topology("pair")
+    with Cluster.start(image, topology, name="bench-tcg", accel=accel) as cluster:
+        conns = {i: cluster.connect(i) for i in range(topology.nodes)}
+        try:
+            nodes = list(conns)
+            on_each(nodes, lambda i: prepare_node(conns[i], i, topology, repo_root(), kos))
+            pids = [n.pid for n in cluster.nodes]
+            before = sum(_cpu_seconds(p) for p in pids)
+            start = time.monotonic()
+            on_each(nodes, lambda i: conns[i].run(TCG_WORKLOAD, timeout=1800, check=True))
+            return time.monotonic() - start, sum(_cpu_seconds(p) for p in pids) - before
+        finally:
+            for conn in conns.values():
+                conn.close()
+
+
+def tcg_parallel_figures(image: Image, samples: int, say: Callable[[str], None]) -> list[Figure]:
+    """What parallel TCG (cross-node atomics; obmm.testbed.qemu.TCG_ACCEL) costs.
+
+    A pair runs TCG_WORKLOAD on both nodes at once, booted (or restored) with parallel TCG and
+    with serial TCG as before, interleaved (parallel, serial, parallel, ...) so a drift of the
+    machine's speed hits both alike.  Figures: the workload's wall time and the host CPU
+    seconds both QEMUs spent in it, each with the serial run as its baseline.
+    """
+    from obmm.testbed.paths import results_dir
+    from obmm.testbed.provision import build_guest_modules, module_load_order
+
+    kos = module_load_order(build_guest_modules(image, results_dir() / "kmod"))
+    wall: dict[str, list[float]] = {a: [] for a in TCG_VARIANTS}
+    cpu: dict[str, list[float]] = {a: [] for a in TCG_VARIANTS}
+    for k in range(samples):
+        for accel in TCG_VARIANTS:
+            say(f"parallel TCG cost: {accel}, sample {k + 1}/{samples}")
+            seconds, cpu_s = _tcg_sample(image, accel, kos)
+            wall[accel].append(seconds)
+            cpu[accel].append(cpu_s)
+    note = "pair, both nodes run tests/guest/test_export.py and test_shmdev.py at once"
+    figures = []
+    for what, values in (("workload_wall", wall), ("qemu_cpu", cpu)):
+        for accel in TCG_VARIANTS:
+            base = None if accel == "tcg-serial" else tcg_figure_name("tcg-serial", what)
+            figures.append(
+                make_testbed_figure(
+                    tcg_figure_name(accel, what), values[accel], baseline=base, note=note
+                )
+            )
+    return figures
+
+
 def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     from obmm.testbed import accel as accel_mod
     from obmm.testbed.cluster import Cluster, load_topology
@@ -261,6 +338,9 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     samples = int(getattr(args, "boot_samples", 3))
     testbed += boot_figures(image, accel, sorted(set(boot_nodes)), inits, samples, say)
     testbed += restore_figures(image, accel, sorted(set(boot_nodes)), samples, say)
+    tcg_samples = int(getattr(args, "tcg_samples", 3))
+    if accel == "tcg" and tcg_samples:
+        testbed += tcg_parallel_figures(image, tcg_samples, say)
     # The measurements get their own pair with a 1 GiB export pool per node (the test topology
     # has 256 MiB), so the control path reaches the 1 GiB size.
     topology = load_topology(BENCH_TOPOLOGY)
@@ -319,6 +399,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--suites-only",
         action="store_true",
         help="with --suites: only the image lookup and the suite timings, no boots or data path",
+    )
+    p.add_argument(
+        "--tcg-samples",
+        type=int,
+        default=3,
+        help="runs of the parallel-TCG cost workload per variant under TCG (default 3; 0: skip)",
     )
     p.add_argument("--accel", choices=("auto", "tcg", "kvm"), default=None)
 
