@@ -299,8 +299,8 @@ void obmm_access_start(void);
 void obmm_access_stop(void);
 u64 obmm_access_acked_epoch(void);
 unsigned int obmm_access_scan_ms(void);
-/* Logs its refusal (IMPORT) itself. */
-int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
+/* The live export record covering the range, if any (no tokenid check). */
+bool obmm_access_find_export(phys_addr_t addr, u64 len,
 			     struct obmm_export_dep *dep);
 const char *obmm_access_dep_lost(struct obmm_export_dep *dep,
 				 bool *unsure);

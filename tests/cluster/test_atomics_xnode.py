@@ -74,7 +74,7 @@ def test_fetch_and_add_and_a_cas_lock_are_exact_across_nodes(
             f"print(json.dumps({{k: int.from_bytes(d[o:o + 8], 'little') "
             f"for k, o in {FIELDS!r}.items()}}))\n",
         )
-        print(f"{len(nodes)} nodes, {ADDS} fetch-and-adds and {LOCKS} lock rounds each, seconds: {times}")
+        print(f"{len(nodes)} nodes, {ADDS} adds and {LOCKS} lock rounds each, seconds: {times}")
         assert words == {
             "counter": len(nodes) * ADDS,
             "lock": 0,

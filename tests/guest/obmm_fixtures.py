@@ -78,11 +78,11 @@ class Fabric:
         return self.window_base() + dev.query_pa_by_memid(mem_id, offset)
 
     def import_loopback(self, dev: obmm.Obmm, exp: obmm.Export, **kw: object) -> obmm.Import:
+        kw.setdefault("tokenid", exp.tokenid)
         return dev.import_(
             self.loopback_addr(dev, exp.mem_id),
             exp.length,
             scna=self.cna,
-            tokenid=exp.tokenid,
             **kw,  # type: ignore[arg-type]
         )
 

@@ -366,10 +366,11 @@ class Engine:
 
     # ---- import side ----
 
-    def _covering_export(self, addr: int, length: int, tokenid: int) -> Region | None:
+    def _covering_export(self, addr: int, length: int) -> Region | None:
+        """The live export an import of [addr, +length) reaches (IMPORT ignores tokenid)."""
         off = addr - self.fabric.own_base
         for r in sorted(self.model.regions.values(), key=lambda r: r.mem_id):
-            if r.scattered or not r.is_export or r.tokenid != tokenid:
+            if r.scattered or not r.is_export:
                 continue  # a scattered EXPORT_PID's [pa, pa + size) is not the export
             if r.pa <= off and off + length <= r.pa + r.size:
                 return r
@@ -409,7 +410,9 @@ class Engine:
         # a share import may not overlap another import nor a declared preimport range
         ranges = [(r.pa, r.size) for r in self.model.regions.values() if r.kind == "import"]
         ranges += sorted(self.model.preimports)
-        covering = self._covering_export(addr, length, token)
+        covering = self._covering_export(addr, length)
+        if fab.window_of(addr, length) != fab.node_id:
+            covering = None  # a peer's window: at its base, never exported
         if flags & ~7 or mmap_f == numa or (pre and not numa):
             want = {errno.EINVAL}
         elif priv_err:
@@ -433,10 +436,8 @@ class Engine:
             # the NUMA_REMOTE path (memory hot-add) is emulated elsewhere; any clean answer
             want = {OK, errno.EOPNOTSUPP, errno.EPERM, errno.ENOMEM, errno.EFAULT, errno.EBUSY,
                     errno.EINVAL, errno.ENODEV, errno.EACCES}  # fmt: skip
-        elif covering is None or fab.window_of(addr, length) != fab.node_id:
-            want = {errno.EACCES}
         else:
-            want = {OK}
+            want = {OK}  # with no export behind it: made, and revoked from the start
         want |= self.injected(op)
         _, err = self.call(op, lambda: self.dev.ioctl("OBMM_CMD_IMPORT", cmd))
         self.expect(op, f"addr={addr:#x} length={length:#x} flags={flags:#x}", err, want)
@@ -446,6 +447,7 @@ class Engine:
         self.model.regions[mem_id] = Region(
             mem_id, "import", length, addr, token, allow_mmap=not numa, numa=numa,
             dep=covering.mem_id if covering and not numa else None,
+            revoked=covering is None and not numa,
         )  # fmt: skip
 
     # ---- queries, preimport, bad ioctls ----
