@@ -673,7 +673,7 @@ long obmm_import_ioctl(void __user *uarg)
 	ret = obmm_region_add_id(r, OBMM_OP_IMPORT);
 	if (ret)
 		goto err_free;
-	if (cmd.scna != obmm_fabric_cna()) {
+	if (!obmm_ubc_known_cna(cmd.scna)) {
 		ret = obmm_refuse(OBMM_OP_IMPORT, -ENODEV,
 				  "%#x is not a known scna (this node's primary_cna is %#x)",
 				  cmd.scna, obmm_fabric_cna());
@@ -828,7 +828,7 @@ static int obmm_preimport_check(const struct obmm_cmd_preimport *cmd)
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
 				   "undefined preimport flags specified in %#llx",
 				   cmd->flags);
-	if (cmd->scna != obmm_fabric_cna())
+	if (!obmm_ubc_known_cna(cmd->scna))
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENODEV,
 				   "%#x is not a known scna (this node's primary_cna is %#x)",
 				   cmd->scna, obmm_fabric_cna());

@@ -319,9 +319,10 @@ int obmm_borrow_add_locked(struct obmm_region *r, int nid);
 int obmm_borrow_remove_locked(struct obmm_region *r, bool keep_memid);
 struct resource *obmm_borrow_ram_res(struct obmm_region *r);
 
-/* ubc.c: the emulated UB controller's sysfs */
+/* ubc.c: the emulated UB controllers and bus */
 int obmm_ubc_init(void);
 void obmm_ubc_exit(void);
+bool obmm_ubc_known_cna(u32 cna);
 
 /* sysfs.c */
 extern const struct attribute_group *obmm_export_groups[];

@@ -35,7 +35,7 @@ MODULE = "obmm"
 KO = Path("/opt/obmm-testbed/kmod") / f"{MODULE}.ko"
 PARAMS = Path("/sys/module") / MODULE / "parameters"
 # The parameters the testbed loads the module with (obmm.testbed.provision.insmod_command).
-RELOAD_PARAMS = ("node_id", "pool_base", "pool_size")
+RELOAD_PARAMS = ("node_id", "pool_base", "pool_size", "ubc_dev")
 
 
 def loaded() -> bool:
@@ -146,8 +146,8 @@ int main(void)
 	if (!f || fscanf(f, "%x", &cna) != 1)
 		return 1;
 	fclose(f);
-	f = fopen("/sys/devices/ub_bus_controller1/00002/ubc/eid", "r");
-	if (!f || fscanf(f, "%x", &eid) != 1)
+	f = fopen("/sys/devices/ub_bus_controller1/00002/eid", "r");
+	if (!f || fscanf(f, "%u", &eid) != 1)
 		return 2;
 	printf("%#x %#x\n", cna, eid);
 	return 0;
@@ -164,10 +164,11 @@ def test_ubc_index_and_device_name_parameters(
     src.write_text(HARD_CODED_READER)
     subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
     subprocess.run(["rmmod", MODULE], check=True)
-    subprocess.run(["insmod", str(KO), *reload_args, "ubc_index=1", "ubc_dev=00002"], check=True)
+    args = [a for a in reload_args if not a.startswith("ubc_dev=")]
+    subprocess.run(["insmod", str(KO), *args, "ubc_index=1", "ubc_dev=00002"], check=True)
     try:
         assert not Path("/sys/devices/ub_bus_controller0").exists()
-        assert (REAL_HOST_UBC / "ubc" / "numa").is_file()
+        assert (REAL_HOST_UBC / "ubc").is_file()
         out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
         cna, eid = (int(v, 16) for v in out.split())
         assert (cna, eid) == (fabric.cna, fabric.eid)
@@ -178,8 +179,8 @@ def test_ubc_index_and_device_name_parameters(
             dev.unimport(imp.mem_id)
     finally:
         subprocess.run(["rmmod", MODULE], check=True)
-    subprocess.run(["insmod", str(KO), *reload_args], check=True)
-    assert Path("/sys/devices/ub_bus_controller0/0/ubc/primary_cna").is_file()
+    subprocess.run(["insmod", str(KO), *args], check=True)
+    assert Path("/sys/devices/ub_bus_controller0/00001/primary_cna").is_file()
     assert not REAL_HOST_UBC.exists()
 
 

@@ -90,6 +90,9 @@ def test_insmod_passes_only_the_fabric_parameters_the_module_declares() -> None:
     full = provision.insmod_command(ko, 0, topo, ["node_id", "pool_base", "pool_size"])
     assert full == f"insmod {ko} node_id=0 pool_base=0x30000000 pool_size=0x10000000"
     assert provision.insmod_command(ko, 0, topo, []) == f"insmod {ko}"
+    # Two UB controllers named as on UB hosts, when the module takes the names.
+    with_ubc = provision.insmod_command(ko, 0, topo, ["node_id", "ubc_dev"])
+    assert with_ubc == f"insmod {ko} node_id=0 ubc_dev=00001,00002"
 
 
 def test_testhook_loads_first() -> None:

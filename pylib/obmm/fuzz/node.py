@@ -18,7 +18,7 @@ SHMDEV_SYSFS = Path("/sys/devices/obmm")
 MODULE = "obmm"
 MODULE_SYSFS = Path("/sys/module") / MODULE
 KO_DEFAULT = Path("/opt/obmm-testbed/kmod") / f"{MODULE}.ko"
-RELOAD_PARAMS = ("node_id", "pool_base", "pool_size")
+RELOAD_PARAMS = ("node_id", "pool_base", "pool_size", "ubc_dev")
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 MEMID_RE = re.compile(r"MEMID_(\d+)$")
 

@@ -147,6 +147,11 @@ def module_load_order(kos: Iterable[Path]) -> list[Path]:
     return sorted(kos, key=lambda p: (p.stem != "obmm_testhook", p.stem))
 
 
+#: The UB controllers every node gets, named as on UB hosts (ub_bus_controller0/00001 and
+#: ub_bus_controller1/00002: the paths ubs-test reads); the emulator's ``ubc_dev`` parameter.
+UB_CONTROLLERS = ("00001", "00002")
+
+
 def insmod_command(
     ko: PurePosixPath, node: int, topology: qemu.Topology, params: Iterable[str]
 ) -> str:
@@ -157,6 +162,7 @@ def insmod_command(
         "nodes": str(topology.nodes),
         "pool_base": hex(topology.pool_base),
         "pool_size": hex(topology.pool_size),
+        "ubc_dev": ",".join(UB_CONTROLLERS),
     }
     declared = set(params)
     args = [f"{k}={v}" for k, v in wanted.items() if k in declared]

@@ -83,7 +83,7 @@ DEFAULT_EXCLUDES = (".git", ".venv", "__pycache__", "*.pyc", ".pytest_cache", ".
 PREFIX = "obmm-testbed"
 #: The identity a node's controller publishes, read the way obmm.identity reads it.
 IDENTITY_COMMAND = (
-    "for d in /sys/devices/ub_bus_controller*/*/ubc; do "
+    "for f in /sys/devices/ub_bus_controller*/*/ubc; do d=${f%/ubc}; "
     '[ -e "$d/primary_cna" ] && cat "$d/primary_cna" "$d/eid" && break; done; true'
 )
 

@@ -491,7 +491,8 @@ def _decoder_check(
 
 def _identity_check(report: HostReport, conn: HwConnection, timeout: float) -> None:
     script = (
-        f"for d in {UBC_GLOB}; do [ -r $d/primary_cna ] && [ -r $d/eid ] && "
+        # libobmm's way: the directory a ub_bus_controller<i>/*/ubc glob hit is in.
+        f"for f in {UBC_GLOB}; do d=${{f%/ubc}}; [ -r $d/primary_cna ] && [ -r $d/eid ] && "
         "{ echo $d $(cat $d/primary_cna) $(cat $d/eid); exit 0; }; done; exit 1"
     )
     res = conn.run(script, timeout=timeout)
@@ -500,8 +501,8 @@ def _identity_check(report: HostReport, conn: HwConnection, timeout: float) -> N
             Check(
                 "identity",
                 False,
-                f"no {UBC_GLOB}/{{primary_cna,eid}} on {report.host.host}: the cluster suite "
-                "takes the node's CNA and EID from there, as libobmm does (is the UB bus "
+                f"no {UBC_GLOB} beside primary_cna and eid on {report.host.host}: the cluster "
+                "suite takes the node's CNA and EID from there, as libobmm does (is the UB bus "
                 "controller driver loaded?)",
             )
         )
