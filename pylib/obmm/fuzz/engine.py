@@ -602,7 +602,9 @@ class Engine:
             return
         if pmd and addr % SZ_2M:
             raise Failure(op, "model", f"PMD mapping at {addr:#x}, not 2 MiB aligned")
-        self.model.maps.append(Map(addr, length, r.mem_id, f, offset, bool(prot & W), granu))
+        access = [0x8 if prot & W else 0x0 if prot & R else 0xC] * (length // granu)
+        m = Map(addr, length, r.mem_id, f, offset, bool(prot & W), granu, access)
+        self.model.maps.append(m)
         r.granu, r.mode = granu, mode
         r.ownership = r.ownership or mode == "cc"
 
@@ -707,6 +709,11 @@ class Engine:
         self.expect(
             op, f"{r.mem_id} [{start:#x}, {end:#x}) state={state:#x} ops={cache}", err, want
         )
+        if not err:  # the range's access is the new one, in every mapping of it
+            for m in own:
+                for i in range(len(m.access)):
+                    if start <= m.addr + i * m.granu < end:
+                        m.access[i] = acc
 
     @staticmethod
     def _as_shm(f: File) -> obmm.ShmDev:
@@ -735,7 +742,9 @@ class Engine:
             return
         m = live[op.word(0) % len(live)]
         off = (op.word(1) % m.length) & ~7
-        if m.writable and op.chance(2, 60):
+        if not m.can_read(off):
+            return  # an UPDATE_RANGE took the access away: it would fault (SIGSEGV)
+        if m.can_write(off) and op.chance(2, 60):
             word = op.word(3).to_bytes(8, "little")
             node.write_word(m.addr + off, word)
             phys = self.model.phys_of(m, off, self.fabric.own_base)
@@ -748,6 +757,8 @@ class Engine:
                 continue
             o_phys0 = self.model.phys_of(other, 0, self.fabric.own_base)
             if o_phys0 is None or not o_phys0 <= phys < o_phys0 + other.length:
+                continue
+            if not other.can_read(phys - o_phys0):
                 continue
             want = self._expected_word(other, phys - o_phys0)
             got = node.read_word(other.addr + phys - o_phys0)
@@ -764,7 +775,7 @@ class Engine:
             return
         off = (op.word(1) % m.length) & ~7
         data, err = node.proc_mem_read(m.addr + off, 8)
-        revoked = self.model.regions[m.mem_id].revoked
+        revoked = self.model.regions[m.mem_id].revoked or not m.can_read(off)
         self.expect(
             op, f"/proc/self/mem {m.mem_id}+{off:#x}", err, {errno.EIO} if revoked else {OK}
         )
