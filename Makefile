@@ -51,12 +51,14 @@ dist: setup-python
 	$(PY) -m build --wheel --outdir dist .
 	@ls -l dist/*.whl
 
-# make test: lint and the host suite beside the image and module builds (the host suite leaves
-# about a third of the machine idle, and mmdebstrap mostly one core), then qemu-test, then
-# testbed-test beside hw-proof.  A failing part stops the run after its side-by-side step.
+# make test: lint and the host suite beside the image and module builds, then patch-check (the
+# host suite leaves about a third of the machine idle, and mmdebstrap mostly one core), then
+# qemu-test, then testbed-test beside hw-proof.  A failing part stops the run after its
+# side-by-side step.
 test: setup-python
 	@$(SIDE_BY_SIDE) 'host=$(MAKE) --no-print-directory lint host-test' \
-		'build=$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse'
+		'build=$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse' \
+		'build+=$(MAKE) --no-print-directory patch-check'
 	@$(MAKE) --no-print-directory qemu-test
 	@$(MAKE) --no-print-directory testbed-and-hw-proof
 
@@ -164,9 +166,14 @@ KBUILD_ARGS ?=
 kmod: setup-python
 	$(VENV)/bin/obmm-testbed kmod $(KBUILD_ARGS)
 
-# The URMA_SEG_MAPPED series: format, trailers, checkpatch; KSRC=<OLK-6.6 tree> adds git am + arm64 build.
+# The URMA_SEG_MAPPED series (kmod/patches/README.md): format, trailers, checkpatch; then, on the
+# upstream UB tree (UPSTREAM=DIR, default $$OBMM_UB_UPSTREAM or the pinned copy; absent: one line
+# and skipped), git am --3way, ubcore/uburma built against the guest kernel, the series' KUnit
+# cases in a guest (NO_GUEST=1: not), and the ready-to-send set in results/patch-check/outgoing.
+UPSTREAM ?=
+NO_GUEST ?=
 patch-check: setup-python
-	$(VENV)/bin/obmm-testbed patch-check $(if $(KSRC),--ksrc $(KSRC))
+	$(VENV)/bin/obmm-testbed patch-check $(if $(UPSTREAM),--upstream $(UPSTREAM)) $(if $(NO_GUEST),--no-guest)
 
 clean:
 	-$(VENV)/bin/obmm-testbed down --all
