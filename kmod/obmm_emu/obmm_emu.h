@@ -352,6 +352,7 @@ struct resource *obmm_borrow_ram_res(struct obmm_region *r);
 int obmm_ubc_init(void);
 void obmm_ubc_exit(void);
 bool obmm_ubc_known_cna(u32 cna);
+u64 obmm_ubc_feature(void);
 
 /* sysfs.c */
 extern const struct attribute_group *obmm_export_groups[];

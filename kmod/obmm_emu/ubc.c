@@ -275,6 +275,12 @@ static struct bus_type obmm_ub_bus = {
 	.bus_groups = obmm_ub_bus_groups,
 };
 
+/* The bus's feature bits, as ub_feature_get() gives them. */
+u64 obmm_ubc_feature(void)
+{
+	return obmm_ub_feature();
+}
+
 /* ---- the controllers ---- */
 
 static void obmm_ubc_release(struct device *dev)

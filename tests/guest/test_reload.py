@@ -126,6 +126,15 @@ def test_modprobe_finds_the_module_where_a_ub_host_has_it(
     with obmm.Obmm() as dev, exported(dev) as exp:
         assert exp.mem_id > 0
     log = kernel_log.take()
+    # The real driver's own lines (obmm_core.c:obmm_init, obmm_exit, ubmem_feature_probe).
+    real = [m.group(1) for m in re.finditer(r"OBMM: (obmm_module: .*|ub_feature: .*)$", log, re.M)]
+    assert real == [
+        "obmm_module: exit started",
+        "obmm_module: exit completed",
+        "obmm_module: init started",
+        "ub_feature: 0xf, obmm_enabled: 1",
+        "obmm_module: init completed",
+    ], log
     assert not [ln for ln in module_log_lines(log) if "unknown parameter" in ln], log
     subprocess.run(["rmmod", f"{MODULE}.ko"], check=True)  # as ubs-test spells it
     subprocess.run(["insmod", str(installed), *reload_args], check=True)
