@@ -213,6 +213,13 @@ UB_UPSTREAM = Var(
     "the real-driver and patch-check stages build from; absent: those stages skip, saying so",
     default_text="the pinned copy in the nearest shared/upstream/ beside the checkout",
 )
+LIBOBMM_SOURCE = Var(
+    "OBMM_LIBOBMM_SOURCE",
+    "paths",
+    "a libobmm source tree (libobmm.h, libobmm.c, vendor_adaptor.c) the cluster suite's libobmm "
+    "test builds in the nodes; absent: that test skips, saying so",
+    default_text="the pinned copy in the nearest shared/upstream/ beside the checkout",
+)
 RUN_ROOT = Var(
     "OBMM_TESTBED_RUN_ROOT",
     "paths",

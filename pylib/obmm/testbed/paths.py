@@ -20,6 +20,9 @@ function               environment variable        default
                                                    be absent, and what uses it then skips)
 =====================  ==========================  =============================================
 
+``libobmm_source_dir()`` (``$OBMM_LIBOBMM_SOURCE``) finds the pinned upstream libobmm tree
+(``<LIBOBMM_PIN>``) the same way, for the cluster suite's libobmm test.
+
 Installed from the wheel (``make dist``), the package carries what a checkout has beside it:
 ``obmm/_data/`` holds ``kmod/`` (sources), ``qemu/`` (recipes, topologies), ``uapi/``, the guest
 suite and ``examples/c`` in the checkout's layout (setup.py copies them in), so the root is that
@@ -42,6 +45,8 @@ KERNEL_DEBIAN = "debian"
 KERNEL_DEBUG = "debug"
 #: The pinned copy of kunpengcompute/ub-os-component-dkms (GPL-2.0), kept outside the project.
 UB_UPSTREAM_PIN = "ub-os-component-dkms-65ba333"
+#: The pinned copy of openEuler's libobmm (Mulan PSL v2), kept outside the project.
+LIBOBMM_PIN = "libobmm-4c59568"
 DATA_DIR = "_data"  # under the installed package: the checkout's files the testbed needs
 #: What a root has: the checkout and the package data alike.
 ROOT_MARKERS = ("qemu/topologies", "kmod", "uapi/ub/obmm.h")
@@ -116,12 +121,22 @@ def ub_upstream_dir() -> Path:
     """The upstream UB driver tree builds and checks use (ubcore, uburma, obmm): an input
     given by path, never part of the project.  Default: the pinned copy in the nearest
     ``shared/upstream/`` beside the root or above it; the path is returned even when absent."""
-    override = envvars.UB_UPSTREAM.raw()
+    return _upstream_input(envvars.UB_UPSTREAM.raw(), UB_UPSTREAM_PIN)
+
+
+def libobmm_source_dir() -> Path:
+    """The libobmm source tree the cluster suite builds (an input, as :func:`ub_upstream_dir`):
+    ``$OBMM_LIBOBMM_SOURCE``, else the pinned copy; the path is returned even when absent."""
+    return _upstream_input(envvars.LIBOBMM_SOURCE.raw(), LIBOBMM_PIN)
+
+
+def _upstream_input(override: str | None, pin: str) -> Path:
+    """`override`, else ``shared/upstream/<pin>`` beside the root or above it."""
     if override:
         return Path(override)
     root = repo_root().resolve()
     for parent in (root, *root.parents):
-        candidate = parent / "shared" / "upstream" / UB_UPSTREAM_PIN
+        candidate = parent / "shared" / "upstream" / pin
         if candidate.is_dir():
             return candidate
-    return root.parent / "shared" / "upstream" / UB_UPSTREAM_PIN
+    return root.parent / "shared" / "upstream" / pin
