@@ -18,6 +18,10 @@ function               environment variable        default
                                                    the debug kernel (obmm.testbed.debugkernel)
 ``timeout_scale()``    ``$OBMM_TESTBED_TIMEOUT_    ``1``: the factor on the harness's boot and
                        SCALE``                     per-test timeouts (slower debug kernels)
+``upstream_dir()``     ``$OBMM_UPSTREAM_DIR``      the pinned upstream UB driver tree
+                                                   (``shared/upstream/ub-os-component-dkms-
+                                                   65ba333`` beside the checkout or one of its
+                                                   parents); a user's OLK checkout otherwise
 =====================  ==========================  =============================================
 
 Installed from the wheel (``make dist``), the package carries what a checkout has beside it:
@@ -43,6 +47,9 @@ ENV_KERNEL = "OBMM_TESTBED_KERNEL"
 KERNEL_DEBIAN = "debian"
 KERNEL_DEBUG = "debug"
 ENV_TIMEOUT_SCALE = "OBMM_TESTBED_TIMEOUT_SCALE"
+ENV_UPSTREAM = "OBMM_UPSTREAM_DIR"
+#: The pinned copy of upstream's UB driver tree (GPL-2.0, an input never copied into the project).
+UPSTREAM_PINNED = Path("shared/upstream/ub-os-component-dkms-65ba333")
 DEFAULT_RUN_ROOT = "/dev/shm"
 DATA_DIR = "_data"  # under the installed package: the checkout's files the testbed needs
 #: What a root has: the checkout and the package data alike.
@@ -127,3 +134,16 @@ def timeout_scale() -> float:
     except ValueError:
         raise ValueError(f"{ENV_TIMEOUT_SCALE}={raw!r} is not a number") from None
     return max(1.0, value)
+
+
+def upstream_dir() -> Path:
+    """The upstream UB driver tree the real driver is built from (it may not exist: callers
+    say so in one line and skip)."""
+    override = os.environ.get(ENV_UPSTREAM)
+    if override:
+        return Path(override)
+    root = repo_root().resolve()
+    for parent in root.parents:
+        if (parent / UPSTREAM_PINNED).is_dir():
+            return parent / UPSTREAM_PINNED
+    return root.parent / UPSTREAM_PINNED

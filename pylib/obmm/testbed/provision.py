@@ -2,8 +2,10 @@
 
 * :func:`payload_tar`: the package, uapi header, guest tests and modules, as one tarball that
   unpacks under :data:`GUEST_ROOT` (one SSH round trip);
-* :func:`build_guest_modules`: kmod/* built against the guest kernel's headers, each .ko
-  pre-flighted on the host so a bad module fails here, not as an insmod error in the guest;
+* :func:`build_guest_modules`: the driver's modules (:func:`driver_setting`: the emulator of
+  kmod/, or upstream's obmm.ko over kmod/ub_compat) built against the guest kernel's headers,
+  each .ko pre-flighted on the host so a bad module fails here, not as an insmod error in the
+  guest;
 * :func:`module_load_order` and :func:`insmod_command`: which module first, with which fabric
   parameters;
 * :func:`prepare_node`: all of it on one node.
@@ -13,17 +15,18 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
 from obmm import abi
-from obmm.testbed import bytecode, kmemleak, qemu
+from obmm.testbed import bytecode, kbuild, kmemleak, qemu
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image
 from obmm.testbed.parallel import on_each
-from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir
+from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir, upstream_dir
 from obmm.testbed.ssh import Connection
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,24 @@ GUEST_SELFTEST = "tests/guest/_selftest"
 
 class ProvisionError(TestbedError, RuntimeError):
     """A node could not be prepared (a module did not load)."""
+
+
+#: Which driver the nodes load (kbuild.DRIVERS): the emulator (default) or the real obmm.ko.
+ENV_DRIVER = "OBMM_TESTBED_DRIVER"
+#: The real driver's pool must be full and cleared before a test exports (seconds).
+REAL_POOL_READY_TIMEOUT_S = 120
+REAL_POOL_SYSFS = "/sys/kernel/obmm_mempool/obmm-0"
+
+
+def driver_setting(value: str | None = None) -> str:
+    """The driver nodes load: ``value``, else ``$OBMM_TESTBED_DRIVER``, else ``emu``."""
+    chosen = value or os.environ.get(ENV_DRIVER) or kbuild.DRIVER_EMU
+    if chosen not in kbuild.DRIVERS:
+        raise ProvisionError(
+            f"unknown driver {chosen!r} (from ${ENV_DRIVER} or --driver): "
+            f"use one of {', '.join(kbuild.DRIVERS)}"
+        )
+    return chosen
 
 
 #: What goes to a guest from the root (a checkout or the installed package data), beside the
@@ -93,28 +114,39 @@ def _package_sources(package: Path, arcname: str) -> Iterable[tuple[Path, str]]:
         yield src, f"{arcname}/{rel.as_posix()}"
 
 
-def build_guest_modules(image: Image, out: Path) -> list[Path]:
-    """Build kmod/* against the guest kernel's headers and pre-flight each .ko on the host
-    (:func:`obmm.testbed.kbuild.build_modules` plus the ELF checks).
+def build_guest_modules(image: Image, out: Path, driver: str | None = None) -> list[Path]:
+    """Build the driver's modules against the guest kernel's headers and pre-flight each .ko on
+    the host (:mod:`obmm.testbed.kbuild` plus the ELF checks); the .ko files to load.
+
+    ``emu``: kmod/* into ``out`` (ub_compat is built too, as a W=1 check, but not loaded);
+    ``real``: the testhook, ub_compat and upstream's obmm.ko (tree: $OBMM_UPSTREAM_DIR or the
+    pinned copy; absent: kbuild.UpstreamMissing, one line) into ``out``'s sibling ``-real``.
 
     A run builds the suites' modules several times over (qemu-test, the cluster suite, the
     hardware proofs): when the sources are those of the last build into `out`, its .ko files
     are used again (still ELF-checked)."""
-    from obmm.testbed import kbuild
     from obmm.tools import elfcheck
 
+    real = driver_setting(driver) == kbuild.DRIVER_REAL
     release = image.kernel_release
     # The debug kernel's own build tree, else Debian's headers for the release.
     headers = image.kdir or kbuild.fetch_headers(release)
     # A rebuilt debug kernel keeps its release; its build tree's path names its config.
-    digest = kbuild.sources_digest(
-        release if image.kdir is None else f"{release} {image.kdir}", kmod_dir()
-    )
+    key = release if image.kdir is None else f"{release} {image.kdir}"
+    if real:
+        upstream = kbuild.check_upstream(upstream_dir())
+        out = out.with_name(f"{out.name}-{kbuild.DRIVER_REAL}")
+        digest = kbuild.real_sources_digest(key, kmod_dir(), upstream)
+    else:
+        digest = kbuild.sources_digest(key, kmod_dir())
     kos = kbuild.reusable_build(out / release, digest)
     if kos is not None:
         log.info("modules: sources unchanged since the last build, using %s", out / release)
     else:
-        kos = kbuild.build_modules(headers, kmod_dir(), out / release)
+        if real:
+            kos = kbuild.build_real_driver(headers, kmod_dir(), upstream, out / release)
+        else:
+            kos = kbuild.build_modules(headers, kmod_dir(), out / release)
         kbuild.record_build(out / release, digest, kos)
     symvers = elfcheck.Symvers.load(headers / "Module.symvers")
     exports = {sym for ko in kos for sym in elfcheck.module_exports(ko)}
@@ -122,6 +154,8 @@ def build_guest_modules(image: Image, out: Path) -> list[Path]:
         elfcheck.require_loadable(
             ko, kernel_release=release, arch="x86_64", symvers_path=symvers, extra_exports=exports
         )
+    if not real:
+        kos = [ko for ko in kos if ko.stem != kbuild.COMPAT_MODULE]
     return kos
 
 
@@ -142,21 +176,35 @@ def prepare_nodes(
 
 
 def module_load_order(kos: Iterable[Path]) -> list[Path]:
-    # The placeholder first: if the emulated driver's load splats, the testhook is already
-    # there for the log-scanner tests.
-    return sorted(kos, key=lambda p: (p.stem != "obmm_testhook", p.stem))
+    # The placeholder first: if the driver's load splats, the testhook is already there for the
+    # log-scanner tests.  The compat layer before the real driver, which needs its symbols.
+    first = (kbuild.TESTHOOK_MODULE, kbuild.COMPAT_MODULE)
+    return sorted(
+        kos, key=lambda p: (first.index(p.stem) if p.stem in first else len(first), p.stem)
+    )
+
+
+def is_real_driver(modules: Iterable[Path]) -> bool:
+    """Whether these modules are the real driver's (the compat layer is loaded with it only)."""
+    return any(ko.stem == kbuild.COMPAT_MODULE for ko in modules)
 
 
 def insmod_command(
-    ko: PurePosixPath, node: int, topology: qemu.Topology, params: Iterable[str]
+    ko: PurePosixPath,
+    node: int,
+    topology: qemu.Topology,
+    params: Iterable[str],
+    extra: dict[str, str] | None = None,
 ) -> str:
-    """insmod with the fabric parameters the module declares (see qemu/README.md)."""
+    """insmod with the fabric parameters the module declares (see qemu/README.md), and
+    ``extra`` ones."""
     wanted = {
         "node_id": str(node),
         "nr_nodes": str(topology.nodes),
         "nodes": str(topology.nodes),
         "pool_base": hex(topology.pool_base),
         "pool_size": hex(topology.pool_size),
+        **(extra or {}),
     }
     declared = set(params)
     args = [f"{k}={v}" for k, v in wanted.items() if k in declared]
@@ -183,12 +231,36 @@ def prepare_node(
         check=True,
         stdin=payload,
     )
+    real = is_real_driver(modules)
     for ko in modules:
         remote = GUEST_ROOT / "kmod" / ko.name
         params = conn.run(f"modinfo -F parm {remote} | cut -d: -f1", timeout=60, check=True)
-        cmd = insmod_command(remote, node, topology, params.out.split())
+        # The real driver's pool: all of the memory ub_compat hands out (upstream's default is 1G).
+        extra = {"mempool_size": str(topology.pool_size)} if real and ko.stem == "obmm" else {}
+        cmd = insmod_command(remote, node, topology, params.out.split(), extra)
         result = conn.run(cmd, timeout=120)
         if not result.ok:
             dmesg = conn.run("dmesg | tail -n 30", timeout=30).out
             raise ProvisionError(f"node{node}: `{cmd}` failed: {result.err.strip()}\n{dmesg}")
         log.info("node%d: %s", node, cmd)
+    if real:
+        wait_real_pool(conn, node, topology)
+
+
+def wait_real_pool(conn: Connection, node: int, topology: qemu.Topology) -> None:
+    """Wait until the real driver's pool holds all of its memory, cleared: its pool thread fills
+    it after load, and an export made before takes uncleared granules in another order (so its
+    memory is not one run: ub_compat's pool.c)."""
+    want = topology.pool_size
+    script = (
+        f"d={REAL_POOL_SYSFS}; i=0; while [ $i -lt {REAL_POOL_READY_TIMEOUT_S * 10} ]; do "
+        "t=$(($(cat $d/total))); c=$(($(cat $d/available_cleared))); "
+        f"[ $t -ge {want} ] && [ $t -eq $c ] && exit 0; sleep 0.1; i=$((i+1)); done; "
+        'echo "total $t cleared $c"; exit 1'
+    )
+    result = conn.run(script, timeout=REAL_POOL_READY_TIMEOUT_S + 30)
+    if not result.ok:
+        raise ProvisionError(
+            f"node{node}: the real driver's pool did not fill to {want:#x} bytes, cleared, "
+            f"within {REAL_POOL_READY_TIMEOUT_S} s: {result.out.strip() or result.err.strip()}"
+        )
