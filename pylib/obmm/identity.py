@@ -3,9 +3,10 @@
 Read the way libobmm reads them, so the same code works on obmm_emu and on a real UB host:
 
 * ``cna`` and ``eid``: the first UB controller's sysfs (``ub_bus_controller*/*/ubc/``);
-* ``node_id``: the index decoders resolve and handles carry: obmm_emu's
-  ``/sys/kernel/obmm_emu/node_id``, else ``$OBMM_NODE_ID`` (on hardware the site numbers its
-  hosts; the hardware stage sets it to the host's position in its host list).
+* ``node_id``: the index decoders resolve and handles carry: the testbed fabric's
+  ``node_id`` (``/sys/kernel/obmm_emu``, or ``/sys/kernel/ub_compat`` under the real driver),
+  else ``$OBMM_NODE_ID`` (on hardware the site numbers its hosts; the hardware stage sets it to
+  the host's position in its host list).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from obmm.decoder import EMU_SYSFS, DecoderError, read_sysfs_int
+from obmm.decoder import DecoderError, fabric_sysfs, read_sysfs_int
 
 #: Bytes in an EID, in the UAPI's import command and in a handle.
 EID_SIZE = 16
@@ -46,10 +47,10 @@ def local_eid(sysfs: str = DEFAULT_SYSFS) -> bytes:
     return value.to_bytes(EID_SYSFS_BYTES, sys.byteorder).ljust(EID_SIZE, b"\0")
 
 
-def local_node_id(emu_sysfs: str = EMU_SYSFS) -> int:
-    """The node index handles carry and decoders resolve: obmm_emu's ``node_id``, else
-    ``$OBMM_NODE_ID``."""
-    path = Path(emu_sysfs) / "node_id"
+def local_node_id(emu_sysfs: str | None = None) -> int:
+    """The node index handles carry and decoders resolve: the testbed fabric's ``node_id``,
+    else ``$OBMM_NODE_ID``."""
+    path = Path(emu_sysfs or fabric_sysfs()) / "node_id"
     if path.exists():
         return read_sysfs_int(path)
     text = os.environ.get(ENV_NODE_ID, "")
@@ -57,7 +58,7 @@ def local_node_id(emu_sysfs: str = EMU_SYSFS) -> int:
         return int(text, 0)
     except ValueError:
         raise DecoderError(
-            f"{path} does not exist (not obmm_emu) and ${ENV_NODE_ID} is "
+            f"{path} does not exist (no testbed fabric) and ${ENV_NODE_ID} is "
             f"{'unset' if not text else repr(text)}: set it to this host's node number"
         ) from None
 
@@ -71,7 +72,7 @@ class NodeIdentity:
     eid: bytes
 
     @classmethod
-    def local(cls, *, sysfs: str = DEFAULT_SYSFS, emu_sysfs: str = EMU_SYSFS) -> NodeIdentity:
+    def local(cls, *, sysfs: str = DEFAULT_SYSFS, emu_sysfs: str | None = None) -> NodeIdentity:
         """Read from this machine (raises DecoderError naming what is missing)."""
         # The controller first: without one this is not a UB node at all.
         cna, eid = local_cna(sysfs), local_eid(sysfs)
