@@ -137,8 +137,8 @@ int main(int argc, char **argv)
 	if (!have_addr && resolve_emulator(&h, &addr))
 		return 1;
 	if (read_u64("/sys/devices/ub_bus_controller0/0/primary_cna", &cna))
-		read_u64(EMU_SYSFS "/cna", &cna);
-	read_u64(EMU_SYSFS "/eid", &eid);
+		read_fabric("cna", &cna);
+	read_fabric("eid", &eid);
 	eid32 = (uint32_t)eid;
 
 	dev = open("/dev/obmm", O_RDWR | O_CLOEXEC);
