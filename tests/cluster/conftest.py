@@ -26,7 +26,8 @@ it) the nodes are the stage's hosts (:func:`obmm.testbed.hw.stage.cluster_from_e
 booted, built or loaded; the package and helpers go to a fresh directory under the stage's
 ``remote_tmp`` on every host (removed at the end unless ``HW_KEEP=1``); each host's processes get
 ``OBMM_NODE_ID`` (its position in the host list) and ``OBMM_DECODER``; tests marked
-``emulator_only`` are skipped with the reason.
+``emulator_only`` are skipped with the reason.  They are skipped too when the nodes run
+upstream's obmm.ko (``$OBMM_TESTBED_DRIVER=real``).
 """
 
 from __future__ import annotations
@@ -39,18 +40,21 @@ from pathlib import Path, PurePosixPath
 import pytest
 from xharness import ClusterHarness
 
+from obmm.testbed import kbuild
 from obmm.testbed.cluster import Cluster, load_topology
-from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
+from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP, EMULATOR_ONLY_SKIP_REAL
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.node import NodeSet
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import repo_root, results_dir
-from obmm.testbed.provision import payload_tar
+from obmm.testbed.provision import driver_setting, payload_tar
 from obmm.testbed.runner import GuestSession
 from obmm.testbed.ssh import SshError
 from obmm.tools import interrupts
 
 HARDWARE = bool(os.environ.get(hwstage.ENV_CONFIG))
+# The nodes run upstream's obmm.ko over kmod/ub_compat ($OBMM_TESTBED_DRIVER=real).
+REAL_DRIVER = not HARDWARE and driver_setting() == kbuild.DRIVER_REAL
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,8 +70,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if HARDWARE:
-        skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP)
+    if HARDWARE or REAL_DRIVER:
+        skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP if HARDWARE else EMULATOR_ONLY_SKIP_REAL)
         for item in items:
             if item.get_closest_marker("emulator_only") is not None:
                 item.add_marker(skip)

@@ -16,8 +16,9 @@ Runs in the guests with Debian 12's pytest 7.2: only APIs that version has.
 Set OBMM_KMSG_GUARD=off to disable the guard; OBMM_KMSG_PATH and
 OBMM_TAINTED_PATH point it at other files (for testing the guard itself).
 
-With OBMM_TARGET=hardware (the hardware stage, obmm.testbed.hw.stage) tests
-marked ``emulator_only`` are skipped, with the reason in the report.
+With OBMM_TARGET=hardware (the hardware stage, obmm.testbed.hw.stage) or
+OBMM_DRIVER=real (upstream's obmm.ko on the testbed) tests marked
+``emulator_only`` are skipped, with the reason in the report.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
+from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP, EMULATOR_ONLY_SKIP_REAL
 from obmm.tools import logscan
 
 # The OBMM fixtures (dev, fabric, leak check) live beside this file; a copy of
@@ -135,9 +136,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("OBMM_TARGET") != "hardware":
+    if os.environ.get("OBMM_TARGET") == "hardware":
+        skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP)
+    elif os.environ.get("OBMM_DRIVER") == "real":
+        skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP_REAL)
+    else:
         return
-    skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP)
     for item in items:
         if item.get_closest_marker("emulator_only") is not None:
             item.add_marker(skip)

@@ -20,6 +20,10 @@ EMULATOR_ONLY_SKIP = (
     "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
     "(OBMM_TARGET=hardware)"
 )
+# ... and on the testbed's nodes running upstream's obmm.ko over kmod/ub_compat.
+EMULATOR_ONLY_SKIP_REAL = (
+    "emulator_only: holds for obmm_emu.ko only, not checked on the real obmm.ko (OBMM_DRIVER=real)"
+)
 
 
 def _longrepr(report: pytest.CollectReport | pytest.TestReport) -> str:

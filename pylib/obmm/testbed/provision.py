@@ -48,6 +48,13 @@ REAL_POOL_READY_TIMEOUT_S = 120
 REAL_POOL_SYSFS = "/sys/kernel/obmm_mempool/obmm-0"
 
 
+def real_driver_params(topology: qemu.Topology) -> dict[str, str]:
+    """The real obmm.ko's parameters on the testbed: its pool is all of the memory ub_compat
+    hands out (upstream's default is 1G), and after a failed allocation it fills again after
+    1 s, not 30 (tests provoke ENOMEM, and the next test needs its pool back)."""
+    return {"mempool_size": str(topology.pool_size), "mempool_refill_timeout": "1000"}
+
+
 def driver_setting(value: str | None = None) -> str:
     """The driver nodes load: ``value``, else ``$OBMM_TESTBED_DRIVER``, else ``emu``."""
     chosen = value or os.environ.get(ENV_DRIVER) or kbuild.DRIVER_EMU
@@ -235,8 +242,7 @@ def prepare_node(
     for ko in modules:
         remote = GUEST_ROOT / "kmod" / ko.name
         params = conn.run(f"modinfo -F parm {remote} | cut -d: -f1", timeout=60, check=True)
-        # The real driver's pool: all of the memory ub_compat hands out (upstream's default is 1G).
-        extra = {"mempool_size": str(topology.pool_size)} if real and ko.stem == "obmm" else {}
+        extra = real_driver_params(topology) if real and ko.stem == "obmm" else {}
         cmd = insmod_command(remote, node, topology, params.out.split(), extra)
         result = conn.run(cmd, timeout=120)
         if not result.ok:

@@ -31,7 +31,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from obmm.identity import ENV_NODE_ID
-from obmm.testbed import qemu
+from obmm.testbed import kbuild, qemu
 from obmm.testbed.cluster import Cluster, NodeDied
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.guest_plugin import EVENT_FD_ENV
@@ -41,6 +41,7 @@ from obmm.testbed.progress import Progress
 from obmm.testbed.provision import (
     GUEST_ROOT,
     build_guest_modules,
+    is_real_driver,
     module_load_order,
     prepare_nodes,
 )
@@ -58,6 +59,8 @@ GRACE_AFTER_EOF_S = 5.0
 # identity.ENV_NODE_ID and guest_plugin.EVENT_FD_ENV.
 ENV_NODES = "OBMM_NODES"
 ENV_TARGET = "OBMM_TARGET"  # qemu or hardware
+#: Which driver the node runs (kbuild.DRIVERS): the guest suite skips emulator_only under "real".
+ENV_DRIVER = "OBMM_DRIVER"
 ENV_POOL_BASE = "OBMM_POOL_BASE"
 ENV_POOL_SIZE = "OBMM_POOL_SIZE"
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "error", "not run")
@@ -167,6 +170,7 @@ def guest_pytest_command(
     nodes: int,
     topology: qemu.Topology,
     junit: str | None = None,
+    driver: str = kbuild.DRIVER_EMU,
 ) -> str:
     """The shell command that runs pytest in a guest with the event stream on stdout."""
     env = {
@@ -178,6 +182,7 @@ def guest_pytest_command(
         ENV_POOL_BASE: str(topology.pool_base),
         ENV_POOL_SIZE: str(topology.pool_size),
         ENV_TARGET: "qemu",
+        ENV_DRIVER: driver,
     }
     return pytest_shell_command(GUEST_ROOT, env, args, junit=junit)
 
@@ -218,12 +223,15 @@ class GuestSession:
         logdir: Path,
         results: Path,
         accel: str | None = None,
+        driver: str | None = None,
     ) -> None:
         self.topology = topology
         self.name = name
         self.logdir = logdir
         self.results = results
         self.accel_request = accel
+        # None: the setting ($OBMM_TESTBED_DRIVER, else the emulator)
+        self.driver_request = driver
         self.cluster: Cluster | None = None
         self.modules: list[Path] = []
         self.boot_error: BaseException | None = None
@@ -255,7 +263,9 @@ class GuestSession:
         t1 = time.monotonic()
         self.timings["image"] = t1 - t0
         progress.line(f"image {image.directory} (kernel {image.kernel_release})")
-        self.modules = module_load_order(build_guest_modules(image, self.results / "kmod"))
+        self.modules = module_load_order(
+            build_guest_modules(image, self.results / "kmod", self.driver_request)
+        )
         progress.line("modules: " + (", ".join(k.name for k in self.modules) or "none"))
         t2 = time.monotonic()
         self.timings["kmod"] = t2 - t1
@@ -281,6 +291,11 @@ class GuestSession:
 
     # -- running ----------------------------------------------------------------------------
 
+    @property
+    def driver(self) -> str:
+        """The driver the nodes run (known once they are booted)."""
+        return kbuild.DRIVER_REAL if is_real_driver(self.modules) else kbuild.DRIVER_EMU
+
     def connect(self, node: int = 0) -> Connection:
         return self.boot().connect(node)
 
@@ -296,7 +311,11 @@ class GuestSession:
             return cached
         args = ["--collect-only", "-q", *[f"--ignore={p}" for p in ignore], *paths]
         cmd = guest_pytest_command(
-            args, node=node, nodes=self.topology.nodes, topology=self.topology
+            args,
+            node=node,
+            nodes=self.topology.nodes,
+            topology=self.topology,
+            driver=self.driver,
         )
         with cluster.connect(node) as conn:
             parser = collect_over(conn, cmd, "guest", timeout=300)
@@ -371,7 +390,12 @@ class GuestRun:
         self.stderr_log = session.logdir / f"node{node}.guest-pytest.log"
         self.conn = self.cluster.connect(node)
         cmd = guest_pytest_command(
-            nodeids, node=node, nodes=session.topology.nodes, topology=session.topology, junit=junit
+            nodeids,
+            node=node,
+            nodes=session.topology.nodes,
+            topology=session.topology,
+            junit=junit,
+            driver=session.driver,
         )
         self.exit_status: int | None = None
         self.fatal: BaseException | None = None
