@@ -120,6 +120,31 @@ def pool_total() -> int:
     return sum(read_int(d / "total") for d in pool_dirs())
 
 
+#: How long the real driver's pool may take to fill again: its pool thread wakes every 5 s, and
+#: after a failed allocation waits mempool_refill_timeout (the testbed loads it with 1 s).
+POOL_SETTLE_S = 20.0
+
+
+def settle_pool(timeout: float = POOL_SETTLE_S) -> None:
+    """Wait until the pool holds all of the fabric's pool memory, cleared (what is not used).
+
+    obmm_emu's pool is always whole; the real obmm.ko refills its pool in the background after
+    an unexport, so a test that needs the whole pool (sizes from the counters, FAST, a free
+    memory block) waits for it here.  Returns at the deadline either way: the test's own
+    assertion then says what was missing."""
+    fab = load_fabric()
+    want = fab.pool_size if fab is not None else 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dirs = pool_dirs()
+        total = sum(read_int(d / "total") for d in dirs)
+        used = sum(read_int(d / "used") for d in dirs)
+        cleared = sum(read_int(d / "available_cleared") for d in dirs)
+        if dirs and total >= want and cleared == total - used:
+            return
+        time.sleep(0.1)
+
+
 @dataclass(frozen=True)
 class ObmmState:
     """Everything a leaked region leaves behind."""

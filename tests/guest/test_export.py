@@ -19,6 +19,7 @@ from obmm_fixtures import (
     exported,
     pool_total,
     pool_used,
+    settle_pool,
 )
 
 import obmm
@@ -176,10 +177,12 @@ def test_priv_checked_before_vendor(dev: obmm.Obmm) -> None:
 
 
 def test_larger_than_pool_is_enomem(dev: obmm.Obmm) -> None:
+    settle_pool()
     expect_errno(errno.ENOMEM, dev.export, pool_total() + SZ_2M)
 
 
 def test_pool_exhaustion_is_enomem(dev: obmm.Obmm) -> None:
+    settle_pool()
     free = pool_total() - pool_used()
     with exported(dev, free):
         expect_errno(errno.ENOMEM, dev.export, SZ_2M)
@@ -221,6 +224,7 @@ def test_tokenids_differ(dev: obmm.Obmm) -> None:
 
 
 def test_fast_export_uses_cleared_memory(dev: obmm.Obmm) -> None:
+    settle_pool()
     with exported(dev, flags=abi.OBMM_EXPORT_FLAG_ALLOW_MMAP | abi.OBMM_EXPORT_FLAG_FAST):
         pass
 

@@ -13,7 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from obmm_fixtures import SZ_2M, SZ_4K, Fabric, expect_errno, exported, pool_total, pool_used
+from obmm_fixtures import (
+    SZ_2M,
+    SZ_4K,
+    Fabric,
+    expect_errno,
+    exported,
+    pool_total,
+    pool_used,
+    settle_pool,
+)
 
 import obmm
 from obmm import abi
@@ -158,6 +167,7 @@ def test_overlap_checked_before_ub_validation(dev: obmm.Obmm, fabric: Fabric) ->
     """EEXIST (maple tree) comes before the window check: an overlapping range that also
     runs past the window is EEXIST.  The live import sits in the last granule of the
     export pool (the whole free pool is exported to reach it)."""
+    settle_pool()
     free = pool_total() - pool_used()
     end = fabric.window_base() + fabric.window_size()
     with exported(dev, free) as exp:
