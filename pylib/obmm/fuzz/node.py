@@ -10,6 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from obmm import decoder
 from obmm.tools import logscan
 
 EMU = Path("/sys/kernel/obmm_emu")
@@ -64,18 +65,20 @@ def _granu(param: Path) -> int:
 
 
 def load_fabric() -> Fabric:
-    if not EMU.is_dir() or read_int(EMU / "enabled") != 1:
+    """The fabric as obmm_emu publishes it, or (the real obmm.ko) its compat layer."""
+    root = Path(decoder.fabric_sysfs())
+    if root == EMU and (not EMU.is_dir() or read_int(EMU / "enabled") != 1):
         raise RuntimeError(f"{EMU}: obmm_emu is not loaded with its fabric enabled")
     windows = {}
-    for w in sorted((EMU / "windows").iterdir()):
+    for w in sorted((root / "windows").iterdir()):
         windows[read_int(w / "node")] = (read_int(w / "base"), read_int(w / "size"))
     granu = _granu(MODULE_SYSFS / "parameters" / "mem_allocator_granu")
     return Fabric(
-        node_id=read_int(EMU / "node_id"),
-        cna=read_int(EMU / "cna"),
+        node_id=read_int(root / "node_id"),
+        cna=read_int(root / "cna"),
         windows=windows,
-        pool_base=read_int(EMU / "pool_base"),
-        pool_size=read_int(EMU / "pool_size"),
+        pool_base=read_int(root / "pool_base"),
+        pool_size=read_int(root / "pool_size"),
         granu=granu,
     )
 
