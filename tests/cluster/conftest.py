@@ -26,8 +26,8 @@ it) the nodes are the stage's hosts (:func:`obmm.testbed.hw.stage.cluster_from_e
 booted, built or loaded; the package and helpers go to a fresh directory under the stage's
 ``remote_tmp`` on every host (removed at the end unless ``HW_KEEP=1``); each host's processes get
 ``OBMM_NODE_ID`` (its position in the host list) and ``OBMM_DECODER``; tests marked
-``emulator_only`` are skipped with the reason.  They are skipped too when the nodes run
-upstream's obmm.ko (``$OBMM_TESTBED_DRIVER=real``).
+``emulator_only`` or ``testbed_fabric`` are skipped with the reason.  When the nodes run
+upstream's obmm.ko (``$OBMM_TESTBED_DRIVER=real``), those marked ``emulator_only`` are.
 """
 
 from __future__ import annotations
@@ -42,7 +42,11 @@ from xharness import ClusterHarness
 
 from obmm.testbed import kbuild
 from obmm.testbed.cluster import Cluster, load_topology
-from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP, EMULATOR_ONLY_SKIP_REAL
+from obmm.testbed.guest_plugin import (
+    EMULATOR_ONLY_SKIP,
+    EMULATOR_ONLY_SKIP_REAL,
+    TESTBED_FABRIC_SKIP,
+)
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.node import NodeSet
 from obmm.testbed.parallel import on_each
@@ -70,11 +74,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if HARDWARE or REAL_DRIVER:
-        skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP if HARDWARE else EMULATOR_ONLY_SKIP_REAL)
-        for item in items:
-            if item.get_closest_marker("emulator_only") is not None:
-                item.add_marker(skip)
+    skips = {}
+    if HARDWARE:
+        skips = {"emulator_only": EMULATOR_ONLY_SKIP, "testbed_fabric": TESTBED_FABRIC_SKIP}
+    elif REAL_DRIVER:
+        skips = {"emulator_only": EMULATOR_ONLY_SKIP_REAL}
+    for item in items:
+        for marker, reason in skips.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
 
     # Node-killing tests last; after them only tests that dirty a kernel log on purpose, so no
     # test that scans a node's whole log sees their reports.

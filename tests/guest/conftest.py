@@ -16,9 +16,11 @@ Runs in the guests with Debian 12's pytest 7.2: only APIs that version has.
 Set OBMM_KMSG_GUARD=off to disable the guard; OBMM_KMSG_PATH and
 OBMM_TAINTED_PATH point it at other files (for testing the guard itself).
 
-With OBMM_TARGET=hardware (the hardware stage, obmm.testbed.hw.stage) or
-OBMM_DRIVER=real (upstream's obmm.ko on the testbed) tests marked
-``emulator_only`` are skipped, with the reason in the report.
+With OBMM_TARGET=hardware (the hardware stage, obmm.testbed.hw.stage) tests
+marked ``emulator_only`` or ``testbed_fabric`` are skipped, with the reason in
+the report; with OBMM_DRIVER=real (upstream's obmm.ko on the testbed) those
+marked ``emulator_only``, and a test marked ``real_driver_differs(reason)`` is
+expected to fail there (strict xfail: its passing would fail it).
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ from typing import Any
 
 import pytest
 
-from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP, EMULATOR_ONLY_SKIP_REAL
+from obmm.testbed.guest_plugin import (
+    EMULATOR_ONLY_SKIP,
+    EMULATOR_ONLY_SKIP_REAL,
+    TESTBED_FABRIC_SKIP,
+)
 from obmm.tools import logscan
 
 # The OBMM fixtures (dev, fabric, leak check) live beside this file; a copy of
@@ -136,15 +142,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skips = {}
     if os.environ.get("OBMM_TARGET") == "hardware":
-        skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP)
+        skips = {"emulator_only": EMULATOR_ONLY_SKIP, "testbed_fabric": TESTBED_FABRIC_SKIP}
     elif os.environ.get("OBMM_DRIVER") == "real":
-        skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP_REAL)
-    else:
-        return
+        skips = {"emulator_only": EMULATOR_ONLY_SKIP_REAL}
+    real = os.environ.get("OBMM_DRIVER") == "real"
     for item in items:
-        if item.get_closest_marker("emulator_only") is not None:
-            item.add_marker(skip)
+        for marker, reason in skips.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
+        differs = item.get_closest_marker("real_driver_differs")
+        if real and differs is not None:
+            why = differs.args[0] if differs.args else "the real driver does otherwise"
+            item.add_marker(pytest.mark.xfail(reason=f"real_driver_differs: {why}", strict=True))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

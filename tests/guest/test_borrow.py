@@ -34,7 +34,7 @@ from obmm import abi
 
 pytest_plugins = ["obmm_fixtures"]
 
-pytestmark = pytest.mark.emulator_only
+pytestmark = pytest.mark.testbed_fabric
 
 NUMA = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE
 NODE_SYSFS = Path("/sys/devices/system/node")
@@ -352,6 +352,7 @@ def test_no_unused_remote_node_is_eperm(
             dev.undeclare_preimport(pa, block)
 
 
+@pytest.mark.emulator_only
 def test_token_check_comes_after_the_real_checks(
     dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int
 ) -> None:
@@ -436,6 +437,7 @@ def test_unimport_with_a_pinned_page_waits_until_a_signal_eintr(
 # ---- revocation of a borrowed range ----
 
 
+@pytest.mark.emulator_only
 def test_unexport_while_borrowed_unplugs_before_the_memory_is_reused(
     dev: obmm.Obmm, fabric: Fabric, block: int
 ) -> None:

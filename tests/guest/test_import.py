@@ -30,7 +30,7 @@ from obmm.abi import ffi
 
 pytest_plugins = ["obmm_fixtures"]
 
-pytestmark = pytest.mark.emulator_only
+pytestmark = pytest.mark.testbed_fabric
 
 MMAP = abi.OBMM_IMPORT_FLAG_ALLOW_MMAP
 PRE = abi.OBMM_IMPORT_FLAG_PREIMPORT
@@ -192,6 +192,7 @@ def test_range_free_again_after_unimport(
     dev.unimport(imp.mem_id)
 
 
+@pytest.mark.emulator_only
 def test_failed_import_leaves_no_range(
     dev: obmm.Obmm, fabric: Fabric, target: int, token: int
 ) -> None:
@@ -244,6 +245,7 @@ def test_import_claims_iomem(dev: obmm.Obmm, fabric: Fabric, target: int, token:
     assert not any("MEMID_" in ln for ln in iomem_lines())
 
 
+@pytest.mark.emulator_only
 def test_import_of_a_whole_window_keeps_the_window_in_iomem(dev: obmm.Obmm, fabric: Fabric) -> None:
     """An import range equal to the window BAR nests under it and unwinds exactly.
 

@@ -31,7 +31,7 @@ from obmm import abi
 
 pytest_plugins = ["obmm_fixtures"]
 
-pytestmark = pytest.mark.emulator_only
+pytestmark = pytest.mark.testbed_fabric
 
 
 def memory_block_size() -> int:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from obmm.testbed import numaview, qemu, snapshot
+from obmm.testbed import kbuild, numaview, qemu, snapshot
 from obmm.testbed.cluster import (
     DEFAULT_NAME,
     ENV_NAME,
@@ -63,6 +63,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="also build kmod/*, copy the package and tests in, and load the modules",
     )
+    p.add_argument("--driver", choices=kbuild.DRIVERS, help="with --kmod: " + kbuild.DRIVER_HELP)
     p.add_argument(
         "--cold",
         action="store_true",
@@ -164,7 +165,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         snapshot=snapshot.MODE_OFF if args.cold else None,
     )
     if args.kmod:
-        _prepare(cluster)
+        _prepare(cluster, args.driver)
     print(
         f"cluster {cluster.name}: {topology.nodes} node(s) up in "
         f"{time.monotonic() - start:.0f} s ({cluster.accel}"
@@ -174,11 +175,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare(cluster: Cluster) -> None:
+def _prepare(cluster: Cluster, driver: str | None = None) -> None:
     from obmm.testbed.paths import repo_root, results_dir
     from obmm.testbed.provision import build_guest_modules, module_load_order, prepare_nodes
 
-    kos = module_load_order(build_guest_modules(cluster.image, results_dir() / "kmod"))
+    kos = module_load_order(build_guest_modules(cluster.image, results_dir() / "kmod", driver))
     prepare_nodes(cluster.connect, cluster.topology, repo_root(), kos)
 
 

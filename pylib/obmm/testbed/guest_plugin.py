@@ -20,6 +20,11 @@ EMULATOR_ONLY_SKIP = (
     "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
     "(OBMM_TARGET=hardware)"
 )
+# Why a test marked testbed_fabric is skipped on real hardware (it runs on either testbed driver).
+TESTBED_FABRIC_SKIP = (
+    "testbed_fabric: needs the testbed's decoder windows (/sys/kernel/obmm_emu or "
+    "/sys/kernel/ub_compat); on real UB hardware decoder addresses come from management software"
+)
 # ... and on the testbed's nodes running upstream's obmm.ko over kmod/ub_compat.
 EMULATOR_ONLY_SKIP_REAL = (
     "emulator_only: holds for obmm_emu.ko only, not checked on the real obmm.ko (OBMM_DRIVER=real)"

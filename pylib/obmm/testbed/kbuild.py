@@ -608,6 +608,12 @@ def _build_locked(
 DRIVER_EMU = "emu"
 DRIVER_REAL = "real"
 DRIVERS = (DRIVER_EMU, DRIVER_REAL)
+#: The help of every front end's driver option (the setting is obmm.testbed.provision's).
+DRIVER_HELP = (
+    "the OBMM driver the nodes load: emu (kmod/obmm_emu) or real (upstream's obmm.ko over "
+    "kmod/ub_compat, from $OBMM_UPSTREAM_DIR or the pinned tree) (default: "
+    "$OBMM_TESTBED_DRIVER, else emu)"
+)
 #: kmod/'s compat layer (loaded with the real driver only) and the log-scanner testhook (both).
 COMPAT_MODULE = "ub_compat"
 TESTHOOK_MODULE = "obmm_testhook"

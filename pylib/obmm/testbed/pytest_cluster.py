@@ -21,7 +21,8 @@ options ``obmm_nodes`` / ``obmm_memory_mib`` / ``obmm_pool_mib`` (default: 2 nod
 fits) for the first test that needs it and reused; a test asking for another shape replaces it.
 ``@pytest.mark.obmm_cluster(kernel_guard=False)`` / ``leak_check=False`` (or the ini options
 ``obmm_kernel_guard`` / ``obmm_leak_check``, ``--obmm-no-kernel-guard`` /
-``--obmm-no-leak-check``) turn a check off.
+``--obmm-no-leak-check``) turn a check off.  ``--obmm-driver real`` (ini ``obmm_driver``, else
+``$OBMM_TESTBED_DRIVER``) loads upstream's obmm.ko over kmod/ub_compat instead of the emulator.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--obmm-memory", type=int, metavar="MIB", help="RAM per node")
     group.addoption("--obmm-pool", type=int, metavar="MIB", help="export pool per node")
     group.addoption("--obmm-accel", choices=("auto", "kvm", "tcg"), help="accelerator")
+    group.addoption("--obmm-driver", choices=("emu", "real"), help="the OBMM driver (default emu)")
     group.addoption(
         "--obmm-cold", action="store_true", help="boot cold even if a snapshot of the shape exists"
     )
@@ -64,6 +66,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("obmm_memory_mib", "RAM per node in MiB (default: the pair topology's)")
     parser.addini("obmm_pool_mib", "export pool per node in MiB (default: the topology's)")
     parser.addini("obmm_accel", "accelerator: auto, kvm or tcg", default="")
+    parser.addini("obmm_driver", "OBMM driver: emu or real (upstream's obmm.ko)", default="")
     parser.addini("obmm_kernel_guard", "fail a test on a kernel report", type="bool", default=True)
     parser.addini("obmm_leak_check", "fail a test that leaks OBMM state", type="bool", default=True)
 
@@ -117,10 +120,11 @@ class Testbed:
         self.boots += 1
         name = f"pytest-{os.getpid()}-{self.boots}"
         accel = self.config.getoption("--obmm-accel") or self.config.getini("obmm_accel") or None
+        driver = self.config.getoption("--obmm-driver") or self.config.getini("obmm_driver") or None
         capman = self.config.pluginmanager.getplugin("capturemanager")
         kwargs: dict[str, Any] = {
             "nodes": shape[0], "memory_mib": shape[1], "pool_mib": shape[2], "name": name,
-            "accel": accel, "cold": bool(self.config.getoption("--obmm-cold")),
+            "accel": accel, "cold": bool(self.config.getoption("--obmm-cold")), "driver": driver,
         }  # fmt: skip
         if capman is not None:  # the boot's progress lines are the user's to see
             with capman.global_and_fixture_disabled():

@@ -52,7 +52,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from obmm.identity import ENV_NODE_ID
-from obmm.testbed import qemu
+from obmm.testbed import kbuild, qemu
 from obmm.testbed.errors import EXIT_INTERRUPTED, TestbedError
 from obmm.testbed.kguard import KernelLogGuard
 from obmm.testbed.parallel import on_each
@@ -572,6 +572,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pool", type=int, metavar="MIB", help="export pool at the top of RAM")
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"), help="accelerator (default auto)")
     p.add_argument("--recipe", help="image recipe (default: the default recipe)")
+    p.add_argument("--driver", choices=kbuild.DRIVERS, help=kbuild.DRIVER_HELP)
     p.add_argument("--init", choices=qemu.INIT_MODES, help="node userland (default fast)")
     p.add_argument(
         "--cold",
@@ -626,7 +627,7 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
     if plan.src is not None:
         archive = dir_archive(plan.src, plan.excludes)
     image = ensure_image(find_recipe(args.recipe or DEFAULT_RECIPE), progress=progress)
-    kos = module_load_order(build_guest_modules(image, results_dir() / "kmod"))
+    kos = module_load_order(build_guest_modules(image, results_dir() / "kmod", args.driver))
     accel = accel_mod.choose(args.accel, image.kernel, cache_dir())
     logdir = default_logdir(plan.name)
     cluster = Cluster.start(

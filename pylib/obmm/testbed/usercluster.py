@@ -570,8 +570,10 @@ def boot(
     accel: str | None = None,
     cold: bool = False,
     logdir: Path | None = None,
+    driver: str | None = None,
 ) -> UserCluster:
-    """Build the modules, boot (or restore) `nodes` nodes, load the emulator on each."""
+    """Build the modules, boot (or restore) `nodes` nodes, load the driver on each (``driver``:
+    emu or real; None: the setting, obmm.testbed.provision.driver_setting())."""
     from obmm.testbed import accel as accel_mod
     from obmm.testbed.cluster import default_logdir, load_topology
     from obmm.testbed.image import DEFAULT_RECIPE, ensure_image, find_recipe
@@ -594,7 +596,7 @@ def boot(
         description=f"pytest cluster, {nodes} node(s)",
     )
     image = ensure_image(find_recipe(DEFAULT_RECIPE), progress=progress)
-    kos = module_load_order(build_guest_modules(image, results_dir() / "kmod"))
+    kos = module_load_order(build_guest_modules(image, results_dir() / "kmod", driver))
     cluster = Cluster.start(
         image,
         topology,
