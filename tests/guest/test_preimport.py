@@ -119,7 +119,9 @@ def preimport_lines() -> list[str]:
 
 
 def module_refcount() -> int:
-    return int(Path("/sys/module/obmm_emu/refcnt").read_text())
+    """References to the driver's module: obmm_emu, or the real obmm."""
+    emu = Path("/sys/module/obmm_emu")
+    return int(((emu if emu.is_dir() else Path("/sys/module/obmm")) / "refcnt").read_text())
 
 
 def node_memory(nid: int) -> int:
