@@ -376,6 +376,7 @@ int remap_pfn_range_try_pmd(struct vm_area_struct *vma, unsigned long addr,
 }
 EXPORT_SYMBOL_GPL(remap_pfn_range_try_pmd);
 
+#ifdef CONFIG_X86
 static void flush_tlb_local(void *unused)
 {
 	__flush_tlb_all();
@@ -387,6 +388,7 @@ void ub_compat_flush_tlb_mm(struct mm_struct *mm)
 	on_each_cpu(flush_tlb_local, NULL, 1);
 }
 EXPORT_SYMBOL_GPL(ub_compat_flush_tlb_mm);
+#endif
 
 /*
  * hisi_soc_cache_maintain(): clean and/or invalidate a physical range in

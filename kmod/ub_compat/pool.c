@@ -72,6 +72,21 @@ static struct ub_compat_pool pool = {
 	.lock = __SPIN_LOCK_UNLOCKED(pool.lock),
 };
 
+#ifdef CONFIG_ZONE_DEVICE
+#define ub_compat_memremap_pages	memremap_pages
+#define ub_compat_memunmap_pages	memunmap_pages
+#else
+/* Kernels without ZONE_DEVICE (Debian's arm64) have no device struct pages. */
+static void *ub_compat_memremap_pages(struct dev_pagemap *pgmap, int nid)
+{
+	return ERR_PTR(-EOPNOTSUPP);
+}
+
+static void ub_compat_memunmap_pages(struct dev_pagemap *pgmap)
+{
+}
+#endif
+
 /* OLK: the huge page percentage mapped at PMD level; hugetlb pools unused. */
 int contig_mem_pool_percent;
 EXPORT_SYMBOL_GPL(contig_mem_pool_percent);
@@ -83,6 +98,10 @@ int ub_compat_pool_init(phys_addr_t base, u64 size, int nid)
 
 	if (!size)
 		return 0;
+	if (!IS_ENABLED(CONFIG_ZONE_DEVICE)) {
+		pr_err("no pool: struct pages for it need CONFIG_ZONE_DEVICE\n");
+		return -EOPNOTSUPP;
+	}
 	if (!IS_ALIGNED(base, UB_COMPAT_GRANULE) ||
 	    !IS_ALIGNED(size, UB_COMPAT_GRANULE)) {
 		pr_err("pool %pa + %#llx is not made of %#lx granules\n", &base,
@@ -104,7 +123,7 @@ int ub_compat_pool_init(phys_addr_t base, u64 size, int nid)
 	pool.pgmap.range.end = base + size - 1;
 	pool.pgmap.nr_range = 1;
 	pool.pgmap.vmemmap_shift = UB_COMPAT_GRANULE_SHIFT - PAGE_SHIFT;
-	va = memremap_pages(&pool.pgmap, nid);
+	va = ub_compat_memremap_pages(&pool.pgmap, nid);
 	if (IS_ERR(va)) {
 		ret = PTR_ERR(va);
 		pr_err("pool %pa + %#llx: no struct pages (%d)\n", &base, size,
@@ -135,7 +154,7 @@ void ub_compat_pool_exit(void)
 		left += pool.state[idx] != UB_COMPAT_FREE;
 	if (left)
 		pr_err("%lu pool granules still allocated at exit\n", left);
-	memunmap_pages(&pool.pgmap);
+	ub_compat_memunmap_pages(&pool.pgmap);
 	release_mem_region(pool.base, pool.nr << UB_COMPAT_GRANULE_SHIFT);
 	kfree(pool.state);
 	pool.state = NULL;
