@@ -255,7 +255,10 @@ def command(args: argparse.Namespace) -> int:
     ]
     try:
         try:
-            both(lambda s: s.session.boot(), sides)
+            # One after the other, in this thread: QEMU dies with the thread that started it
+            # (PR_SET_PDEATHSIG), so a worker thread must not boot it.
+            for side in sides:
+                side.session.boot()
         except kbuild.UpstreamMissing as exc:
             print(f"fuzz-diff: skipped: {exc}")
             return 0
