@@ -359,6 +359,11 @@ class Engine:
         else:
             want = {errno.EFAULT, errno.ENOMEM}
         want |= self.injected(op)
+        # the real driver sizes its page array from length first: a kernel WARN (kvmalloc over
+        # INT_MAX) from 1 TiB on
+        too_long = want == {errno.ENOMEM} and length >> 12 > os.sysconf("SC_PHYS_PAGES")
+        if too_long and self.skipped(op, "EXPORT_PID length over RAM: real WARNs (FIDELITY)"):
+            return
         _, err = self.call(op, lambda: self.dev.ioctl("OBMM_CMD_EXPORT_PID", cmd))
         self.expect(op, f"va={va:#x} length={length:#x} pid={pid}", err, want)
         if err:
