@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,23 @@ def pool_used() -> int:
 
 def pool_total() -> int:
     return sum(read_int(d / "total") for d in MEMPOOL.glob("obmm-*"))
+
+
+def settle_pool(want: int, timeout: float = 5.0) -> bool:
+    """Wait until the pool holds `want` bytes and all it does not use is cleared: at once on
+    obmm_emu, whose pool is always whole; the real obmm.ko refills and clears in the background
+    (after an unexport, a failed export).  False at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        dirs = list(MEMPOOL.glob("obmm-*"))
+        total = sum(read_int(d / "total") for d in dirs)
+        used = sum(read_int(d / "used") for d in dirs)
+        cleared = sum(read_int(d / "available_cleared") for d in dirs)
+        if dirs and total >= want and cleared == total - used:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def shmdev_ids() -> set[int]:
