@@ -128,7 +128,7 @@ testbed-and-hw-proof: setup-python
 	@$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1
 	@$(SIDE_BY_SIDE) 'testbed=$(TESTBED_TEST)' 'hw=$(HW_PROOF_GUEST)' 'hw+=$(HW_PROOF_CLUSTER)'
 
-# The real obmm.ko: upstream's drivers/ub/obmm (from $OBMM_UPSTREAM_DIR, else the pinned tree;
+# The real obmm.ko: upstream's drivers/ub/obmm (from $OBMM_UB_UPSTREAM, else the pinned tree;
 # absent: one line and nothing run) built over kmod/ub_compat, then the guest and cluster suites
 # on it side by side (emulator_only tests skip, real_driver_differs ones are expected failures),
 # then results/real-vs-emu.md and .json against the emulator's junit files of qemu-test and the
@@ -194,9 +194,14 @@ KBUILD_ARGS ?=
 kmod: setup-python
 	$(VENV)/bin/obmm-testbed kmod $(KBUILD_ARGS)
 
-# The URMA_SEG_MAPPED series: format, trailers, checkpatch; KSRC=<OLK-6.6 tree> adds git am + arm64 build.
+# The URMA_SEG_MAPPED series (kmod/patches/README.md): format, trailers, checkpatch; then, on the
+# upstream UB tree (UPSTREAM=DIR, default $$OBMM_UB_UPSTREAM or the pinned copy; absent: one line
+# and skipped), git am --3way, ubcore/uburma built against the guest kernel, the series' KUnit
+# cases in a guest (NO_GUEST=1: not), and the ready-to-send set in results/patch-check/outgoing.
+UPSTREAM ?=
+NO_GUEST ?=
 patch-check: setup-python
-	$(VENV)/bin/obmm-testbed patch-check $(if $(KSRC),--ksrc $(KSRC))
+	$(VENV)/bin/obmm-testbed patch-check $(if $(UPSTREAM),--upstream $(UPSTREAM)) $(if $(NO_GUEST),--no-guest)
 
 clean:
 	-$(VENV)/bin/obmm-testbed down --all

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from obmm import envvars
+
 EMU_SYSFS = "/sys/kernel/obmm_emu"
 #: The real driver's compat layer (kmod/ub_compat) publishes the same fabric files here.
 COMPAT_SYSFS = "/sys/kernel/ub_compat"
 #: Where a testbed node finds its fabric (node id, CNA, EID, windows): the first present.
 FABRIC_SYSFS = (EMU_SYSFS, COMPAT_SYSFS)
-ENV_SPEC = "OBMM_DECODER"
 
 # The testbed's UBA encoding (kmod/common/testbed_fabric.h).
 EMU_UBA_VALID = 1 << 48
@@ -112,7 +113,7 @@ class EmulatorDecoder:
         if not wdir.is_dir():
             raise DecoderError(
                 f"{wdir} does not exist: neither obmm_emu.ko nor ub_compat.ko is loaded (on "
-                f"real hardware set {ENV_SPEC}=cmd:... or file:...)"
+                f"real hardware set {envvars.DECODER.name}=cmd:... or file:...)"
             )
         found = []
         for entry in sorted(wdir.iterdir()):
@@ -189,12 +190,12 @@ class CommandDecoder:
             raise DecoderError("empty decoder command")
 
     def resolve(self, exporter_node: int, uba: int, length: int) -> int:
-        env: Mapping[str, str] = dict(
-            os.environ,
-            OBMM_EXPORTER_NODE=str(exporter_node),
-            OBMM_UBA=hex(uba),
-            OBMM_LENGTH=str(length),
-        )
+        env: Mapping[str, str] = {
+            **os.environ,
+            envvars.EXPORTER_NODE.name: str(exporter_node),
+            envvars.UBA.name: hex(uba),
+            envvars.LENGTH.name: str(length),
+        }
         try:
             out = subprocess.run(
                 self.argv, env=env, capture_output=True, text=True, timeout=self.timeout
@@ -226,4 +227,4 @@ def decoder_from_spec(spec: str) -> Decoder:
 
 
 def default_decoder() -> Decoder:
-    return decoder_from_spec(os.environ.get(ENV_SPEC, "emulator"))
+    return decoder_from_spec(envvars.DECODER.get())

@@ -16,11 +16,12 @@ Runs in the guests with Debian 12's pytest 7.2: only APIs that version has.
 Set OBMM_KMSG_GUARD=off to disable the guard; OBMM_KMSG_PATH and
 OBMM_TAINTED_PATH point it at other files (for testing the guard itself).
 
-With OBMM_TARGET=hardware (the hardware stage, obmm.testbed.hw.stage) tests
-marked ``emulator_only`` or ``testbed_fabric`` are skipped, with the reason in
-the report; with OBMM_DRIVER=real (upstream's obmm.ko on the testbed) those
-marked ``emulator_only``, and a test marked ``real_driver_differs(reason)`` is
-expected to fail there (strict xfail: its passing would fail it).
+Tests marked ``emulator_only`` are skipped, with the reason in the report, where
+the driver under test is not the emulator (the hardware stage, or the real
+driver on the testbed); those marked ``testbed_fabric`` on real UB hardware; a
+test marked ``real_driver_differs(reason)`` is expected to fail on the real
+driver (strict xfail: its passing would fail it).  One place decides it all:
+obmm.testbed.guest_plugin.mark_for_driver.
 """
 
 from __future__ import annotations
@@ -34,11 +35,8 @@ from typing import Any
 
 import pytest
 
-from obmm.testbed.guest_plugin import (
-    EMULATOR_ONLY_SKIP,
-    EMULATOR_ONLY_SKIP_REAL,
-    TESTBED_FABRIC_SKIP,
-)
+from obmm import envvars
+from obmm.testbed.guest_plugin import driver_under_test, mark_for_driver
 from obmm.tools import logscan
 
 # The OBMM fixtures (dev, fabric, leak check) live beside this file; a copy of
@@ -46,12 +44,12 @@ from obmm.tools import logscan
 pytest_plugins = ["obmm_fixtures"] if (Path(__file__).parent / "obmm_fixtures.py").is_file() else []
 
 # Overridable so the guard itself can be tested on the host against files.
-KMSG = os.environ.get("OBMM_KMSG_PATH", "/dev/kmsg")
-TAINTED = os.environ.get("OBMM_TAINTED_PATH", "/proc/sys/kernel/tainted")
+KMSG = envvars.KMSG_PATH.get()
+TAINTED = envvars.TAINTED_PATH.get()
 
 
 @dataclass
-class KernelLogGuard:
+class KmsgGuard:
     """Session state of the guard (one per pytest run, kept in config.stash)."""
 
     watcher: logscan.KmsgWatcher | None
@@ -69,7 +67,7 @@ class KernelLogGuard:
 class KernelLog:
     """Handle for one test: take() claims the new kernel messages so the guard skips them."""
 
-    def __init__(self, guard: KernelLogGuard) -> None:
+    def __init__(self, guard: KmsgGuard) -> None:
         self._guard = guard
 
     @property
@@ -87,7 +85,7 @@ class KernelLog:
         return logscan.scan(self.take(), allow=())
 
 
-GUARD_KEY = pytest.StashKey[KernelLogGuard]()
+GUARD_KEY = pytest.StashKey[KmsgGuard]()
 
 
 def read_taint() -> int:
@@ -96,12 +94,6 @@ def read_taint() -> int:
             return int(fh.read().strip() or "0")
     except (OSError, ValueError):
         return 0
-
-
-def new_taint(before: int, after: int) -> str:
-    """Letters of taint bits set since ``before`` that our own modules do not explain."""
-    gained = logscan.taint_letters(after & ~before)
-    return "".join(c for c in gained if c not in logscan.BENIGN_TAINT)
 
 
 def _boot_log() -> str:
@@ -128,13 +120,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "kernel_log_allow(regex, reason): a kernel log line this test may produce (AllowRule)",
     )
-    if os.environ.get("OBMM_KMSG_GUARD", "on").lower() in ("0", "off", "no", "false"):
-        guard = KernelLogGuard(None, "disabled by OBMM_KMSG_GUARD")
+    if envvars.KMSG_GUARD.get().lower() in ("0", "off", "no", "false"):
+        guard = KmsgGuard(None, f"disabled by {envvars.KMSG_GUARD.name}")
     else:
         try:
-            guard = KernelLogGuard(logscan.KmsgWatcher(KMSG))
+            guard = KmsgGuard(logscan.KmsgWatcher(KMSG))
         except OSError as exc:
-            guard = KernelLogGuard(None, f"{KMSG}: {exc.strerror or exc}")
+            guard = KmsgGuard(None, f"{KMSG}: {exc.strerror or exc}")
     if guard.watcher is not None:
         guard.boot_reports = logscan.scan(_boot_log())
     guard.taint = read_taint()
@@ -142,21 +134,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skips = {}
-    if os.environ.get("OBMM_TARGET") == "hardware":
-        skips = {"emulator_only": EMULATOR_ONLY_SKIP, "testbed_fabric": TESTBED_FABRIC_SKIP}
-    elif os.environ.get("OBMM_DRIVER") == "real":
-        skips = {"emulator_only": EMULATOR_ONLY_SKIP_REAL}
-    real = os.environ.get("OBMM_DRIVER") == "real"
-    for item in items:
-        for marker, reason in skips.items():
-            if item.get_closest_marker(marker) is not None:
-                item.add_marker(pytest.mark.skip(reason=reason))
-                break
-        differs = item.get_closest_marker("real_driver_differs")
-        if real and differs is not None:
-            why = differs.args[0] if differs.args else "the real driver does otherwise"
-            item.add_marker(pytest.mark.xfail(reason=f"real_driver_differs: {why}", strict=True))
+    mark_for_driver(items, driver_under_test())
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -203,7 +181,7 @@ def pytest_runtest_makereport(
     text = guard.read()
     reports = logscan.scan(text, allow=_allow_rules(item))
     taint = read_taint()
-    gained = new_taint(guard.taint, taint)
+    gained = logscan.new_taint(guard.taint, taint)
     guard.taint = taint
     if not reports and not gained:
         return
@@ -234,7 +212,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     guard.unowned.append(guard.read())
     guard.session_reports = logscan.scan("".join(guard.unowned))
     taint = read_taint()
-    guard.session_taint = new_taint(guard.taint, taint)
+    guard.session_taint = logscan.new_taint(guard.taint, taint)
     if guard.session_reports or guard.session_taint:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -1,6 +1,6 @@
 """Nothing of the upstream UB driver tree is in the project.
 
-The pinned tree (``obmm.testbed.paths.upstream_dir()``) is an input the real-driver build reads
+The pinned tree (``obmm.testbed.paths.ub_upstream_dir()``) is an input the real-driver build reads
 by path, never a source of ours.  Under kmod/, pylib/ and tests/ (and examples/) no file may
 carry its copyright header, be a copy of one of its files, or hold a block of its lines (four
 non-trivial lines in a row that are, whitespace aside, lines of the tree).  Single lines may
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from obmm import envvars
 from obmm.testbed import paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,9 +50,9 @@ def trivial(line: str) -> bool:
 
 
 def upstream_tree() -> Path:
-    tree = paths.upstream_dir()
+    tree = paths.ub_upstream_dir()
     if not (tree / "drivers" / "ub").is_dir():
-        pytest.skip(f"no upstream UB driver tree at {tree} (${paths.ENV_UPSTREAM})")
+        pytest.skip(f"no upstream UB driver tree at {tree} (${envvars.UB_UPSTREAM.name})")
     return tree
 
 

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from obmm import envvars
 from obmm.testbed import fuzzdiff, kbuild, provision, realreport
+from obmm.testbed.settings import Settings, SettingsError
+from obmm.testbed.ssh import Result
 from obmm.tools import elfcheck
 
 
@@ -19,37 +22,84 @@ class FakeImage:
     kdir = None
 
 
-def test_the_driver_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(provision.ENV_DRIVER, raising=False)
-    assert provision.driver_setting() == "emu"
-    monkeypatch.setenv(provision.ENV_DRIVER, "real")
-    assert provision.driver_setting() == "real"
-    assert provision.driver_setting("emu") == "emu"  # an option beats the environment
-    with pytest.raises(provision.ProvisionError, match="unknown driver 'ral'"):
-        provision.driver_setting("ral")
+def test_the_driver_setting() -> None:
+    assert Settings.from_env({}).driver == "emu"
+    assert Settings.from_env({envvars.DRIVER.name: "real"}).driver == "real"
+    # a flag (a front end's value) beats the environment
+    assert Settings.from_env({envvars.DRIVER.name: "real"}, driver="emu").driver == "emu"
+    with pytest.raises(SettingsError, match="OBMM_TESTBED_DRIVER='ral': must be one of emu, real"):
+        Settings.from_env({envvars.DRIVER.name: "ral"})
 
 
 def test_the_compat_layer_loads_before_the_real_driver() -> None:
     kos = [Path(n) for n in ("obmm.ko", "ub_compat.ko", "obmm_testhook.ko")]
     order = [p.name for p in provision.module_load_order(kos)]
     assert order == ["obmm_testhook.ko", "ub_compat.ko", "obmm.ko"]
-    assert provision.is_real_driver(kos)
-    assert not provision.is_real_driver([Path("obmm_emu.ko"), Path("obmm_testhook.ko")])
 
 
-def test_the_real_driver_gets_its_pool_parameters() -> None:
+class RecordingNode:
+    """A node that answers modinfo with the parameters the module declares and records the rest."""
+
+    name = "node0"
+    index = 0
+
+    def __init__(self, declared: dict[str, list[str]]) -> None:
+        self.declared = declared
+        self.commands: list[str] = []
+
+    def run(self, cmd: str, **kw: object) -> Result:
+        self.commands.append(cmd)
+        if cmd.startswith("modinfo"):
+            stem = Path(cmd.split()[3]).stem
+            return Result(cmd, 0, "\n".join(self.declared.get(stem, [])).encode(), b"", 0.0)
+        return Result(cmd, 0, b"", b"", 0.0)
+
+
+# obmm_emu's and the real obmm.ko's parameters, as their modinfo lists them (abridged).
+DECLARED = {
+    "obmm": ["mempool_size", "mempool_refill_timeout", "mempool_allocator"],
+    "obmm_emu": ["node_id", "nr_nodes", "pool_base", "pool_size"],
+}
+
+
+def test_the_driver_setting_not_the_module_name_decides_the_real_driver_parameters() -> None:
+    """The emulator is obmm.ko too once it is renamed (issue 27): only `driver` says which."""
     from obmm.testbed.qemu import Topology
 
     topo = Topology(nodes=1, memory_mib=1024, pool_mib=256)
-    params = provision.real_driver_params(topo)
-    assert params == {"mempool_size": str(256 << 20), "mempool_refill_timeout": "1000"}
-    declared = ["mempool_size", "mempool_refill_timeout"]
-    ko = Path("obmm.ko")
-    cmd = provision.insmod_command(ko, 0, topo, declared, params)  # type: ignore[arg-type]
-    assert cmd == "insmod obmm.ko mempool_size=268435456 mempool_refill_timeout=1000"
-    # only what the module declares
-    only = provision.insmod_command(ko, 0, topo, declared[:1], params)  # type: ignore[arg-type]
-    assert only == "insmod obmm.ko mempool_size=268435456"
+    assert provision.real_driver_params(topo) == {
+        "mempool_size": str(256 << 20),
+        "mempool_refill_timeout": "1000",
+    }
+    kos = [Path("obmm.ko")]
+    real = RecordingNode(DECLARED)
+    provision.load_modules(real, topo, kos, params=["mempool_refill_timeout=5"], driver="real")  # type: ignore[arg-type]
+    insmods = [c for c in real.commands if c.startswith("insmod")]
+    # the testbed's pool size, the user's parameter over the testbed's refill time
+    assert insmods == [
+        "insmod /opt/obmm-testbed/kmod/obmm.ko mempool_size=268435456 mempool_refill_timeout=5"
+    ]
+    assert any(provision.REAL_POOL_SYSFS in c for c in real.commands)  # waited for the pool
+    emu = RecordingNode({"obmm": DECLARED["obmm_emu"]})  # an emulator named obmm.ko
+    provision.load_modules(emu, topo, kos, driver="emu")  # type: ignore[arg-type]
+    assert [c for c in emu.commands if c.startswith("insmod")] == [
+        f"insmod /opt/obmm-testbed/kmod/obmm.ko node_id=0 nr_nodes=1 pool_base={topo.pool_base:#x} "
+        f"pool_size={topo.pool_size:#x}"
+    ]
+    assert not any(provision.REAL_POOL_SYSFS in c for c in emu.commands)
+
+
+def test_a_failing_pool_wait_names_the_node_and_the_counters() -> None:
+    from obmm.testbed.qemu import Topology
+
+    class Slow(RecordingNode):
+        def run(self, cmd: str, **kw: object) -> Result:
+            if provision.REAL_POOL_SYSFS in cmd:
+                return Result(cmd, 1, b"total 0x1000 cleared 0x0\n", b"", 0.0)
+            return super().run(cmd, **kw)
+
+    with pytest.raises(provision.ProvisionError, match=r"node0: the real driver.s pool .* total"):
+        provision.wait_real_pool(Slow({}), Topology(nodes=1, memory_mib=1024, pool_mib=256))  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -64,7 +114,7 @@ def fake_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, li
     for marker in kbuild.UPSTREAM_MARKERS:
         (upstream / marker).parent.mkdir(parents=True, exist_ok=True)
         (upstream / marker).write_text("x\n")
-    monkeypatch.setattr(provision, "upstream_dir", lambda: upstream)
+    monkeypatch.setattr(provision, "ub_upstream_dir", lambda: upstream)
     made: dict[str, list[str]] = {}
 
     def fake(kind: str, names: list[str]):  # type: ignore[no-untyped-def]
@@ -121,9 +171,7 @@ def test_without_the_upstream_tree_the_build_says_so_in_one_line(
 def test_the_report_check_skips_in_one_line_without_the_tree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from obmm.testbed import paths
-
-    monkeypatch.setenv(paths.ENV_UPSTREAM, str(tmp_path / "absent"))
+    monkeypatch.setenv(envvars.UB_UPSTREAM.name, str(tmp_path / "absent"))
     assert realreport.main(["--check-upstream"]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("real driver: skipped:")

@@ -36,11 +36,11 @@ from typing import Any
 from obmm.fuzz.ops import generate
 from obmm.fuzz.shrink import ddmin, suffix_first
 from obmm.testbed import kbuild
-from obmm.testbed.cluster import load_topology
 from obmm.testbed.errors import TestbedError
+from obmm.testbed.guest_suite import GuestSession
 from obmm.testbed.paths import results_dir
-from obmm.testbed.provision import GUEST_ROOT
-from obmm.testbed.runner import GuestSession
+from obmm.testbed.remote import GUEST_ROOT
+from obmm.testbed.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +142,10 @@ class Side:
         self.driver = driver
         results = results_dir()
         self.session = GuestSession(
-            topology=load_topology("single"),
-            name=name,
+            Settings.from_env(driver=driver, name=name, topology="single"),
             logdir=results / "qemu" / name,
             results=results,
-            driver=driver,
+            purpose="fuzz-diff",
         )
 
     def record(self, seed: int, ops: int, only: Sequence[int] = ()) -> tuple[list[Outcome], str]:

@@ -2,36 +2,39 @@
 
 * :func:`payload_tar`: the package, uapi header, guest tests and modules, as one tarball that
   unpacks under :data:`GUEST_ROOT` (one SSH round trip);
-* :func:`build_guest_modules`: the driver's modules (:func:`driver_setting`: the emulator of
+* :func:`build_guest_modules`: the driver's modules (the settings' ``driver``: the emulator of
   kmod/, or upstream's obmm.ko over kmod/ub_compat) built against the guest kernel's headers,
   each .ko pre-flighted on the host so a bad module fails here, not as an insmod error in the
   guest;
 * :func:`module_load_order` and :func:`insmod_command`: which module first, with which fabric
-  parameters;
-* :func:`prepare_node`: all of it on one node.
+  parameters and the user's (``--param``);
+* :func:`prepare`: all of it on every node (:func:`obmm.testbed.session.bring_up` calls it).
 """
 
 from __future__ import annotations
 
 import io
 import logging
-import os
+import shlex
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from obmm import abi
 from obmm.testbed import bytecode, kbuild, kmemleak, qemu
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image
 from obmm.testbed.parallel import on_each
-from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir, upstream_dir
-from obmm.testbed.ssh import Connection
+from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir, repo_root, ub_upstream_dir
+from obmm.testbed.remote import GUEST_ROOT
+
+if TYPE_CHECKING:
+    from obmm.testbed.node import Node
 
 log = logging.getLogger(__name__)
 
-GUEST_ROOT = PurePosixPath("/opt/obmm-testbed")
 # The runner's deliberately failing self-tests: inside tests/guest (same path in the checkout and
 # in the guest) so the guest conftest's kernel-log scan applies; the suites ignore it.
 GUEST_SELFTEST = "tests/guest/_selftest"
@@ -41,8 +44,6 @@ class ProvisionError(TestbedError, RuntimeError):
     """A node could not be prepared (a module did not load)."""
 
 
-#: Which driver the nodes load (kbuild.DRIVERS): the emulator (default) or the real obmm.ko.
-ENV_DRIVER = "OBMM_TESTBED_DRIVER"
 #: The real driver's pool must be full and cleared before a test exports (seconds).
 REAL_POOL_READY_TIMEOUT_S = 120
 REAL_POOL_SYSFS = "/sys/kernel/obmm_mempool/obmm-0"
@@ -53,17 +54,6 @@ def real_driver_params(topology: qemu.Topology) -> dict[str, str]:
     hands out (upstream's default is 1G), and after a failed allocation it fills again after
     1 s, not 30 (tests provoke ENOMEM, and the next test needs its pool back)."""
     return {"mempool_size": str(topology.pool_size), "mempool_refill_timeout": "1000"}
-
-
-def driver_setting(value: str | None = None) -> str:
-    """The driver nodes load: ``value``, else ``$OBMM_TESTBED_DRIVER``, else ``emu``."""
-    chosen = value or os.environ.get(ENV_DRIVER) or kbuild.DRIVER_EMU
-    if chosen not in kbuild.DRIVERS:
-        raise ProvisionError(
-            f"unknown driver {chosen!r} (from ${ENV_DRIVER} or --driver): "
-            f"use one of {', '.join(kbuild.DRIVERS)}"
-        )
-    return chosen
 
 
 #: What goes to a guest from the root (a checkout or the installed package data), beside the
@@ -121,12 +111,12 @@ def _package_sources(package: Path, arcname: str) -> Iterable[tuple[Path, str]]:
         yield src, f"{arcname}/{rel.as_posix()}"
 
 
-def build_guest_modules(image: Image, out: Path, driver: str | None = None) -> list[Path]:
+def build_guest_modules(image: Image, out: Path, driver: str = kbuild.DRIVER_EMU) -> list[Path]:
     """Build the driver's modules against the guest kernel's headers and pre-flight each .ko on
     the host (:mod:`obmm.testbed.kbuild` plus the ELF checks); the .ko files to load.
 
     ``emu``: kmod/* into ``out`` (ub_compat is built too, as a W=1 check, but not loaded);
-    ``real``: the testhook, ub_compat and upstream's obmm.ko (tree: $OBMM_UPSTREAM_DIR or the
+    ``real``: the testhook, ub_compat and upstream's obmm.ko (tree: $OBMM_UB_UPSTREAM or the
     pinned copy; absent: kbuild.UpstreamMissing, one line) into ``out``'s sibling ``-real``.
 
     A run builds the suites' modules several times over (qemu-test, the cluster suite, the
@@ -134,14 +124,14 @@ def build_guest_modules(image: Image, out: Path, driver: str | None = None) -> l
     are used again (still ELF-checked)."""
     from obmm.tools import elfcheck
 
-    real = driver_setting(driver) == kbuild.DRIVER_REAL
+    real = driver == kbuild.DRIVER_REAL
     release = image.kernel_release
     # The debug kernel's own build tree, else Debian's headers for the release.
     headers = image.kdir or kbuild.fetch_headers(release)
     # A rebuilt debug kernel keeps its release; its build tree's path names its config.
     key = release if image.kdir is None else f"{release} {image.kdir}"
     if real:
-        upstream = kbuild.check_upstream(upstream_dir())
+        upstream = kbuild.check_upstream(ub_upstream_dir())
         out = out.with_name(f"{out.name}-{kbuild.DRIVER_REAL}")
         digest = kbuild.real_sources_digest(key, kmod_dir(), upstream)
     else:
@@ -166,20 +156,7 @@ def build_guest_modules(image: Image, out: Path, driver: str | None = None) -> l
     return kos
 
 
-def prepare_nodes(
-    connect: Callable[[int], Connection],
-    topology: qemu.Topology,
-    root: Path,
-    modules: Sequence[Path],
-) -> None:
-    """:func:`prepare_node` on every node at once, with one payload archive for all."""
-    payload = payload_tar(root, modules)
-
-    def one(i: int) -> None:
-        with connect(i) as conn:
-            prepare_node(conn, i, topology, root, modules, payload=payload)
-
-    on_each(range(topology.nodes), one)
+DRIVER_STEMS = ("obmm_emu", "obmm")
 
 
 def module_load_order(kos: Iterable[Path]) -> list[Path]:
@@ -191,69 +168,124 @@ def module_load_order(kos: Iterable[Path]) -> list[Path]:
     )
 
 
-def is_real_driver(modules: Iterable[Path]) -> bool:
-    """Whether these modules are the real driver's (the compat layer is loaded with it only)."""
-    return any(ko.stem == kbuild.COMPAT_MODULE for ko in modules)
-
-
 def insmod_command(
     ko: PurePosixPath,
     node: int,
     topology: qemu.Topology,
-    params: Iterable[str],
-    extra: dict[str, str] | None = None,
+    declared: Iterable[str],
+    params: Sequence[str] = (),
 ) -> str:
-    """insmod with the fabric parameters the module declares (see qemu/README.md), and
-    ``extra`` ones."""
+    """insmod with the fabric parameters the module declares (see qemu/README.md), then
+    `params` (NAME=VALUE, the user's: they win over the fabric's of the same name)."""
     wanted = {
         "node_id": str(node),
         "nr_nodes": str(topology.nodes),
         "nodes": str(topology.nodes),
         "pool_base": hex(topology.pool_base),
         "pool_size": hex(topology.pool_size),
-        **(extra or {}),
     }
-    declared = set(params)
-    args = [f"{k}={v}" for k, v in wanted.items() if k in declared]
-    return " ".join(["insmod", str(ko), *args])
+    declared = set(declared)
+    args = {k: v for k, v in wanted.items() if k in declared}
+    for param in params:
+        name, _, value = param.partition("=")
+        args.pop(name, None)
+        args[name] = value
+    words = [shlex.quote(f"{k}={v}") for k, v in args.items()]
+    return " ".join(["insmod", shlex.quote(str(ko)), *words])
 
 
-def prepare_node(
-    conn: Connection,
-    node: int,
+def check_params(ko: Path, declared: Iterable[str], params: Sequence[str]) -> None:
+    """Refuse, before loading, a parameter the module does not declare."""
+    declared = sorted(set(declared))
+    unknown = [p.partition("=")[0] for p in params if p.partition("=")[0] not in declared]
+    if unknown:
+        raise ProvisionError(
+            f"{ko.stem} has no parameter {', '.join(unknown)} "
+            f"(its parameters: {', '.join(declared) or 'none'})"
+        )
+
+
+def prepare(
+    nodes: Sequence[Node],
     topology: qemu.Topology,
-    root: Path,
     modules: Sequence[Path],
     *,
-    payload: bytes | None = None,
+    params: Sequence[str] = (),
+    root: Path | None = None,
+    driver: str = kbuild.DRIVER_EMU,
 ) -> None:
-    """Copy the package, tests and modules into a guest and load the modules."""
-    if payload is None:
-        payload = payload_tar(root, modules)
-    conn.run(
+    """The payload (one archive for all) and the modules, on every node at once; `params`
+    go to the driver module."""
+    payload = payload_tar(root or repo_root(), modules)
+
+    def one(node: Node) -> None:
+        unpack_payload(node, payload)
+        load_modules(node, topology, modules, params=params, driver=driver)
+
+    on_each(nodes, one)
+
+
+def push_payload(nodes: Sequence[Node], modules: Sequence[Path], root: Path | None = None) -> None:
+    """A fresh payload on every node, the modules loaded left as they are (attaching)."""
+    payload = payload_tar(root or repo_root(), modules)
+    on_each(nodes, lambda node: unpack_payload(node, payload))
+
+
+def unpack_payload(node: Node, payload: bytes) -> None:
+    """Replace the node's copy of the package, tests and modules (under GUEST_ROOT)."""
+    node.run(
         f"rm -rf {GUEST_ROOT} && mkdir -p {GUEST_ROOT} && tar -xzf - -C {GUEST_ROOT}"
         # The debug kernel: what boot left unreferenced is not the modules' (else a no-op).
         f" && {{ {kmemleak.BASELINE_CMD}; }}",
         timeout=kmemleak.SCAN_TIMEOUT_S,
         check=True,
         stdin=payload,
+        bare=True,
     )
-    real = is_real_driver(modules)
+
+
+def unload_modules(node: Node, modules: Sequence[Path]) -> None:
+    """rmmod the loaded ones of `modules`, last loaded first (the driver, then the testhook);
+    a module still in use is a ProvisionError with rmmod's reason."""
+    for ko in reversed(modules):
+        cmd = f"[ ! -d /sys/module/{ko.stem} ] || rmmod {ko.stem}"
+        result = node.run(cmd, timeout=120, bare=True)
+        if not result.ok:
+            raise ProvisionError(f"{node.name}: rmmod {ko.stem} failed: {result.err.strip()}")
+
+
+def load_modules(
+    node: Node,
+    topology: qemu.Topology,
+    modules: Sequence[Path],
+    *,
+    params: Sequence[str] = (),
+    driver: str = kbuild.DRIVER_EMU,
+) -> None:
+    """insmod each module (from the payload) with its fabric parameters; `params` go to the
+    driver module and must be ones it declares.  The real driver (`driver`) gets its testbed
+    parameters first (the user's win) and is waited for until its pool is full."""
+    real = driver == kbuild.DRIVER_REAL
+    if real:
+        params = [*(f"{k}={v}" for k, v in real_driver_params(topology).items()), *params]
     for ko in modules:
         remote = GUEST_ROOT / "kmod" / ko.name
-        params = conn.run(f"modinfo -F parm {remote} | cut -d: -f1", timeout=60, check=True)
-        extra = real_driver_params(topology) if real and ko.stem == "obmm" else {}
-        cmd = insmod_command(remote, node, topology, params.out.split(), extra)
-        result = conn.run(cmd, timeout=120)
+        declared = node.run(
+            f"modinfo -F parm {remote} | cut -d: -f1", timeout=60, check=True, bare=True
+        ).out.split()
+        extra = list(params) if ko.stem in DRIVER_STEMS else []
+        check_params(ko, declared, extra)
+        cmd = insmod_command(remote, node.index, topology, declared, extra)
+        result = node.run(cmd, timeout=120, bare=True)
         if not result.ok:
-            dmesg = conn.run("dmesg | tail -n 30", timeout=30).out
-            raise ProvisionError(f"node{node}: `{cmd}` failed: {result.err.strip()}\n{dmesg}")
-        log.info("node%d: %s", node, cmd)
+            dmesg = node.run("dmesg | tail -n 30", timeout=30, bare=True).out
+            raise ProvisionError(f"{node.name}: `{cmd}` failed: {result.err.strip()}\n{dmesg}")
+        log.info("%s: %s", node.name, cmd)
     if real:
-        wait_real_pool(conn, node, topology)
+        wait_real_pool(node, topology)
 
 
-def wait_real_pool(conn: Connection, node: int, topology: qemu.Topology) -> None:
+def wait_real_pool(node: Node, topology: qemu.Topology) -> None:
     """Wait until the real driver's pool holds all of its memory, cleared: its pool thread fills
     it after load, and an export made before takes uncleared granules in another order (so its
     memory is not one run: ub_compat's pool.c)."""
@@ -264,9 +296,9 @@ def wait_real_pool(conn: Connection, node: int, topology: qemu.Topology) -> None
         f"[ $t -ge {want} ] && [ $t -eq $c ] && exit 0; sleep 0.1; i=$((i+1)); done; "
         'echo "total $t cleared $c"; exit 1'
     )
-    result = conn.run(script, timeout=REAL_POOL_READY_TIMEOUT_S + 30)
+    result = node.run(script, timeout=REAL_POOL_READY_TIMEOUT_S + 30, bare=True)
     if not result.ok:
         raise ProvisionError(
-            f"node{node}: the real driver's pool did not fill to {want:#x} bytes, cleared, "
+            f"{node.name}: the real driver's pool did not fill to {want:#x} bytes, cleared, "
             f"within {REAL_POOL_READY_TIMEOUT_S} s: {result.out.strip() or result.err.strip()}"
         )

@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.check_upstream:
         try:
-            tree = kbuild.check_upstream(paths.upstream_dir())
+            tree = kbuild.check_upstream(paths.ub_upstream_dir())
         except kbuild.UpstreamMissing as exc:
             print(f"real driver: skipped: {exc}")
             return 1
