@@ -248,3 +248,47 @@ def test_the_report_per_test_file(tmp_path: Path) -> None:
     text = path.read_text()
     assert "| tests/guest/test_x.py | 1 | 0 | test_b: failed: assert 1 == 2 |" in text
     assert "| export | 9 | 0 | 1 x |" in text
+
+
+class FakeItem:
+    """What mark_for_driver reads of a pytest item: its markers; it records those added."""
+
+    def __init__(self, *marks: pytest.MarkDecorator) -> None:
+        self.marks = {m.mark.name: m.mark for m in marks}
+        self.added: list[pytest.Mark] = []
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        return self.marks.get(name)
+
+    def add_marker(self, marker: pytest.MarkDecorator) -> None:
+        self.added.append(marker.mark)
+
+
+def _added(item: FakeItem) -> list[tuple[str, str, bool]]:
+    return [(m.name, m.kwargs["reason"], m.kwargs.get("strict", False)) for m in item.added]
+
+
+@pytest.mark.parametrize("driver", ["emu", "real", "hardware"])
+def test_the_driver_markers_under_each_driver(driver: str) -> None:
+    from obmm.testbed.guest_plugin import (
+        TESTBED_FABRIC_SKIP,
+        emulator_only_reason,
+        mark_for_driver,
+    )
+
+    emu_only = FakeItem(pytest.mark.emulator_only)
+    fabric = FakeItem(pytest.mark.testbed_fabric)
+    differs = FakeItem(pytest.mark.real_driver_differs("4 KiB PTEs"))
+    plain = FakeItem()
+    mark_for_driver([emu_only, fabric, differs, plain], driver)  # type: ignore[list-item]
+    assert _added(plain) == []
+    if driver == "emu":
+        assert _added(emu_only) == _added(fabric) == _added(differs) == []
+    elif driver == "real":
+        assert _added(emu_only) == [("skip", emulator_only_reason("real"), False)]
+        assert _added(fabric) == []  # the testbed's fabric is there under either driver
+        assert _added(differs) == [("xfail", "real_driver_differs: 4 KiB PTEs", True)]
+    else:
+        assert _added(emu_only) == [("skip", emulator_only_reason("hardware"), False)]
+        assert _added(fabric) == [("skip", TESTBED_FABRIC_SKIP, False)]
+        assert _added(differs) == []  # a UB host is the real driver on real hardware
