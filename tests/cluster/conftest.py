@@ -41,6 +41,7 @@ import pytest
 from xharness import ClusterHarness
 
 from obmm import envvars
+from obmm.testbed import provision
 from obmm.testbed.guest_plugin import mark_for_driver
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.parallel import on_each
@@ -177,6 +178,26 @@ def kernel_log_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     failures = harness.guard_failures(allow_dead=destroys)
     if failures:
         pytest.fail("\n\n".join(failures), pytrace=False)
+
+
+#: How long a test waits for the real driver's pool to refill (its thread wakes every 5 s).
+POOL_SETTLE_S = 30.0
+
+
+@pytest.fixture(autouse=True)
+def settle_real_pool(request: pytest.FixtureRequest) -> None:
+    """On the real obmm.ko, every test starts with each node's pool whole and cleared, as it
+    always is on the emulator: the real driver refills it in the background after an unexport,
+    and an export made meanwhile gets granules out of order (not one run, so no window reaches
+    it in one piece: ub_compat's UMMU), or a borrow's memory block unaligned."""
+    if HARDWARE or "xc" not in request.fixturenames:
+        return
+    cluster = request.getfixturevalue("cluster")
+    if not isinstance(cluster, Session) or cluster.settings.driver != "real":
+        return
+    harness: ClusterHarness = request.getfixturevalue("xc")
+    live = [n for i, n in enumerate(harness.node_list) if harness.alive(i)]
+    on_each(live, lambda n: provision.wait_real_pool(n, cluster.topology, POOL_SETTLE_S))
 
 
 @pytest.fixture
