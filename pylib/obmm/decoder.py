@@ -103,7 +103,7 @@ def emulator_uba_split(uba: int) -> tuple[int, int]:
 
 
 class EmulatorDecoder:
-    """Windows of the testbed fabric, as obmm_emu.ko (or ub_compat.ko) publishes them."""
+    """Windows of the testbed fabric, as the emulated obmm.ko (or ub_compat.ko) publishes them."""
 
     def __init__(self, sysfs: str | None = None) -> None:
         self.root = Path(sysfs or fabric_sysfs())
@@ -112,8 +112,8 @@ class EmulatorDecoder:
         wdir = self.root / "windows"
         if not wdir.is_dir():
             raise DecoderError(
-                f"{wdir} does not exist: neither obmm_emu.ko nor ub_compat.ko is loaded (on "
-                f"real hardware set {envvars.DECODER.name}=cmd:... or file:...)"
+                f"{wdir} does not exist: neither the emulated obmm.ko nor ub_compat.ko is loaded "
+                f"(on real hardware set {envvars.DECODER.name}=cmd:... or file:...)"
             )
         found = []
         for entry in sorted(wdir.iterdir()):

@@ -17,10 +17,10 @@ from obmm.tools import logscan
 EMU = Path("/sys/kernel/obmm_emu")
 MEMPOOL = Path("/sys/kernel/obmm_mempool")
 SHMDEV_SYSFS = Path("/sys/devices/obmm")
-MODULE = "obmm_emu"
+MODULE = "obmm"
 MODULE_SYSFS = Path("/sys/module") / MODULE
 KO_DEFAULT = Path("/opt/obmm-testbed/kmod") / f"{MODULE}.ko"
-RELOAD_PARAMS = ("node_id", "pool_base", "pool_size")
+RELOAD_PARAMS = ("node_id", "pool_base", "pool_size", "ubc_dev")
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 MEMID_RE = re.compile(r"MEMID_(\d+)$")
 
@@ -69,7 +69,7 @@ def load_fabric() -> Fabric:
     """The fabric as obmm_emu publishes it, or (the real obmm.ko) its compat layer."""
     root = Path(decoder.fabric_sysfs())
     if root == EMU and (not EMU.is_dir() or read_int(EMU / "enabled") != 1):
-        raise RuntimeError(f"{EMU}: obmm_emu is not loaded with its fabric enabled")
+        raise RuntimeError(f"{EMU}: the emulated obmm is not loaded with its fabric enabled")
     windows = {}
     for w in sorted((root / "windows").iterdir()):
         windows[read_int(w / "node")] = (read_int(w / "base"), read_int(w / "size"))
@@ -208,7 +208,7 @@ class KernelLog:
 
 
 class Module:
-    """rmmod / insmod of obmm_emu with the parameters it was loaded with."""
+    """rmmod / insmod of the emulated obmm with the parameters it was loaded with."""
 
     def __init__(self, ko: Path = KO_DEFAULT) -> None:
         self.ko = ko

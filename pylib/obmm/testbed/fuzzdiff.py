@@ -76,14 +76,7 @@ def _errnos(outcome: Outcome) -> list[str]:
 
 
 #: Differences with a known cause (kmod/obmm_emu/FIDELITY.md, kmod/ub_compat/README.md).
-EXPLAINED: tuple[Explained, ...] = (
-    Explained(
-        "preimport",
-        "DECLARE_PREIMPORT: EBUSY before EINVAL on the real driver "
-        "(preimport_prepare_prefilled); obmm_emu's order is fixed on helper #27's branch",
-        lambda e, r: _errnos(e) == ["EINVAL"] and _errnos(r) == ["EBUSY"],
-    ),
-)
+EXPLAINED: tuple[Explained, ...] = ()
 
 
 def key(outcome: Outcome) -> dict[str, Any]:
