@@ -87,7 +87,7 @@ static struct miscdevice obmm_misc = {
  */
 static int __init obmm_emu_fabric_up(void)
 {
-	const struct obmm_emu_window *own;
+	const struct tb_fabric_window *own;
 	int ret;
 
 	ret = obmm_fabric_init();

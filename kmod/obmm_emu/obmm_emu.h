@@ -293,24 +293,18 @@ vm_flags_t obmm_vmap_vm_flags(const struct obmm_vmap *vm, unsigned long from,
 			      unsigned long to);
 
 /* fabric.c */
-struct obmm_emu_window {
-	bool present;
-	phys_addr_t base;
-	u64 size;
-	struct resource *res;	/* the BAR in iomem: imports nest under it */
-};
-
 int obmm_fabric_init(void);
-const struct obmm_emu_window *obmm_fabric_own_window(void);
+const struct tb_fabric_window *obmm_fabric_own_window(void);
 void obmm_fabric_start(phys_addr_t pool_base, u64 pool_size);
 void obmm_fabric_stop(void);
 void obmm_fabric_exit(void);
 bool obmm_fabric_enabled(void);
 u32 obmm_fabric_cna(void);
 u32 obmm_fabric_eid(void);
-const struct obmm_emu_window *obmm_fabric_window(int node);
+const struct tb_fabric_window *obmm_fabric_window(int node);
 phys_addr_t obmm_fabric_ctl_base(void);
 u64 obmm_fabric_ctl_size(void);
+struct tb_fabric *obmm_fabric_tb(void);
 u64 obmm_fabric_make_uba(phys_addr_t pa);
 int obmm_ctl_publish_export(struct obmm_region *r);
 u64 obmm_ctl_withdraw_export(struct obmm_region *r);

@@ -172,9 +172,10 @@ TIMEOUT_SCALE = Var(
 DRIVER = Var(
     "OBMM_TESTBED_DRIVER",
     "testbed",
-    "the OBMM driver loaded on the nodes: the emulator (kmod/obmm_emu)",
+    "the OBMM driver loaded on the nodes: `emu`, the emulator (kmod/obmm_emu); `real`, "
+    "upstream's obmm.ko from $OBMM_UB_UPSTREAM over the compat layer (kmod/ub_compat)",
     default="emu",
-    choices=("emu",),
+    choices=("emu", "real"),
 )
 PARAMS = Var(
     "OBMM_TESTBED_PARAMS",

@@ -20,7 +20,7 @@ import pytest
 from test_xnode import A, B, Exporter, exporter
 from xharness import ClusterHarness
 
-pytestmark = pytest.mark.emulator_only
+pytestmark = pytest.mark.testbed_fabric
 
 SZ_128M = 128 << 20
 NUMA_REMOTE = 0x4
@@ -162,6 +162,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
+@pytest.mark.emulator_only
 def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
     xc: ClusterHarness, guest_tmp: str
 ) -> None:
@@ -204,6 +205,7 @@ def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
         assert borrowed_iomem(xc, B) == ""
 
 
+@pytest.mark.emulator_only
 def test_stalled_exporter_is_dead_and_the_borrow_is_unplugged(
     xc: ClusterHarness, guest_tmp: str
 ) -> None:

@@ -3,10 +3,11 @@
 Load from a conftest with ``pytest_plugins = ["obmm_fixtures"]``.
 
 * ``dev``: an open ``obmm.Obmm``.
-* ``fabric``: what obmm_emu.ko publishes in /sys/kernel/obmm_emu (node id,
-  CNA, EID, decoder windows); tests that use it are emulator-only because
-  on real UB hardware the decoder address of a loopback import comes from
-  management software.  Skips when the module is not obmm_emu.
+* ``fabric``: the testbed fabric as obmm_emu.ko publishes it in
+  /sys/kernel/obmm_emu, or the real obmm.ko's compat layer in
+  /sys/kernel/ub_compat (node id, CNA, EID, decoder windows, pool); on real UB
+  hardware the decoder address of a loopback import comes from management
+  software, so it skips where neither is loaded.
 * ``obmm_leak_check`` (autouse): after every test no region, shmdev node,
   region sysfs directory or pool usage may be left over, and /proc/iomem
   must read as it did before the test (a resource left behind, or one
@@ -34,9 +35,12 @@ from pathlib import Path
 import pytest
 
 import obmm
+from obmm import decoder
 
 DEV_OBMM = Path("/dev/obmm")
 EMU_SYSFS = Path("/sys/kernel/obmm_emu")
+#: The fabric's files: the emulator's, or the real driver's compat layer's (obmm.decoder).
+FABRIC_SYSFS = tuple(Path(p) for p in decoder.FABRIC_SYSFS)
 MEMPOOL_SYSFS = Path("/sys/kernel/obmm_mempool")
 SHMDEV_SYSFS = Path("/sys/devices/obmm")
 SZ_4K = 4 << 10
@@ -88,18 +92,19 @@ class Fabric:
 
 
 def load_fabric() -> Fabric | None:
-    if not EMU_SYSFS.is_dir():
+    root = next((r for r in FABRIC_SYSFS if r.is_dir()), None)
+    if root is None:
         return None
     windows = {}
-    for w in sorted((EMU_SYSFS / "windows").iterdir()):
+    for w in sorted((root / "windows").iterdir()):
         windows[read_int(w / "node")] = (read_int(w / "base"), read_int(w / "size"))
     return Fabric(
-        node_id=read_int(EMU_SYSFS / "node_id"),
-        cna=read_int(EMU_SYSFS / "cna"),
-        eid=read_int(EMU_SYSFS / "eid"),
+        node_id=read_int(root / "node_id"),
+        cna=read_int(root / "cna"),
+        eid=read_int(root / "eid"),
         windows=windows,
-        pool_base=read_int(EMU_SYSFS / "pool_base"),
-        pool_size=read_int(EMU_SYSFS / "pool_size"),
+        pool_base=read_int(root / "pool_base"),
+        pool_size=read_int(root / "pool_size"),
     )
 
 
@@ -113,6 +118,31 @@ def pool_used() -> int:
 
 def pool_total() -> int:
     return sum(read_int(d / "total") for d in pool_dirs())
+
+
+#: How long the real driver's pool may take to fill again: its pool thread wakes every 5 s, and
+#: after a failed allocation waits mempool_refill_timeout (the testbed loads it with 1 s).
+POOL_SETTLE_S = 20.0
+
+
+def settle_pool(timeout: float = POOL_SETTLE_S) -> None:
+    """Wait until the pool holds all of the fabric's pool memory, cleared (what is not used).
+
+    obmm_emu's pool is always whole; the real obmm.ko refills its pool in the background after
+    an unexport, so a test that needs the whole pool (sizes from the counters, FAST, a free
+    memory block) waits for it here.  Returns at the deadline either way: the test's own
+    assertion then says what was missing."""
+    fab = load_fabric()
+    want = fab.pool_size if fab is not None else 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dirs = pool_dirs()
+        total = sum(read_int(d / "total") for d in dirs)
+        used = sum(read_int(d / "used") for d in dirs)
+        cleared = sum(read_int(d / "available_cleared") for d in dirs)
+        if dirs and total >= want and cleared == total - used:
+            return
+        time.sleep(0.1)
 
 
 @dataclass(frozen=True)
@@ -186,7 +216,7 @@ def obmm_leak_check() -> Iterator[None]:
 def fabric() -> Fabric:
     fab = load_fabric()
     if fab is None:
-        pytest.skip("no /sys/kernel/obmm_emu: not the emulated fabric")
+        pytest.skip("no /sys/kernel/obmm_emu or /sys/kernel/ub_compat: not the testbed fabric")
     return fab
 
 

@@ -103,7 +103,7 @@ def test_a_call_under_fault_injection_may_fail_with_enomem_whatever_the_op() -> 
     from obmm.fuzz.engine import Engine, Failure
 
     engine = Engine.__new__(Engine)  # the errno check only; no /dev/obmm on the host
-    engine.trace, engine.log = [], False
+    engine.trace, engine.log, engine.record = [], False, False
     armed = Op(0, "open", (5 << 32,) * 6)  # word 5: chance(5, 20) holds
     unarmed = Op(1, "open", (50 << 32,) * 6)
     engine.faults = object()  # type: ignore[assignment]

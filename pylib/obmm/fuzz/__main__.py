@@ -3,6 +3,7 @@
     python3 -m obmm.fuzz --seed 1 --ops 2000                 # single process
     python3 -m obmm.fuzz --seed 1 --ops 300 --mode concurrent
     python3 -m obmm.fuzz --seed 1 --ops 2000 --only 3,17,42  # replay a reproducer
+    python3 -m obmm.fuzz --seed 1 --ops 2000 --record out.jsonl  # outcomes, for make fuzz-diff
 
 Prints one JSON line of figures at the end (ops, seconds, ops/s, fault injection).  On a
 failure: what failed, the replay command, the list shrunk by delta debugging with its own
@@ -34,7 +35,34 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-reload", action="store_true", help="never rmmod/insmod the module")
     p.add_argument("--no-faults", action="store_true", help="no fault injection even if present")
     p.add_argument("--verbose", "-v", action="store_true", help="print every operation")
+    p.add_argument(
+        "--record",
+        metavar="FILE",
+        help="hold nothing against the model: write each operation's outcome to FILE (JSON "
+        "lines), for comparing two drivers; no reload, no fault injection",
+    )
     return p.parse_args(argv)
+
+
+def record(args: argparse.Namespace) -> int:
+    """One run in record mode; status 1 only for a kernel report (or a failed cleanup)."""
+    engine = Engine(reload=False, faults_on=False, log=args.verbose, record=True)
+    ops = generate(args.seed, args.ops)
+    if args.only:
+        ops = select(ops, [int(i) for i in args.only.split(",") if i])
+    t0 = time.monotonic()
+    failure = engine.run(ops)
+    elapsed = time.monotonic() - t0
+    engine.close()
+    with open(args.record, "w") as out:
+        for outcome in engine.outcomes:
+            out.write(json.dumps(outcome) + "\n")
+    if failure is not None:
+        print(f"FUZZ FAILURE: {failure}", flush=True)
+    figures = {"mode": "record", "seed": args.seed, "ops": engine.ops_run,
+               "seconds": round(elapsed, 2), "failed": failure is not None}  # fmt: skip
+    print("fuzz-result " + json.dumps(figures), flush=True)
+    return 1 if failure is not None else 0
 
 
 def report(args: argparse.Namespace, failure: Failure, trace: list[str]) -> None:
@@ -108,6 +136,8 @@ def shrink(args: argparse.Namespace, engine: Engine, ops: Sequence[Op], failure:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     try:
+        if args.record:
+            return record(args)
         if args.mode == "concurrent":
             return race.main(args.seed, args.ops, reload=not args.no_reload)
         return single(args)

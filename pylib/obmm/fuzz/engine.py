@@ -4,6 +4,12 @@ Each ``_op_<kind>`` resolves its operation's random words against the model (whi
 which file, which boundary value), says which errnos the model allows (0 = success), makes the
 call and updates the model from what happened.  After every step :meth:`Engine.check` compares
 the kernel's state with the model and reads the kernel log.
+
+Recording (``Engine(record=True)``, ``python3 -m obmm.fuzz --record FILE``): for comparing two
+drivers on one seed (``make fuzz-diff``).  No errno or state is held against the model (it is
+the emulator's); each operation's outcome is recorded instead: the errno of every call it made,
+the reply fields that do not depend on placement, and any check of the data or the model that
+failed.  The kernel log is still checked: a report ends the run.
 """
 
 from __future__ import annotations
@@ -63,20 +69,31 @@ class Buffer:
 
 
 class Engine:
-    def __init__(self, *, reload: bool = True, faults_on: bool = True, log: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        reload: bool = True,
+        faults_on: bool = True,
+        log: bool = False,
+        record: bool = False,
+    ) -> None:
         self.model = Model()
         self.log = log
+        self.record = record
+        #: record mode: one outcome per operation run (see the module's docstring)
+        self.outcomes: list[dict[str, object]] = []
+        self._outcome: dict[str, object] = {}
         self.trace: list[str] = []
         self.fabric = node.load_fabric()
         self.pool_total = node.pool_total()
         self.module = node.Module()
-        self.reload_ok = reload and self.module.reloadable
-        self.faults = faults.FaultInjection.detect() if faults_on else None
+        self.reload_ok = reload and self.module.reloadable and not record
+        self.faults = faults.FaultInjection.detect() if faults_on and not record else None
         self.kmsg = node.KernelLog()
         self.dev = obmm.Obmm()
         if node.shmdev_ids() or node.sysfs_ids():
             raise RuntimeError("regions exist already: the fuzzer needs an idle node")
-        self.base_refcnt = node.module_refcnt()
+        self.base_refcnt = 0 if record else node.module_refcnt()
         self.base_iomem = node.iomem_others()
         self.peers = [n for n in self.fabric.windows if n != self.fabric.node_id]
         self.buffers = self._buffers()
@@ -135,12 +152,34 @@ class Engine:
     def step(self, op: Op) -> None:
         handler: Callable[[Op], None] = getattr(self, f"_op_{op.kind}")
         t0 = time.monotonic()
+        self._outcome = {"op": op.index, "kind": op.kind, "errnos": []}
         try:
             handler(op)
+        except Failure as exc:
+            if not self.record or exc.kind == "kernel":
+                raise
+            # a data, model or sysfs check failed: part of this driver's outcome
+            self._outcome["check"] = exc.kind
         finally:
             count, spent = self.stats.get(op.kind, (0, 0.0))
             self.stats[op.kind] = (count + 1, spent + time.monotonic() - t0)
+            if self.record:
+                self.outcomes.append(self._outcome)
         self.ops_run += 1
+
+    def skipped(self, op: Op, reason: str) -> bool:
+        """Record mode: leave out a call whose outcome is the emulator's own (the reason names
+        its FIDELITY row), so both drivers stay in the same state; True when left out."""
+        if not self.record:
+            return False
+        self._outcome["skipped"] = reason
+        self.note(op, f"skipped: {reason}")
+        return True
+
+    def reply(self, **fields: int) -> None:
+        """Record mode: reply fields of the operation's call that do not depend on placement."""
+        if self.record:
+            self._outcome.update(fields)
 
     def note(self, op: Op, text: str) -> None:
         line = f"[{op.index}] {op.kind} {text}"
@@ -154,6 +193,11 @@ class Engine:
         # step still prove it left nothing behind.
         allowed = allowed | self.injected(op)
         self.note(op, f"{what} -> {'ok' if got == 0 else errno_name(got)}")
+        if self.record:
+            errnos = self._outcome.setdefault("errnos", [])
+            assert isinstance(errnos, list)
+            errnos.append("ok" if got == 0 else errno_name(got))
+            return
         if got not in allowed:
             raise Failure(
                 op, "errno", f"{what}: got {names([got])}, the model allows {names(allowed)}"
@@ -260,6 +304,9 @@ class Engine:
             want = {priv_err or vendor_err}
         elif total > self._largest_free_run():
             want = {errno.ENOMEM}
+            free = self.pool_total - self.model.pool_used()
+            if total <= free and self.skipped(op, "pool placement: obmm_emu needs one free run"):
+                return
         else:
             want = {OK}
             if self.peers:
@@ -267,11 +314,17 @@ class Engine:
             if int(cmd.flags) & abi.OBMM_EXPORT_FLAG_FAST:
                 want.add(errno.ENOMEM)  # FAST takes only memory already cleared
         want |= self.injected(op)
+        if self.record and int(cmd.flags) & abi.OBMM_EXPORT_FLAG_FAST:
+            # FAST takes only cleared memory, which the real driver's pool refills and clears in
+            # the background (every mempool_refill_timeout): both start from a whole, cleared
+            # pool, so the outcome does not depend on timing
+            node.settle_pool(self.pool_total)
         _, err = self.call(op, lambda: self.dev.ioctl("OBMM_CMD_EXPORT", cmd))
         self.expect(op, f"size={sz[0]:#x} length={n} flags={int(cmd.flags):#x}", err, want)
         if err:
             return
         mem_id = int(cmd.mem_id)
+        self.reply(mem_id=mem_id)
         pa = self.dev.query_pa_by_memid(mem_id)
         self.model.regions[mem_id] = Region(
             mem_id, "export", total, pa, int(cmd.tokenid),
@@ -311,11 +364,17 @@ class Engine:
         else:
             want = {errno.EFAULT, errno.ENOMEM}
         want |= self.injected(op)
+        # the real driver sizes its page array from length first: a kernel WARN (kvmalloc over
+        # INT_MAX) from 1 TiB on
+        too_long = want == {errno.ENOMEM} and length >> 12 > os.sysconf("SC_PHYS_PAGES")
+        if too_long and self.skipped(op, "EXPORT_PID length over RAM: real WARNs (FIDELITY)"):
+            return
         _, err = self.call(op, lambda: self.dev.ioctl("OBMM_CMD_EXPORT_PID", cmd))
         self.expect(op, f"va={va:#x} length={length:#x} pid={pid}", err, want)
         if err:
             return
         mem_id = int(cmd.mem_id)
+        self.reply(mem_id=mem_id)
         segs = tuple(self.dev.query_pa_by_memid(mem_id, o) for o in range(0, length, SZ_2M))
         self.model.regions[mem_id] = Region(
             mem_id, "pid", length, segs[0], int(cmd.tokenid), allow_mmap=False,
@@ -343,6 +402,9 @@ class Engine:
             want = {errno.EINVAL}
         else:
             want = {OK}
+        importers = exp and any(i.dep == mem_id for i in self.model.regions.values())
+        if want == {OK} and importers and self.skipped(op, "UNEXPORT under an import: revokes"):
+            return  # obmm_emu revokes a loopback import (FIDELITY); real: the UMMU would fault
         cmd = abi.new("struct obmm_cmd_unexport" if exp else "struct obmm_cmd_unimport")
         cmd.mem_id = mem_id
         cmd.flags = flags
@@ -444,6 +506,7 @@ class Engine:
         if err:
             return
         mem_id = int(cmd.mem_id)
+        self.reply(mem_id=mem_id, numa_id=int(cmd.numa_id))
         self.model.regions[mem_id] = Region(
             mem_id, "import", length, addr, token, allow_mmap=not numa, numa=numa,
             dep=covering.mem_id if covering and not numa else None,
@@ -478,6 +541,8 @@ class Engine:
         self.expect(op, f"key={key}", err, want)
         if err:
             return
+        if key == 0:
+            self.reply(mem_id=int(cmd.mem_id), offset=int(cmd.offset))
         if key == 0 and hit is not None:
             got = (int(cmd.mem_id), int(cmd.offset))
             if got != (hit.mem_id, hit.offset_of(pa)):
@@ -504,6 +569,8 @@ class Engine:
         _, err = self.call(op, lambda: self.dev.ioctl(name, cmd))
         self.expect(op, f"{name[9:]} pa={key[0]:#x} length={key[1]:#x}", err, want)
         if not err:
+            if declare:
+                self.reply(numa_id=int(cmd.numa_id))
             (self.model.preimports.add if declare else self.model.preimports.discard)(key)
 
     def _op_bad_ioctl(self, op: Op) -> None:
@@ -703,6 +770,8 @@ class Engine:
                 if m.addr <= covered < m.addr + m.length:
                     covered = m.addr + m.length
             want = {OK} if covered >= end else {errno.EFAULT}
+        if want == {OK} and self.skipped(op, "UPDATE_RANGE effect: obmm_emu validates only"):
+            return  # the real driver changes the PTEs' access (NO_ACCESS: a read faults)
         _, err = self.call(
             op, lambda: obmm.ShmDev.update_range(self._as_shm(f), start, end, state, cache)
         )
@@ -820,6 +889,7 @@ class Engine:
 
     def _op_reload(self, op: Op) -> None:
         if not self.reload_ok:
+            self.skipped(op, "module reload: not in record mode")
             return
         idle = self.model.idle()
         self.dev.close()
@@ -845,6 +915,12 @@ class Engine:
         return len(m.regions) + 2 * len(m.live_files()) + len(m.preimports)
 
     def check(self, op: Op | None) -> None:
+        if self.record:
+            # the model is the emulator's: only the kernel log holds for every driver
+            report = self.kmsg.reports()
+            if report:
+                raise Failure(op, "kernel", report)
+            return
         m = self.model
         ids = set(m.regions)
         for what, got in (("/dev nodes", node.shmdev_ids()), ("sysfs", node.sysfs_ids())):

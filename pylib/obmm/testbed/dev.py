@@ -76,7 +76,9 @@ def command(args: argparse.Namespace) -> int:
     session = _session(settings, progress)
     try:
         kos = provision.module_load_order(
-            provision.build_guest_modules(session.cluster.image, results_dir() / "kmod")
+            provision.build_guest_modules(
+                session.cluster.image, results_dir() / "kmod", settings.driver
+            )
         )
         t1 = time.monotonic()
         provision.push_payload(session.nodes, kos)
@@ -129,7 +131,7 @@ def _reload_if_changed(session: Session, kos: Sequence[Path], params: Sequence[s
 
     def reload(node: Node) -> None:
         provision.unload_modules(node, kos)
-        provision.load_modules(node, topology, kos, params=params)
+        provision.load_modules(node, topology, kos, params=params, driver=session.settings.driver)
 
     on_each(session.nodes, reload)
     _record(session, kos, params)

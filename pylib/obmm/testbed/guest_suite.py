@@ -293,7 +293,9 @@ class GuestSession:
             if self.attach_to:
                 self.session = attach(self.settings, self.attach_to)
                 kos = provision.module_load_order(
-                    provision.build_guest_modules(self.session.cluster.image, self.results / "kmod")
+                    provision.build_guest_modules(
+                        self.session.cluster.image, self.results / "kmod", self.settings.driver
+                    )
                 )
                 provision.push_payload(self.session.nodes, kos)
             else:

@@ -24,7 +24,8 @@ for the first test that needs it and reused; a test asking for other settings re
 ``params`` are module parameters of the driver (``["ubc_index=1", "ubc_dev=00002"]``).
 ``@pytest.mark.obmm_cluster(kernel_guard=False)`` / ``leak_check=False`` (or the ini options
 ``obmm_kernel_guard`` / ``obmm_leak_check``, ``--obmm-no-kernel-guard`` /
-``--obmm-no-leak-check``) turn a check off.
+``--obmm-no-leak-check``) turn a check off.  ``--obmm-driver real`` (ini ``obmm_driver``,
+else ``$OBMM_TESTBED_DRIVER``) loads upstream's obmm.ko over kmod/ub_compat instead of the emulator.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("obmm_memory_mib", "RAM per node in MiB (default: the pair topology's)")
     parser.addini("obmm_pool_mib", "export pool per node in MiB (default: the topology's)")
     parser.addini("obmm_accel", "accelerator: auto, kvm or tcg", default="")
+    parser.addini("obmm_driver", "OBMM driver: emu or real (upstream's obmm.ko)", default="")
     parser.addini("obmm_kernel_guard", "fail a test on a kernel report", type="bool", default=True)
     parser.addini("obmm_leak_check", "fail a test that leaks OBMM state", type="bool", default=True)
 
@@ -97,6 +99,7 @@ class Testbed:
         """The options over the environment over the ini file; 2 nodes unless told."""
         ini: dict[str, Any] = {k: _int_or_none(self.config.getini(v)) for k, v in INI_SHAPE.items()}
         ini["accel"] = self.config.getini("obmm_accel") or None
+        ini["driver"] = self.config.getini("obmm_driver") or None
         from_env = settings_mod.set_in_environment()
         base = Settings.from_env().replace(**{k: v for k, v in ini.items() if k not in from_env})
         settings = settings_mod.from_pytest(self.config, base)

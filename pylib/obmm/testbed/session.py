@@ -181,7 +181,7 @@ def bring_up(
     kos: list[Path] = []
     if load_modules:
         kos = provision.module_load_order(
-            provision.build_guest_modules(image, results_dir() / "kmod")
+            provision.build_guest_modules(image, results_dir() / "kmod", settings.driver)
         )
         progress.line("modules: " + (", ".join(k.name for k in kos) or "none"))
     t2 = time.monotonic()
@@ -209,7 +209,9 @@ def bring_up(
     )
     try:
         if load_modules:
-            provision.prepare(session.nodes, topology, kos, params=settings.params)
+            provision.prepare(
+                session.nodes, topology, kos, params=settings.params, driver=settings.driver
+            )
             _identify(session)  # the controller the driver made; plain `up` needs none
     except BaseException:
         session.stop()
