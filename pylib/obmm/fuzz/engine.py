@@ -20,7 +20,7 @@ import obmm
 from obmm import abi
 from obmm.abi import ffi
 from obmm.errors import errno_name
-from obmm.fuzz import faults, node
+from obmm.fuzz import faults, target
 from obmm.fuzz.model import MAX_REGION_ID, SZ_2M, SZ_4K, U64, File, Map, Model, Region
 from obmm.fuzz.ops import Op
 
@@ -67,17 +67,17 @@ class Engine:
         self.model = Model()
         self.log = log
         self.trace: list[str] = []
-        self.fabric = node.load_fabric()
-        self.pool_total = node.pool_total()
-        self.module = node.Module()
+        self.fabric = target.load_fabric()
+        self.pool_total = target.pool_total()
+        self.module = target.Module()
         self.reload_ok = reload and self.module.reloadable
         self.faults = faults.FaultInjection.detect() if faults_on else None
-        self.kmsg = node.KernelLog()
+        self.kmsg = target.KernelLog()
         self.dev = obmm.Obmm()
-        if node.shmdev_ids() or node.sysfs_ids():
+        if target.shmdev_ids() or target.sysfs_ids():
             raise RuntimeError("regions exist already: the fuzzer needs an idle node")
-        self.base_refcnt = node.module_refcnt()
-        self.base_iomem = node.iomem_others()
+        self.base_refcnt = target.module_refcnt()
+        self.base_iomem = target.iomem_others()
         self.peers = [n for n in self.fabric.windows if n != self.fabric.node_id]
         self.buffers = self._buffers()
         self.ops_run = 0
@@ -87,22 +87,22 @@ class Engine:
 
     def _buffers(self) -> list[Buffer]:
         out = []
-        old = node.read_int(node.NR_HUGEPAGES)
+        old = target.read_int(target.NR_HUGEPAGES)
         self._hugepages_old = old
         with contextlib.suppress(OSError):
-            node.NR_HUGEPAGES.write_text(str(old + 2))
+            target.NR_HUGEPAGES.write_text(str(old + 2))
         for _ in range(2):
-            flags = node.MAP_PRIVATE | node.MAP_ANONYMOUS | node.MAP_HUGETLB
-            addr, err = node.mmap(0, SZ_2M, R | W, flags, -1, 0)
+            flags = target.MAP_PRIVATE | target.MAP_ANONYMOUS | target.MAP_HUGETLB
+            addr, err = target.mmap(0, SZ_2M, R | W, flags, -1, 0)
             if not err:
-                node.write_word(addr, bytes(8))  # fault the huge page in
+                target.write_word(addr, bytes(8))  # fault the huge page in
                 out.append(Buffer(addr, SZ_2M, True))
         # an ordinary (not hugetlb) 2 MiB-aligned range: EXPORT_PID refuses it
-        addr, err = node.mmap(0, 2 * SZ_2M, R | W, node.MAP_PRIVATE | node.MAP_ANONYMOUS, -1, 0)
+        addr, err = target.mmap(0, 2 * SZ_2M, R | W, target.MAP_PRIVATE | target.MAP_ANONYMOUS, -1, 0)
         if not err:
             start = (addr + SZ_2M - 1) & ~(SZ_2M - 1)
             for off in range(0, SZ_2M, SZ_4K):
-                node.write_word(start + off, b"\1" * 8)
+                target.write_word(start + off, b"\1" * 8)
             out.append(Buffer(start, SZ_2M, False))
         return out
 
@@ -111,7 +111,7 @@ class Engine:
         self.dev.close()
         self.kmsg.close()
         with contextlib.suppress(OSError):
-            node.NR_HUGEPAGES.write_text(str(self._hugepages_old))
+            target.NR_HUGEPAGES.write_text(str(self._hugepages_old))
 
     # ---- running ----
 
@@ -516,7 +516,7 @@ class Engine:
             request = abi.ioc(3, "x", 8 + op.word(3) % 200, 8)
             want = {errno.ENOTTY}
         self.note(op, "")
-        err = node.raw_ioctl(fd, request, op.pick(4, (*BAD_POINTERS, 0)))
+        err = target.raw_ioctl(fd, request, op.pick(4, (*BAD_POINTERS, 0)))
         self.expect(op, f"{'shmdev' if on_shm else 'obmm'} cmd={request:#x}", err, want)
 
     # ---- shmdev files and mappings ----
@@ -592,9 +592,9 @@ class Engine:
             want.add(errno.EINVAL)
         want |= self.injected(op)
         raw = offset | (PMD_FLAG if pmd else 0)
-        map_flags = node.MAP_SHARED if shared else node.MAP_PRIVATE
+        map_flags = target.MAP_SHARED if shared else target.MAP_PRIVATE
         with self.armed(op):
-            addr, err = node.mmap(0, length, prot, map_flags, f.fd, raw)
+            addr, err = target.mmap(0, length, prot, map_flags, f.fd, raw)
         self.expect(op, f"{r.mem_id} length={length:#x} offset={offset:#x} pmd={pmd}", err, want)
         if err:
             return
@@ -619,7 +619,7 @@ class Engine:
         keep = m.granu * (1 + op.word(2) % (pieces - 1)) if pieces > 1 and op.chance(1, 50) else 0
         if keep and op.chance(3, 20) and m.granu == SZ_2M:
             keep += SZ_4K  # a cut inside a PMD granule: may_split refuses it
-        err = node.munmap(m.addr + keep, m.length - keep)
+        err = target.munmap(m.addr + keep, m.length - keep)
         allowed = {OK} if keep % m.granu == 0 else {errno.EINVAL}
         self.expect(op, f"{m.mem_id} keep={keep:#x} of {m.length:#x}", err, allowed)
         if not err:
@@ -633,7 +633,7 @@ class Engine:
         prot = op.pick(2, (R, R | W, 0))
         # write access a shared mapping of a read-only file may never get: the core says no
         want = errno.EACCES if prot & W and not m.file.write else errno.EOPNOTSUPP
-        err = node.mprotect(m.addr, length, prot)
+        err = target.mprotect(m.addr, length, prot)
         self.expect(op, f"{m.mem_id} length={length:#x} prot={prot}", err, {want})
 
     def _op_mremap(self, op: Op) -> None:
@@ -642,22 +642,22 @@ class Engine:
             return
         how = op.pick(1, ("grow", "shrink", "move"))
         if how == "grow":
-            _, err = node.mremap(m.addr, m.length, m.length + m.granu, 0)
+            _, err = target.mremap(m.addr, m.length, m.length + m.granu, 0)
             self.expect(op, f"{m.mem_id} grow", err, {errno.EFAULT})
         elif how == "shrink" and m.length > m.granu:
             keep = m.length - m.granu
-            _, err = node.mremap(m.addr, m.length, keep, 0)
+            _, err = target.mremap(m.addr, m.length, keep, 0)
             self.expect(op, f"{m.mem_id} shrink to {keep:#x}", err, {OK})
             if not err:
                 self._drop_tail(m, keep)
         elif how == "move":
-            flags = node.MAP_PRIVATE | node.MAP_ANONYMOUS | node.MAP_NORESERVE
-            spare, err = node.mmap(0, m.length, 0, flags, -1, 0)
+            flags = target.MAP_PRIVATE | target.MAP_ANONYMOUS | target.MAP_NORESERVE
+            spare, err = target.mmap(0, m.length, 0, flags, -1, 0)
             if err:
                 return
-            fixed = node.MREMAP_MAYMOVE | node.MREMAP_FIXED
-            _, err = node.mremap(m.addr, m.length, m.length, fixed, spare)
-            node.munmap(spare, m.length)
+            fixed = target.MREMAP_MAYMOVE | target.MREMAP_FIXED
+            _, err = target.mremap(m.addr, m.length, m.length, fixed, spare)
+            target.munmap(spare, m.length)
             self.expect(op, f"{m.mem_id} move", err, {errno.EOPNOTSUPP})
 
     def _op_update_range(self, op: Op) -> None:
@@ -735,7 +735,7 @@ class Engine:
         off = (op.word(1) % m.length) & ~7
         if m.writable and op.chance(2, 60):
             word = op.word(3).to_bytes(8, "little")
-            node.write_word(m.addr + off, word)
+            target.write_word(m.addr + off, word)
             phys = self.model.phys_of(m, off, self.fabric.own_base)
             if phys is not None:
                 self.model.data[phys] = word
@@ -748,7 +748,7 @@ class Engine:
             if o_phys0 is None or not o_phys0 <= phys < o_phys0 + other.length:
                 continue
             want = self._expected_word(other, phys - o_phys0)
-            got = node.read_word(other.addr + phys - o_phys0)
+            got = target.read_word(other.addr + phys - o_phys0)
             if want is not None and got != want:
                 raise Failure(
                     op, "data",
@@ -761,7 +761,7 @@ class Engine:
         if m is None:
             return
         off = (op.word(1) % m.length) & ~7
-        data, err = node.proc_mem_read(m.addr + off, 8)
+        data, err = target.proc_mem_read(m.addr + off, 8)
         revoked = self.model.regions[m.mem_id].revoked
         self.expect(
             op, f"/proc/self/mem {m.mem_id}+{off:#x}", err, {errno.EIO} if revoked else {OK}
@@ -774,7 +774,7 @@ class Engine:
         pid = os.fork()
         if pid == 0:
             # VM_DONTCOPY: no obmm mapping in the child
-            code = 3 if node.mapped_bytes() else 0
+            code = 3 if target.mapped_bytes() else 0
             os._exit(code)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
@@ -782,9 +782,9 @@ class Engine:
 
     def _op_sysfs(self, op: Op) -> None:
         ids = self.model.ids()
-        dirs = [node.EMU, node.MEMPOOL / f"obmm-{0}"]
+        dirs = [target.EMU, target.MEMPOOL / f"obmm-{0}"]
         if ids:
-            dirs.append(node.SHMDEV_SYSFS / f"obmm_shmdev{ids[op.word(0) % len(ids)]}")
+            dirs.append(target.SHMDEV_SYSFS / f"obmm_shmdev{ids[op.word(0) % len(ids)]}")
         for d in dirs:
             for p in sorted(d.iterdir()) if d.is_dir() else ():
                 if p.is_file():
@@ -794,7 +794,7 @@ class Engine:
                         raise Failure(op, "sysfs", f"{p}: {exc}") from exc
         if ids:
             mem_id = ids[op.word(0) % len(ids)]
-            size = node.read_int(node.SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "size")
+            size = target.read_int(target.SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "size")
             if size != self.model.regions[mem_id].size:
                 raise Failure(op, "sysfs", f"obmm_shmdev{mem_id}/size {size:#x}")
         self.note(op, f"{len(dirs)} directories")
@@ -817,9 +817,9 @@ class Engine:
             raise Failure(op, "reload", f"insmod: {exc}") from exc
         self.dev = obmm.Obmm()
         if ok:
-            self.fabric = node.load_fabric()
-            self.pool_total = node.pool_total()
-        self.base_refcnt = node.module_refcnt() - self.expected_refs()
+            self.fabric = target.load_fabric()
+            self.pool_total = target.pool_total()
+        self.base_refcnt = target.module_refcnt() - self.expected_refs()
         self.expect(op, f"rmmod ({'idle' if idle else 'busy'})", OK if ok else errno.EBUSY,
                     {OK} if idle else {errno.EBUSY})  # fmt: skip
 
@@ -834,45 +834,45 @@ class Engine:
     def check(self, op: Op | None) -> None:
         m = self.model
         ids = set(m.regions)
-        for what, got in (("/dev nodes", node.shmdev_ids()), ("sysfs", node.sysfs_ids())):
+        for what, got in (("/dev nodes", target.shmdev_ids()), ("sysfs", target.sysfs_ids())):
             if got != ids:
                 raise Failure(op, "state", f"{what} {sorted(got)}, model {sorted(ids)}")
-        used = node.pool_used()
+        used = target.pool_used()
         if used != m.pool_used():
             raise Failure(op, "state", f"pool used {used:#x}, live exports {m.pool_used():#x}")
-        memids, direct = node.iomem_memids()
+        memids, direct = target.iomem_memids()
         imports = {i for i, r in m.regions.items() if r.kind == "import" and not r.numa}
         numa = {i for i, r in m.regions.items() if r.numa}
         if not imports <= memids <= imports | numa or direct < len(imports):
             raise Failure(
                 op, "state", f"/proc/iomem MEMID {sorted(memids)}, imports {sorted(imports)}"
             )
-        declared = node.iomem_preimports()
+        declared = target.iomem_preimports()
         if declared != m.preimports:
             raise Failure(
                 op, "state", f"/proc/iomem PREIMPORT_UBMEM {sorted(declared)}, declared "
                 f"{sorted(m.preimports)}"
             )  # fmt: skip
-        others = node.iomem_others()
+        others = target.iomem_others()
         if others != self.base_iomem:
             gone = sorted(set(self.base_iomem) - set(others))
             new = sorted(set(others) - set(self.base_iomem))
             raise Failure(op, "state", f"/proc/iomem changed: lost {gone}, gained {new}")
         revoked = {i for i, r in m.regions.items() if r.revoked}
-        if node.revoked_ids() != revoked:
+        if target.revoked_ids() != revoked:
             raise Failure(
-                op, "state", f"revoked {sorted(node.revoked_ids())}, model {sorted(revoked)}"
+                op, "state", f"revoked {sorted(target.revoked_ids())}, model {sorted(revoked)}"
             )
-        refs = node.module_refcnt() - self.base_refcnt
+        refs = target.module_refcnt() - self.base_refcnt
         if refs != self.expected_refs():
             raise Failure(op, "state", f"module refcnt +{refs}, model +{self.expected_refs()}")
         mapped: dict[int, int] = {}
         for mp in m.maps:
             mapped[mp.mem_id] = mapped.get(mp.mem_id, 0) + mp.length
-        got_maps = node.mapped_bytes()
+        got_maps = target.mapped_bytes()
         if got_maps != mapped:
             raise Failure(op, "state", f"mapped bytes {got_maps}, model {mapped}")
-        lines = node.preimport_lines()
+        lines = target.preimport_lines()
         if lines and lines != 1 + len(m.preimports):
             raise Failure(op, "state", f"preimport_info {lines} lines, model {len(m.preimports)}")
         report = self.kmsg.reports()
@@ -884,7 +884,7 @@ class Engine:
     def reset(self) -> None:
         m = self.model
         for mp in list(m.maps):
-            node.munmap(mp.addr, mp.length)
+            target.munmap(mp.addr, mp.length)
         m.maps.clear()
         for f in m.files:
             if f.fd >= 0:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import obmm
 from obmm.errors import errno_name
-from obmm.fuzz import node
+from obmm.fuzz import target
 from obmm.fuzz.engine import Engine, Failure
 from obmm.fuzz.model import SZ_2M
 from obmm.fuzz.ops import Op
@@ -185,7 +185,7 @@ def close_vs_revocation(rd: Round) -> None:
     rd.allow(
         "UNEXPORT under a mapped import", rd.errno_of(lambda: rd.dev.unexport(exp.mem_id)), {0}
     )
-    if imp.mem_id not in node.revoked_ids():
+    if imp.mem_id not in target.revoked_ids():
         raise rd.fail(f"import {imp.mem_id} not revoked when UNEXPORT returned")
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) != signal.SIGBUS:
@@ -205,12 +205,12 @@ def export_pid_vs_exit(rd: Round) -> None:
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        flags = node.MAP_PRIVATE | node.MAP_ANONYMOUS | (node.MAP_HUGETLB if huge else 0)
-        addr, err = node.mmap(0, 2 * SZ_2M, 3, flags, -1, 0)
+        flags = target.MAP_PRIVATE | target.MAP_ANONYMOUS | (target.MAP_HUGETLB if huge else 0)
+        addr, err = target.mmap(0, 2 * SZ_2M, 3, flags, -1, 0)
         if err:
             os._exit(2)
         start = (addr + SZ_2M - 1) & ~(SZ_2M - 1) if not huge else addr
-        node.write_word(start, b"pinned!!")
+        target.write_word(start, b"pinned!!")
         os.write(w, start.to_bytes(8, "little"))
         time.sleep(life / 1000)
         os._exit(0)
@@ -296,7 +296,7 @@ def unexport_vs_import(rd: Round) -> None:
     for e in errs:
         rd.allow("IMPORT racing UNEXPORT", e, {errno.EACCES})
     for i in got:
-        if i.mem_id not in node.revoked_ids():
+        if i.mem_id not in target.revoked_ids():
             raise rd.fail(f"import {i.mem_id} of a withdrawn export is not revoked")
         rd.dev.unimport(i.mem_id)
 
@@ -333,16 +333,16 @@ def rmmod_vs_open(rd: Round) -> None:
         eng.module.insmod()
         eng.dev = obmm.Obmm()
     if unloaded and unloaded[0]:
-        eng.fabric = node.load_fabric()
-        eng.pool_total = node.pool_total()
-    eng.base_refcnt = node.module_refcnt()
+        eng.fabric = target.load_fabric()
+        eng.pool_total = target.pool_total()
+    eng.base_refcnt = target.module_refcnt()
 
 
 def scrub(dev: obmm.Obmm) -> None:
     """After a failed round: remove whatever regions it left (imports first)."""
     for kind in ("import", "export"):
-        for mem_id in sorted(node.sysfs_ids()):
-            path = node.SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "type"
+        for mem_id in sorted(target.sysfs_ids()):
+            path = target.SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "type"
             try:
                 if path.read_text().strip() != kind:
                     continue
@@ -365,7 +365,7 @@ SCENARIOS: dict[str, Callable[[Round], None]] = {
 def main(seed: int, rounds: int, *, reload: bool = True) -> int:
     engine = Engine(reload=reload, faults_on=False)
     with contextlib.suppress(OSError):
-        node.NR_HUGEPAGES.write_text(str(node.read_int(node.NR_HUGEPAGES) + 2))
+        target.NR_HUGEPAGES.write_text(str(target.read_int(target.NR_HUGEPAGES) + 2))
     master = random.Random(seed)
     names = sorted(SCENARIOS)
     print(f"fuzz: seed {seed}, {rounds} race rounds over {', '.join(names)}, "

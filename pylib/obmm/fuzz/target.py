@@ -1,4 +1,4 @@
-"""The node the fuzzer runs on: fabric, pool, module, kernel log, libc calls."""
+"""The node the fuzzer runs on (its target): fabric, pool, module, kernel log, libc calls."""
 
 from __future__ import annotations
 
