@@ -20,12 +20,28 @@
 #define OBMM_SHMDEV_VMA_NAME	"OBMM_SHM"
 
 /*
- * PMD-granule mappings get huge (2 MiB) entries, installed on first touch
- * by obmm_vm_fault() with vmf_insert_pfn_pmd() (the real driver maps them
- * at mmap with the OLK-only remap_pfn_range_try_pmd()).  Without THP the
- * kernel has no huge pfn entries: they are mapped with 4 KiB PTEs.
+ * PMD-granule mappings are installed on first touch, 2 MiB at a time, by
+ * obmm_vm_fault() (the real driver maps them at mmap with the OLK-only
+ * remap_pfn_range_try_pmd()).  Without THP the kernel has no huge pfn
+ * entries and no 2 MiB-aligned placement: they are mapped with 4 KiB PTEs
+ * at mmap, as the page granule.
+ *
+ * A huge (2 MiB) entry is used only where the kernel marks huge pfn entries
+ * special (pmd_special(), CONFIG_ARCH_SUPPORTS_PMD_PFNMAP, 6.12 on x86_64
+ * and arm64).  Before that, get_user_pages_fast() takes any huge PMD for a
+ * THP and grabs its struct page: there is none for a window BAR or for pool
+ * memory above mem=, and a futex, vmsplice, O_DIRECT or EXPORT_PID on such
+ * an address oopsed (the flaw that made drm/ttm drop its huge pfn
+ * mappings).  There each 2 MiB gets its 512 PTEs at once instead, special
+ * like every pfn PTE, which GUP-fast leaves to the slow path (VM_PFNMAP:
+ * EFAULT).
  */
 #ifdef CONFIG_TRANSPARENT_HUGEPAGE
+#define OBMM_PMD_LAZY		1
+#else
+#define OBMM_PMD_LAZY		0
+#endif
+#if defined(CONFIG_TRANSPARENT_HUGEPAGE) && defined(CONFIG_ARCH_SUPPORTS_PMD_PFNMAP)
 #define OBMM_PMD_HUGE		1
 #else
 #define OBMM_PMD_HUGE		0
@@ -146,12 +162,13 @@ static void obmm_vm_open(struct vm_area_struct *vma)
 }
 
 /*
- * x86 PAT: vmf_insert_pfn_pmd() takes the caching mode of the pfn from the
- * memtype reservation that covers it (none: uncached), and only
- * remap_pfn_range() reserves one for a VMA.  So while a PMD-granule
+ * x86 PAT: vmf_insert_pfn_pmd() and vmf_insert_pfn() take the caching mode
+ * of the pfn from the memtype reservation that covers it (none: uncached),
+ * and only remap_pfn_range() reserves one for a VMA.  So while a PMD-granule
  * region is mapped it holds a kernel mapping of itself with the VMA's
  * protection: the same reservation remap_pfn_range() would make (WB or
- * WC, as PAT and the MTRRs allow), which the huge entries then get.
+ * WC, as PAT and the MTRRs allow), which the entries installed on touch
+ * then get.
  * mmap_lock held.
  */
 static int obmm_pmd_memtype_get(struct obmm_region *r, pgprot_t prot)
@@ -185,9 +202,10 @@ static void obmm_vm_close(struct vm_area_struct *vma)
 	mutex_unlock(&r->mmap_lock);
 }
 
-static bool obmm_vma_huge(const struct obmm_region *r)
+/* A PMD-granule region whose 2 MiB pieces are installed on first touch. */
+static bool obmm_vma_lazy(const struct obmm_region *r)
 {
-	return OBMM_PMD_HUGE && r->mmap_granu == OBMM_MMAP_GRANU_PMD;
+	return OBMM_PMD_LAZY && r->mmap_granu == OBMM_MMAP_GRANU_PMD;
 }
 
 /* Offset in the region of a user address of the VMA. */
@@ -197,8 +215,24 @@ static u64 obmm_vma_offset(const struct vm_area_struct *vma,
 	return ((u64)vma->vm_pgoff << PAGE_SHIFT) + (addr - vma->vm_start);
 }
 
-#if OBMM_PMD_HUGE
-/* The huge entry of the 2 MiB around vmf->address. */
+#if OBMM_PMD_LAZY
+/* Every 4 KiB PTE of the 2 MiB at haddr (a kernel without special huge pfn PMDs). */
+static vm_fault_t obmm_pmd_fault_ptes(struct vm_area_struct *vma,
+				      struct obmm_region *r, unsigned long haddr)
+{
+	vm_fault_t ret = VM_FAULT_NOPAGE;
+	unsigned long addr;
+
+	for (addr = haddr; addr < haddr + PMD_SIZE; addr += PAGE_SIZE) {
+		ret = vmf_insert_pfn(vma, addr,
+				     PHYS_PFN(r->pa + obmm_vma_offset(vma, addr)));
+		if (ret != VM_FAULT_NOPAGE)
+			break;
+	}
+	return ret;
+}
+
+/* The 2 MiB around vmf->address: one huge entry, or its 512 PTEs. */
 static vm_fault_t obmm_pmd_fault(struct vm_fault *vmf, struct obmm_region *r)
 {
 	struct vm_area_struct *vma = vmf->vma;
@@ -209,6 +243,8 @@ static vm_fault_t obmm_pmd_fault(struct vm_fault *vmf, struct obmm_region *r)
 	if (haddr < vma->vm_start || haddr + PMD_SIZE > vma->vm_end ||
 	    off + PMD_SIZE > r->size)
 		return VM_FAULT_SIGBUS;
+	if (!OBMM_PMD_HUGE)
+		return obmm_pmd_fault_ptes(vma, r, haddr);
 	if (pmd_none(*vmf->pmd))
 		return vmf_insert_pfn_pmd(vmf, phys_to_pfn_t(r->pa + off, PFN_DEV),
 					  vmf->flags & FAULT_FLAG_WRITE);
@@ -231,8 +267,8 @@ static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
 	 * takes before it zaps: no entry can be installed after the zap).
 	 */
 	mutex_lock(&r->mmap_lock);
-#if OBMM_PMD_HUGE
-	if (!r->revoked && obmm_vma_huge(r))
+#if OBMM_PMD_LAZY
+	if (!r->revoked && obmm_vma_lazy(r))
 		ret = obmm_pmd_fault(vmf, r);
 #endif
 	mutex_unlock(&r->mmap_lock);
@@ -280,8 +316,9 @@ static const char *obmm_vm_name(struct vm_area_struct *vma)
  * ptrace / GDB access (access_process_vm() falls back to this for pfnmap
  * VMAs).  Page-granule mappings use generic_access_phys(), which maps the
  * page with the memtype of its PTE.  It walks to a PTE and cannot take a
- * huge entry, so for PMD mappings the physical address comes from the
- * region instead, mapped with the VMA's protection.  (The region-based
+ * huge entry nor a 2 MiB piece not touched yet, so for PMD mappings the
+ * physical address comes from the region instead, mapped with the VMA's
+ * protection.  (The region-based
  * path for page mappings too got EIO for an untouched cacheable 4 KiB
  * mapping: fuzzer --seed 5 --ops 1000 --only 348,361,399,413.)
  */
@@ -294,7 +331,7 @@ static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 	void __iomem *maddr;
 	int ret = -EINVAL;
 
-	if (!obmm_vma_huge(r))
+	if (!obmm_vma_lazy(r))
 		return generic_access_phys(vma, addr, buf, len, write);
 
 	/*
@@ -387,7 +424,7 @@ static int obmm_make_first_page_tables(struct vm_area_struct *vma,
 	return 0;
 }
 
-/* Install the mapping: every PTE now, or (PMD granule) huge entries on touch. */
+/* Install the mapping: every PTE now, or (PMD granule) 2 MiB at a time on touch. */
 static int obmm_shm_map(struct obmm_region *r, struct vm_area_struct *vma,
 			u64 offset, enum obmm_mmap_granu granu)
 {
@@ -397,7 +434,7 @@ static int obmm_shm_map(struct obmm_region *r, struct vm_area_struct *vma,
 
 	/* The flags remap_pfn_range() sets, as if it ran. */
 	obmm_vma_set_flags(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
-	if (OBMM_PMD_HUGE && granu == OBMM_MMAP_GRANU_PMD)
+	if (OBMM_PMD_LAZY && granu == OBMM_MMAP_GRANU_PMD)
 		return obmm_pmd_memtype_get(r, vma->vm_page_prot);
 	ret = obmm_make_first_page_tables(vma, pfn);
 	if (ret)
