@@ -93,9 +93,17 @@ def _package_sources(package: Path, arcname: str) -> Iterable[tuple[Path, str]]:
         yield src, f"{arcname}/{rel.as_posix()}"
 
 
-def build_guest_modules(image: Image, out: Path) -> list[Path]:
+#: The make variable of the suites' build: obmm_emu with its test-only module parameters
+#: (kmod/obmm_emu/obmm_emu.h, "Test hooks"); every other bring-up loads the module users load.
+TEST_HOOKS_VARS = {"OBMM_EMU_TEST": "y"}
+#: Where the suites' build goes, under the `out` of :func:`build_guest_modules`.
+TEST_HOOKS_DIR = "test-hooks"
+
+
+def build_guest_modules(image: Image, out: Path, *, test_hooks: bool = False) -> list[Path]:
     """Build kmod/* against the guest kernel's headers and pre-flight each .ko on the host
-    (:func:`obmm.testbed.kbuild.build_modules` plus the ELF checks).
+    (:func:`obmm.testbed.kbuild.build_modules` plus the ELF checks).  ``test_hooks``: the
+    suites' build, with the test-only module parameters, into ``out/test-hooks``.
 
     A run builds the suites' modules several times over (qemu-test, the cluster suite, the
     hardware proofs): when the sources are those of the last build into `out`, its .ko files
@@ -104,17 +112,20 @@ def build_guest_modules(image: Image, out: Path) -> list[Path]:
     from obmm.tools import elfcheck
 
     release = image.kernel_release
+    if test_hooks:
+        out = out / TEST_HOOKS_DIR
     # The debug kernel's own build tree, else Debian's headers for the release.
     headers = image.kdir or kbuild.fetch_headers(release)
     # A rebuilt debug kernel keeps its release; its build tree's path names its config.
-    digest = kbuild.sources_digest(
-        release if image.kdir is None else f"{release} {image.kdir}", kmod_dir()
-    )
+    key = release if image.kdir is None else f"{release} {image.kdir}"
+    digest = kbuild.sources_digest(key + (" test-hooks" if test_hooks else ""), kmod_dir())
     kos = kbuild.reusable_build(out / release, digest)
     if kos is not None:
         log.info("modules: sources unchanged since the last build, using %s", out / release)
     else:
-        kos = kbuild.build_modules(headers, kmod_dir(), out / release)
+        kos = kbuild.build_modules(
+            headers, kmod_dir(), out / release, make_vars=TEST_HOOKS_VARS if test_hooks else None
+        )
         kbuild.record_build(out / release, digest, kos)
     symvers = elfcheck.Symvers.load(headers / "Module.symvers")
     exports = {sym for ko in kos for sym in elfcheck.module_exports(ko)}

@@ -255,7 +255,9 @@ class GuestSession:
         t1 = time.monotonic()
         self.timings["image"] = t1 - t0
         progress.line(f"image {image.directory} (kernel {image.kernel_release})")
-        self.modules = module_load_order(build_guest_modules(image, self.results / "kmod"))
+        self.modules = module_load_order(
+            build_guest_modules(image, self.results / "kmod", test_hooks=True)
+        )
         progress.line("modules: " + (", ".join(k.name for k in self.modules) or "none"))
         t2 = time.monotonic()
         self.timings["kmod"] = t2 - t1
