@@ -14,96 +14,40 @@ guard fails the test on any report.
 
 from __future__ import annotations
 
-import errno
 import json
 import platform
 import subprocess
 import sys
 
 import pytest
-from obmm_fixtures import SZ_2M, ChildResult, Fabric, exported, imported
+from obmm_fixtures import SZ_2M, Fabric, exported, imported
 
 import obmm
+from obmm.fuzz import handoff
 
 pytest_plugins = ["obmm_fixtures"]
 
-#: What the child runs: map the region (page or PMD granule), write a pattern, hand the
-#: address to every path, then read the pattern back.  Prints one JSON object.
+#: What the child runs: map the region (page or PMD granule), write a pattern at every 2 MiB,
+#: hand the address to each path (obmm.fuzz.handoff.call), then read the pattern back.  Prints
+#: one JSON object: each path's answer ("skip" where it cannot be made) and the read-back.
 PROBE = r"""
-import errno, json, sys
+import json, sys
 import obmm
 from obmm.fuzz import handoff as h
 mem_id, pmd, size = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
-names = sys.argv[4].split(",")
-def name(e):
-    return errno.errorcode.get(e, str(e)) if e else "ok"
 out = {}
 with obmm.Obmm() as dev, obmm.ShmDev(mem_id) as shm, shm.mmap(size, pmd=pmd) as m:
     for off in range(0, size, 1 << 21):
         m.write(off, b"pattern!")
-    a = m.addr
-    calls = {
-        "futex_wake": lambda: h.futex_wake(a),
-        "futex_wait": lambda: h.futex_wait(a),
-        "futex_wake_private": lambda: h.futex_wake(a, private=True),
-        "vmsplice": lambda: h.vmsplice(a),
-        "splice": lambda: h.splice_from(shm.fd),
-        "process_vm_readv": lambda: h.process_vm(a, 8, write=False),
-        "process_vm_writev": lambda: h.process_vm(a, 8, write=True),
-        "madvise_dontneed": lambda: h.madvise(a, size, h.MADV_DONTNEED),
-        "madvise_willneed": lambda: h.madvise(a, size, h.MADV_WILLNEED),
-        "madvise_dofork": lambda: h.madvise(a, size, h.MADV_DOFORK),
-        "mlock": lambda: h.mlock(a, size),
-    }
-    def export_pid():
-        try:
-            exp = dev.export_pid(a, 1 << 21)
-        except OSError as exc:
-            return exc.errno
-        dev.unexport(exp.mem_id)
-        return 0
-    calls["export_pid"] = export_pid
-    def direct(write):
-        with h.direct_file() as fd:
-            return -1 if fd is None else h.direct_io(fd, a, 4096, write)
-    calls["o_direct_write"] = lambda: direct(True)
-    calls["o_direct_read"] = lambda: direct(False)
-    def ptrace():
-        word, err = h.ptrace_peek(a)
-        return err or (0 if word == b"pattern!" else errno.EIO)
-    calls["ptrace_peek"] = ptrace
-    for n in names:
-        got = calls[n]()
-        out[n] = "skip" if got == -1 else name(got)
+    for name in sys.argv[4].split(","):
+        got = h.call(name, m.addr, size, fd=shm.fd, dev=dev)
+        out[name] = "skip" if got is None else h.errname(got)
     out["readback"] = all(m.read(off, 8) == b"pattern!" for off in range(0, size, 1 << 21))
 print(json.dumps(out))
 """
 
-#: What every correct kernel answers for a pfn mapping (the Debian 6.1 guests measured).
-EXPECTED = {
-    # a shared futex resolves the address with get_user_pages: a pfn mapping has no page
-    "futex_wake": "EFAULT",
-    "futex_wait": "EFAULT",
-    # a private one only reads the word
-    "futex_wake_private": "ok",
-    "vmsplice": "EFAULT",
-    # shmdev files have no splice_read
-    "splice": "EINVAL",
-    "process_vm_readv": "EFAULT",
-    "process_vm_writev": "EFAULT",
-    # the pages cannot be pinned: "pin memory failed"
-    "export_pid": "EFAULT",
-    "o_direct_write": "EFAULT",
-    "o_direct_read": "EFAULT",
-    # ptrace falls back to the VMA's .access
-    "ptrace_peek": "ok",
-    # VM_LOCKED | VM_PFNMAP: nothing to drop; VM_IO: cannot be made inheritable
-    "madvise_dontneed": "EINVAL",
-    "madvise_willneed": "ok",
-    "madvise_dofork": "EINVAL",
-    # special VMAs are skipped by mlock
-    "mlock": "ok",
-}
+#: What a correct kernel answers for a live pfn mapping (obmm.fuzz.handoff.PATHS).
+EXPECTED = {name: answer.live for name, answer in handoff.PATHS.items()}
 
 
 def run_probe(mem_id: int, pmd: bool, size: int, names: list[str]) -> dict[str, object]:
@@ -146,33 +90,47 @@ def test_every_path_refuses_or_uses_access(
                 got = run_probe(imp.mem_id, pmd, 2 * SZ_2M, names)
     assert got.pop("readback") is True
     skipped = {n for n, v in got.items() if v == "skip"}
-    assert skipped <= {"o_direct_write", "o_direct_read"}, skipped
+    assert skipped <= set(handoff.NEEDS_DIRECT_FILE), skipped
     assert {n: v for n, v in got.items() if n not in skipped} == {
         n: v for n, v in EXPECTED.items() if n not in skipped
     }
 
 
-def test_a_futex_on_a_revoked_mapping_is_still_efault(
-    dev: obmm.Obmm, fabric: Fabric, child: object
-) -> None:
-    """After revocation zapped the entries, GUP faults into .fault (SIGBUS in a user access):
-    the futex gets EFAULT, not a signal or a report."""
-    code = f"""
-import obmm, os
+REVOKED_PROBE = r"""
+import json, sys
+import obmm
 from obmm.fuzz import handoff as h
-dev = obmm.Obmm()
-exp = dev.export({2 * SZ_2M})
-base = int(open("/sys/kernel/obmm_emu/windows/{fabric.node_id}/base").read(), 0)
-pa = dev.query_pa_by_memid(exp.mem_id)
-imp = dev.import_(base + pa, {2 * SZ_2M}, scna={fabric.cna}, tokenid=exp.tokenid)
-shm = obmm.ShmDev(imp.mem_id)
-m = shm.mmap({2 * SZ_2M}, pmd=True)
-m.write(0, b"x")
-dev.unexport(exp.mem_id)
-print(h.futex_wake(m.addr), h.futex_wake(m.addr + 8, private=True))
-m.close(); shm.close(); dev.unimport(imp.mem_id)
+node, cna, size, pmd = (int(a) for a in sys.argv[1:5])
+base = int(open(f"/sys/kernel/obmm_emu/windows/{node}/base").read(), 0)
+out = {}
+with obmm.Obmm() as dev:
+    exp = dev.export(size)
+    imp = dev.import_(base + dev.query_pa_by_memid(exp.mem_id), size, scna=cna,
+                      tokenid=exp.tokenid)
+    with obmm.ShmDev(imp.mem_id) as shm, shm.mmap(size, pmd=bool(pmd)) as m:
+        m.write(0, b"x")
+        dev.unexport(exp.mem_id)  # revokes the loopback import at once
+        for name in sys.argv[5].split(","):
+            got = h.call(name, m.addr, size, fd=shm.fd, dev=dev, value=0)
+            out[name] = "skip" if got is None else h.errname(got)
+    dev.unimport(imp.mem_id)
+print(json.dumps(out))
 """
-    res: ChildResult = child(code)  # type: ignore[operator]
-    assert res.returncode == 0, res.stderr
-    # a private futex only reads the word: the revoked page faults, and futex reports EFAULT
-    assert res.stdout.split() == [str(errno.EFAULT), str(errno.EFAULT)]
+
+
+@pytest.mark.parametrize("pmd", [False, True], ids=["page", "pmd"])
+def test_every_path_on_a_revoked_mapping(dev: obmm.Obmm, fabric: Fabric, pmd: bool) -> None:
+    """After revocation zapped the entries, a lookup faults into .fault, whose SIGBUS a kernel
+    access turns into EFAULT (ptrace: EIO): the answers of a revoked mapping, no signal and
+    no report."""
+    names = sorted(handoff.PATHS)
+    proc = subprocess.run(
+        [sys.executable, "-c", REVOKED_PROBE, str(fabric.node_id), str(fabric.cna),
+         str(2 * SZ_2M), str(int(pmd)), ",".join(names)],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    skipped = {n for n, v in got.items() if v == "skip"}
+    assert skipped <= set(handoff.NEEDS_DIRECT_FILE), skipped
+    assert got == {n: a.revoked for n, a in handoff.PATHS.items() if n not in skipped}

@@ -28,12 +28,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ops", type=int, default=1000, help="operations (concurrent: race rounds)")
     p.add_argument("--mode", choices=("single", "concurrent"), default="single")
-    p.add_argument("--only", default="", help="comma-separated operation indexes to run")
+    p.add_argument("--only", default="", help="comma-separated operation indexes to run "
+                   "(concurrent: scenario names)")  # fmt: skip
     p.add_argument("--no-shrink", action="store_true", help="report the failure unshrunk")
     p.add_argument("--shrink-budget", type=float, default=300.0, help="seconds (default 300)")
     p.add_argument("--no-reload", action="store_true", help="never rmmod/insmod the module")
     p.add_argument("--no-faults", action="store_true", help="no fault injection even if present")
     p.add_argument("--verbose", "-v", action="store_true", help="print every operation")
+    p.add_argument("--progress", metavar="FILE",
+                   help="keep the operation about to run in FILE (what is left of a run that a "
+                   "kernel bug killed)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -49,7 +53,12 @@ def report(args: argparse.Namespace, failure: Failure, trace: list[str]) -> None
 
 
 def single(args: argparse.Namespace) -> int:
-    engine = Engine(reload=not args.no_reload, faults_on=not args.no_faults, log=args.verbose)
+    engine = Engine(
+        reload=not args.no_reload,
+        faults_on=not args.no_faults,
+        log=args.verbose,
+        progress=args.progress,
+    )
     ops = generate(args.seed, args.ops)
     if args.only:
         ops = select(ops, [int(i) for i in args.only.split(",") if i])
@@ -109,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     try:
         if args.mode == "concurrent":
-            return race.main(args.seed, args.ops, reload=not args.no_reload)
+            only = [n for n in args.only.split(",") if n]
+            return race.main(args.seed, args.ops, reload=not args.no_reload, only=only)
         return single(args)
     except RuntimeError as exc:
         print(f"fuzz: {exc}", file=sys.stderr)

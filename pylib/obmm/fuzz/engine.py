@@ -20,7 +20,7 @@ import obmm
 from obmm import abi
 from obmm.abi import ffi
 from obmm.errors import errno_name
-from obmm.fuzz import faults, target
+from obmm.fuzz import faults, handoff, target
 from obmm.fuzz.model import MAX_REGION_ID, SZ_2M, SZ_4K, U64, File, Map, Model, Region
 from obmm.fuzz.ops import Op
 
@@ -63,9 +63,20 @@ class Buffer:
 
 
 class Engine:
-    def __init__(self, *, reload: bool = True, faults_on: bool = True, log: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        reload: bool = True,
+        faults_on: bool = True,
+        log: bool = False,
+        progress: str | None = None,
+    ) -> None:
         self.model = Model()
         self.log = log
+        # the operation about to run, rewritten before each one: what a kernel bug that kills
+        # this process leaves for whoever ran it (make fuzz prints it)
+        self._progress = os.open(progress, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) \
+            if progress else -1  # fmt: skip
         self.trace: list[str] = []
         self.fabric = target.load_fabric()
         self.pool_total = target.pool_total()
@@ -98,7 +109,9 @@ class Engine:
                 target.write_word(addr, bytes(8))  # fault the huge page in
                 out.append(Buffer(addr, SZ_2M, True))
         # an ordinary (not hugetlb) 2 MiB-aligned range: EXPORT_PID refuses it
-        addr, err = target.mmap(0, 2 * SZ_2M, R | W, target.MAP_PRIVATE | target.MAP_ANONYMOUS, -1, 0)
+        addr, err = target.mmap(
+            0, 2 * SZ_2M, R | W, target.MAP_PRIVATE | target.MAP_ANONYMOUS, -1, 0
+        )
         if not err:
             start = (addr + SZ_2M - 1) & ~(SZ_2M - 1)
             for off in range(0, SZ_2M, SZ_4K):
@@ -107,6 +120,9 @@ class Engine:
         return out
 
     def close(self) -> None:
+        if self._progress >= 0:
+            os.close(self._progress)
+            self._progress = -1
         self.reset()
         self.dev.close()
         self.kmsg.close()
@@ -134,6 +150,9 @@ class Engine:
 
     def step(self, op: Op) -> None:
         handler: Callable[[Op], None] = getattr(self, f"_op_{op.kind}")
+        if self._progress >= 0:
+            line = f"op {op.index} ({op.kind}), {self.ops_run} run before it\n".encode()
+            os.pwrite(self._progress, line.ljust(80), 0)
         t0 = time.monotonic()
         try:
             handler(op)
@@ -769,6 +788,86 @@ class Engine:
         want = None if revoked else self._expected_word(m, off)
         if want is not None and data != want:
             raise Failure(op, "data", f"/proc/self/mem read {data.hex()}, model {want.hex()}")
+
+    def _op_handoff(self, op: Op) -> None:
+        """A mapped address handed to another kernel path (obmm.fuzz.handoff): a futex,
+        vmsplice, splice, O_DIRECT, process_vm_*, EXPORT_PID, ptrace, madvise, mlock.  A live
+        mapping is touched first, as a program would (a PMD-granule 2 MiB gets its entries
+        then), and must hold what the model says before and after."""
+        m = self.pick_map(op, 0)
+        if m is None:
+            return
+        r = self.model.regions[m.mem_id]
+        names = [*sorted(handoff.PATHS), "ptrace_poke"]
+        name = op.pick(1, names)
+        off = (op.word(2) % m.length) & ~(SZ_4K - 1)
+        addr = m.addr + off
+        want_word = None if r.revoked else self._expected_word(m, off)
+        if not r.revoked:
+            got = target.read_word(addr)  # the touch
+            if want_word is not None and got != want_word:
+                raise Failure(op, "data", f"{m.mem_id}+{m.offset + off:#x} reads {got.hex()} "
+                              f"before the handoff, the model says {want_word.hex()}")  # fmt: skip
+        if name == "ptrace_poke":
+            word = op.word(3).to_bytes(8, "little")
+            _, err = handoff.ptrace_peek(addr, poke=word)
+            # PTRACE_POKEDATA writes through .access, where the mapping is writable
+            allowed = {errno.EIO} if r.revoked or not m.writable else {OK}
+            self.expect(op, f"ptrace poke {m.mem_id}+{m.offset + off:#x}", err, allowed)
+            if not err:
+                phys = self.model.phys_of(m, off, self.fabric.own_base)
+                if phys is not None:
+                    self.model.data[phys] = word
+                want_word = word
+        else:
+            answer = handoff.PATHS[name]
+            value = None if r.revoked else int.from_bytes(target.read_word(addr)[:4], "little") ^ 1
+            fd = m.file.fd
+            with self.armed(op) if name == "export_pid" else contextlib.nullcontext():
+                got_err = handoff.call(name, m.addr if name.startswith(("madvise", "mlock"))
+                                       else addr, m.length, fd=fd, dev=self.dev,
+                                       value=0 if r.revoked else value)  # fmt: skip
+            if got_err is None:
+                self.note(op, f"{name}: not here")
+                return
+            want = answer.revoked if r.revoked else answer.live
+            allowed = {OK if want == "ok" else getattr(errno, want)}
+            if name == "export_pid":
+                allowed |= self.injected(op)
+            self.expect(op, f"{name} {m.mem_id}+{m.offset + off:#x}", got_err, allowed)
+        if not r.revoked:
+            got = target.read_word(addr)
+            if want_word is not None and got != want_word:
+                raise Failure(op, "data", f"{m.mem_id}+{m.offset + off:#x} reads {got.hex()} "
+                              f"after {name}, the model says {want_word.hex()}")  # fmt: skip
+
+    #: DECLARE_PREIMPORT lengths, block multiples: those whose block bitmap kmalloc cannot give
+    #: (above 2^52 bytes with 128 MiB blocks: ENOMEM, the real driver's errno there) and some
+    #: that a window cannot hold (EINVAL).
+    BIG_LENGTHS = (1 << 57, 1 << 60, 1 << 62, 1 << 53, 1 << 52, 1 << 45, 1 << 40)
+
+    def _op_declare_big(self, op: Op) -> None:
+        fab = self.fabric
+        block = 128 << 20
+        length = op.pick(0, self.BIG_LENGTHS)
+        pa = fab.own_base + block * (op.word(1) % 8)
+        cmd = abi.new("struct obmm_cmd_preimport")
+        cmd.pa, cmd.length, cmd.scna, cmd.numa_id, cmd.base_dist = pa, length, fab.cna, -1, 20
+        ranges = [(r.pa, r.size) for r in self.model.regions.values() if r.kind == "import"]
+        ranges += sorted(self.model.preimports)
+        bitmap = ((length // block + 63) // 64) * 8
+        if any(a < pa + length and pa < a + s for a, s in ranges):
+            want = {errno.EEXIST}
+        elif bitmap > 4 << 20:  # KMALLOC_MAX_SIZE of x86_64 and arm64 with 4 KiB pages
+            want = {errno.ENOMEM}
+        else:
+            want = {errno.EINVAL}  # outside every window
+            if bitmap > 1 << 20:
+                want.add(errno.ENOMEM)  # a costly allocation may fail
+        _, err = self.call(op, lambda: self.dev.ioctl("OBMM_CMD_DECLARE_PREIMPORT", cmd))
+        self.expect(op, f"pa={pa:#x} length={length:#x}", err, want)
+        if not err:
+            self.model.preimports.add((pa, length))
 
     def _op_fork(self, op: Op) -> None:
         pid = os.fork()

@@ -11,9 +11,14 @@ kernel report anything, and the mapping must still read and write afterwards.
 * :func:`direct_io` (``O_DIRECT`` pins the user buffer),
 * :func:`process_vm` (``process_vm_readv/writev``, remote GUP),
 * :func:`ptrace_peek` (``PTRACE_PEEKDATA`` of this process by a child: ``access_process_vm``),
-* :func:`madvise`, :func:`mlock`.
+* :func:`madvise`, :func:`mlock`,
+* EXPORT_PID of the address (the driver pins user pages with pin_user_pages_fast).
 
-Standard library only (ctypes): it runs in the guests.
+:data:`PATHS` says what each path answers for a live and for a revoked mapping, as a correct
+kernel does (measured on the Debian 6.1 guests; tests/guest/test_handoff.py, the fuzzer's
+``handoff`` operation); :func:`call` makes one of them by name.
+
+Standard library and the package's own bindings only: it runs in the guests.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ import signal
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
+
+import obmm
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -95,15 +103,16 @@ def futex_wake(addr: int, private: bool = False) -> int:
     return 0 if ret >= 0 else _err()
 
 
-def futex_wait(addr: int, private: bool = False) -> int:
-    """FUTEX_WAIT on ``addr`` for a value it does not hold (EAGAIN once it is read), with a
-    1 ms timeout in case it does."""
+def futex_wait(addr: int, private: bool = False, value: int | None = None) -> int:
+    """FUTEX_WAIT on ``addr`` for ``value`` (default: one it does not hold, so EAGAIN once the
+    kernel read the word), with a 1 ms timeout in case it does hold it."""
     op = FUTEX_WAIT | (FUTEX_PRIVATE_FLAG if private else 0)
     nr = _SYS_FUTEX[platform.machine()]
-    current = ctypes.c_uint32.from_address(addr).value if addr else 0
+    if value is None:
+        value = ctypes.c_uint32.from_address(addr).value ^ 1
     timeout = (ctypes.c_long * 2)(0, 1_000_000)
     ret = _libc.syscall(ctypes.c_long(nr), ctypes.c_void_p(addr), op,
-                        ctypes.c_uint32(current ^ 1), timeout, None, 0)  # fmt: skip
+                        ctypes.c_uint32(value), timeout, None, 0)  # fmt: skip
     return 0 if ret >= 0 else _err()
 
 
@@ -249,3 +258,97 @@ def ptrace_peek(addr: int, poke: bytes | None = None, timeout: float = 10.0) -> 
         return b"", errno.EIO
     err = int.from_bytes(data[:4], "little")
     return (b"", err) if err else (data[4:12], 0)
+
+
+class Answer(NamedTuple):
+    """What a path answers ("ok" or an errno name) for a live and for a revoked mapping."""
+
+    live: str
+    revoked: str
+
+
+#: Every path, by name: its answer for a pfn mapping.  A shared futex, vmsplice, O_DIRECT,
+#: process_vm_* and EXPORT_PID look the page up (get_user_pages): there is none, EFAULT; a
+#: private futex only hashes the address (WAKE) or reads the word (WAIT: EAGAIN for a value it
+#: does not hold; EFAULT once revoked); shmdev files have no splice_read; ptrace goes through
+#: the VMA's .access (EIO once revoked); madvise refuses what a VM_LOCKED | VM_IO | VM_PFNMAP
+#: VMA cannot do and mlock skips it.
+PATHS: dict[str, Answer] = {
+    "futex_wake": Answer("EFAULT", "EFAULT"),
+    "futex_wait": Answer("EFAULT", "EFAULT"),
+    "futex_wake_private": Answer("ok", "ok"),
+    "futex_wait_private": Answer("EAGAIN", "EFAULT"),
+    "vmsplice": Answer("EFAULT", "EFAULT"),
+    "splice": Answer("EINVAL", "EINVAL"),
+    "o_direct_write": Answer("EFAULT", "EFAULT"),
+    "o_direct_read": Answer("EFAULT", "EFAULT"),
+    "process_vm_readv": Answer("EFAULT", "EFAULT"),
+    "process_vm_writev": Answer("EFAULT", "EFAULT"),
+    "export_pid": Answer("EFAULT", "EFAULT"),
+    "ptrace_peek": Answer("ok", "EIO"),
+    "madvise_dontneed": Answer("EINVAL", "EINVAL"),
+    "madvise_willneed": Answer("ok", "ok"),
+    "madvise_dofork": Answer("EINVAL", "EINVAL"),
+    "madvise_dontfork": Answer("ok", "ok"),
+    "madvise_cold": Answer("EINVAL", "EINVAL"),
+    "madvise_pageout": Answer("EINVAL", "EINVAL"),
+    "madvise_populate_write": Answer("EINVAL", "EINVAL"),
+    "mlock": Answer("ok", "ok"),
+}
+
+#: Paths that are no call at all where there is no O_DIRECT file system (None from call()).
+NEEDS_DIRECT_FILE = ("o_direct_write", "o_direct_read")
+
+
+def errname(err: int) -> str:
+    return errno.errorcode.get(err, str(err)) if err else "ok"
+
+
+def call(
+    name: str,
+    addr: int,
+    length: int,
+    *,
+    fd: int = -1,
+    dev: obmm.Obmm | None = None,
+    value: int | None = None,
+) -> int | None:
+    """Hand ``[addr, +length)`` (a whole mapping for madvise and mlock; its first word, page
+    or 2 MiB for the others) to path ``name``: 0 or the errno, None where the path cannot be
+    made here (no O_DIRECT file system, no shmdev file for splice).  ``value``: the word a
+    private FUTEX_WAIT expects (default: read from ``addr``, which a revoked mapping would
+    answer with SIGBUS)."""
+    if name == "futex_wake":
+        return futex_wake(addr)
+    if name == "futex_wait":
+        return futex_wait(addr, value=value if value is not None else 0)
+    if name == "futex_wake_private":
+        return futex_wake(addr, private=True)
+    if name == "futex_wait_private":
+        return futex_wait(addr, private=True, value=value)
+    if name == "vmsplice":
+        return vmsplice(addr)
+    if name == "splice":
+        return splice_from(fd) if fd >= 0 else None
+    if name in NEEDS_DIRECT_FILE:
+        with direct_file() as dfd:
+            if dfd is None:
+                return None
+            return direct_io(dfd, addr, PAGE, write=name == "o_direct_write")
+    if name.startswith("process_vm_"):
+        return process_vm(addr, 8, write=name.endswith("writev"))
+    if name == "export_pid":
+        assert dev is not None
+        try:
+            exp = dev.export_pid(addr, 2 << 20)
+        except OSError as exc:
+            return exc.errno or errno.EIO
+        dev.unexport(exp.mem_id)
+        return 0
+    if name == "ptrace_peek":
+        return ptrace_peek(addr)[1]
+    if name.startswith("madvise_"):
+        return madvise(addr, length, ADVICE[name.removeprefix("madvise_")])
+    if name == "mlock":
+        return mlock(addr, length)
+    raise ValueError(f"no such path: {name}")

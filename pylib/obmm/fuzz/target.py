@@ -84,6 +84,11 @@ def pool_used() -> int:
     return sum(read_int(d / "used") for d in MEMPOOL.glob("obmm-*"))
 
 
+def quarantined() -> int:
+    """Bytes of unexported memory not yet reusable (/sys/kernel/obmm_emu/quarantined)."""
+    return read_int(EMU / "quarantined")
+
+
 def pool_total() -> int:
     return sum(read_int(d / "total") for d in MEMPOOL.glob("obmm-*"))
 
