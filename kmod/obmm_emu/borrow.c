@@ -156,8 +156,7 @@ struct resource *obmm_borrow_ram_res(struct obmm_region *r)
 
 	lockdep_assert_held(&obmm_borrow_mutex);
 	/* The same rule where lockdep is off (production kernels). */
-	if (WARN_ON_ONCE(!mutex_is_locked(&obmm_borrow_mutex)))
-		return NULL;
+	WARN_ON_ONCE(!mutex_is_locked(&obmm_borrow_mutex));
 	if (!r->plugged)
 		return NULL;
 	for (child = r->ubmem->child; child; child = child->sibling)

@@ -336,7 +336,7 @@ def test_a_borrow_that_waited_for_the_hot_plug_lock_checks_its_export_again(
             xc.kill(B, unimporter, "USR1")
             assert json.loads(xc.wait_file(B, out_u, timeout=120))["errno"] == errno.EINTR
             waited = json.loads(xc.wait_file(B, out_w, timeout=300))
-            assert waited["signals"] == 3
+            assert waited["signals"] >= 1  # delivered once the call returned (coalesced)
             assert waited["errno"] == errno.EACCES, waited  # its export is gone
             remote = [ln for ln in borrowed_iomem(xc, B).splitlines() if "System RAM" in ln]
             assert not any(ln.strip().startswith(f"{addr:x}-") for ln in remote), remote
