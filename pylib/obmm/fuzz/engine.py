@@ -915,6 +915,8 @@ class Engine:
         except Exception as exc:
             raise Failure(op, "reload", f"insmod: {exc}") from exc
         self.dev = obmm.Obmm()
+        if self.module.last_rmmod_s > self.module.UNLOAD_S:
+            raise Failure(op, "reload", f"rmmod took {self.module.last_rmmod_s:.1f} s")
         if ok:
             self.fabric = target.load_fabric()
             self.pool_total = target.pool_total()

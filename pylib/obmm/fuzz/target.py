@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,8 +207,15 @@ class Module:
     def reloadable(self) -> bool:
         return self.ko.is_file()
 
+    #: rmmod returns within this (an idle module: no worker may keep it; busy: EBUSY at once)
+    UNLOAD_S = 5.0
+
     def rmmod(self) -> bool:
-        return subprocess.run(["rmmod", MODULE], capture_output=True).returncode == 0
+        """rmmod; whether it unloaded.  The seconds it took are in ``last_rmmod_s``."""
+        t0 = time.monotonic()
+        done = subprocess.run(["rmmod", MODULE], capture_output=True).returncode == 0
+        self.last_rmmod_s = time.monotonic() - t0
+        return done
 
     def insmod(self) -> None:
         if not MODULE_SYSFS.is_dir():
