@@ -127,7 +127,7 @@ READER_PATHS = ("futex_wake", "futex_wait", "vmsplice", "process_vm_readv", "pro
 def _reader_child(mem_id: int, size: int, pmd: bool, seed: int, ops_seed: int, limit: float,
                   report: int) -> int:  # fmt: skip
     """Map the import and read, write and hand off its addresses until SIGBUS or ``limit``
-    seconds; one JSON line per hundred operations to ``report``.  Exit 5 on a violation."""
+    seconds; one JSON line every twenty operations to ``report``.  Exit 5 on a violation."""
     rng = random.Random(ops_seed)
     own: dict[int, bytes] = {}
     counts = {"reads": 0, "writes": 0, "handoffs": 0}
@@ -165,7 +165,7 @@ def _reader_child(mem_id: int, size: int, pmd: bool, seed: int, ops_seed: int, l
                 else:
                     handoff.call(name, m.addr + off, PAGE, fd=shm.fd, value=0)
                 counts["handoffs"] += 1
-            if sum(counts.values()) % 100 == 0:
+            if sum(counts.values()) % 20 == 0:
                 say(counts)
     say(counts)
     return 0
