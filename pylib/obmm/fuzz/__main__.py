@@ -82,7 +82,9 @@ def single(args: argparse.Namespace) -> int:
     figures = {"mode": "single", "seed": args.seed, "ops": done, "seconds": round(elapsed, 2),
                "ops_per_s": round(done / elapsed, 1) if elapsed else 0.0,
                "faults": fault_note, "failed": status != 0,
-               "ms_per_kind": per_kind}  # fmt: skip
+               "count_per_kind": {k: n for k, (n, _) in sorted(engine.stats.items())},
+               "ms_per_kind": per_kind,
+               "handoffs_live_revoked": dict(sorted(engine.handoffs.items()))}  # fmt: skip
     print("fuzz-result " + json.dumps(figures), flush=True)
     return status
 

@@ -93,6 +93,8 @@ class Engine:
         self.buffers = self._buffers()
         self.ops_run = 0
         self.stats: dict[str, tuple[int, float]] = {}  # kind -> (count, seconds)
+        # handoff path -> [calls on a live mapping, calls on a revoked one] that reached the path
+        self.handoffs: dict[str, list[int]] = {}
 
     # ---- setup ----
 
@@ -811,6 +813,7 @@ class Engine:
         if name == "ptrace_poke":
             word = op.word(3).to_bytes(8, "little")
             _, err = handoff.ptrace_peek(addr, poke=word)
+            self._count_handoff(name, r.revoked)
             # PTRACE_POKEDATA writes through .access, where the mapping is writable
             allowed = {errno.EIO} if r.revoked or not m.writable else {OK}
             self.expect(op, f"ptrace poke {m.mem_id}+{m.offset + off:#x}", err, allowed)
@@ -830,6 +833,7 @@ class Engine:
             if got_err is None:
                 self.note(op, f"{name}: not here")
                 return
+            self._count_handoff(name, r.revoked)
             want = answer.revoked if r.revoked else answer.live
             allowed = {OK if want == "ok" else getattr(errno, want)}
             if name == "export_pid":
@@ -840,6 +844,9 @@ class Engine:
             if want_word is not None and got != want_word:
                 raise Failure(op, "data", f"{m.mem_id}+{m.offset + off:#x} reads {got.hex()} "
                               f"after {name}, the model says {want_word.hex()}")  # fmt: skip
+
+    def _count_handoff(self, name: str, revoked: bool) -> None:
+        self.handoffs.setdefault(name, [0, 0])[1 if revoked else 0] += 1
 
     #: DECLARE_PREIMPORT lengths, block multiples: those whose block bitmap kmalloc cannot give
     #: (above 2^52 bytes with 128 MiB blocks: ENOMEM, the real driver's errno there) and some
