@@ -141,11 +141,15 @@ FUZZ_ROUNDS ?= 300
 FUZZ_XROUNDS ?= 12
 FUZZ_NODE ?= 0
 FUZZ_TIMEOUT ?= 3600
+# A campaign sized to end by a given time: no operation (race round) starts after this many
+# seconds of each phase (0: no limit); fuzz-result says how many ran.
+FUZZ_SECONDS ?= 0
+FUZZ_ROUND_SECONDS ?= 0
 FUZZ = env PYTHONPATH=/opt/obmm-testbed/pylib python3 -m obmm.fuzz
 FUZZ_PROGRESS = /tmp/obmm-fuzz.progress
-fuzz-cmd = { $(FUZZ) --seed $(1) --ops $(FUZZ_OPS) --progress $(FUZZ_PROGRESS) || { \
-	echo "fuzz: the run ended at $$(cat $(FUZZ_PROGRESS))"; false; }; } && \
-	$(FUZZ) --mode concurrent --seed $(1) --ops $(FUZZ_ROUNDS)
+fuzz-cmd = { $(FUZZ) --seed $(1) --ops $(FUZZ_OPS) --seconds $(FUZZ_SECONDS) \
+	--progress $(FUZZ_PROGRESS) || { echo "fuzz: the run ended at $$(cat $(FUZZ_PROGRESS))"; false; }; } && \
+	$(FUZZ) --mode concurrent --seed $(1) --ops $(FUZZ_ROUNDS) --seconds $(FUZZ_ROUND_SECONDS)
 fuzz: setup-python
 	@if [ -n "$(FUZZ_CLUSTER)" ]; then \
 		$(VENV)/bin/obmm-testbed ssh --name $(FUZZ_CLUSTER) --timeout $(FUZZ_TIMEOUT) $(FUZZ_NODE) -- \

@@ -35,6 +35,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-reload", action="store_true", help="never rmmod/insmod the module")
     p.add_argument("--no-faults", action="store_true", help="no fault injection even if present")
     p.add_argument("--verbose", "-v", action="store_true", help="print every operation")
+    p.add_argument("--seconds", type=float, default=0.0,
+                   help="start no operation (concurrent: round) after this many seconds; "
+                   "0: no limit (a campaign sized to end by a given time)")  # fmt: skip
     p.add_argument("--progress", metavar="FILE",
                    help="keep the operation about to run in FILE (what is left of a run that a "
                    "kernel bug killed)")  # fmt: skip
@@ -68,7 +71,7 @@ def single(args: argparse.Namespace) -> int:
     print(f"fuzz: seed {args.seed}, {len(ops)} ops, fault injection {fault_note}, "
           f"module reload {'on' if engine.reload_ok else 'off'}", flush=True)  # fmt: skip
     t0 = time.monotonic()
-    failure = engine.run(ops)
+    failure = engine.run(ops, deadline=t0 + args.seconds if args.seconds > 0 else None)
     elapsed = time.monotonic() - t0
     done = engine.ops_run
     status = 0
@@ -121,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.mode == "concurrent":
             only = [n for n in args.only.split(",") if n]
-            return race.main(args.seed, args.ops, reload=not args.no_reload, only=only)
+            return race.main(args.seed, args.ops, reload=not args.no_reload, only=only,
+                             seconds=args.seconds)  # fmt: skip
         return single(args)
     except RuntimeError as exc:
         print(f"fuzz: {exc}", file=sys.stderr)

@@ -133,14 +133,20 @@ class Engine:
 
     # ---- running ----
 
-    def run(self, ops: Sequence[Op], *, check_every: int = 1) -> Failure | None:
-        """Run ``ops`` from an idle node; the first failure, or None.  Leaves the node idle."""
+    def run(
+        self, ops: Sequence[Op], *, check_every: int = 1, deadline: float | None = None
+    ) -> Failure | None:
+        """Run ``ops`` from an idle node; the first failure, or None.  Leaves the node idle.
+        Past ``deadline`` (time.monotonic()) no further operation starts."""
         failure: Failure | None = None
         try:
             for i, op in enumerate(ops):
                 self.step(op)
-                if (i + 1) % check_every == 0 or i == len(ops) - 1:
+                last = i == len(ops) - 1 or (deadline is not None and time.monotonic() >= deadline)
+                if (i + 1) % check_every == 0 or last:
                     self.check(op)
+                if last:
+                    break
         except Failure as exc:
             failure = exc
         try:

@@ -625,8 +625,11 @@ SCENARIOS: dict[str, Callable[[Round], None]] = {
 }
 
 
-def main(seed: int, rounds: int, *, reload: bool = True, only: Sequence[str] = ()) -> int:
-    """``rounds`` rounds of scenarios drawn from ``seed`` (from ``only`` when given)."""
+def main(
+    seed: int, rounds: int, *, reload: bool = True, only: Sequence[str] = (), seconds: float = 0
+) -> int:
+    """``rounds`` rounds of scenarios drawn from ``seed`` (from ``only`` when given); none
+    starts after ``seconds`` (0: no limit)."""
     engine = Engine(reload=reload, faults_on=False)
     with contextlib.suppress(OSError):
         target.NR_HUGEPAGES.write_text(str(target.read_int(target.NR_HUGEPAGES) + 2))
@@ -643,6 +646,8 @@ def main(seed: int, rounds: int, *, reload: bool = True, only: Sequence[str] = (
     done = 0
     ran: dict[str, int] = {}  # scenario -> rounds whose preconditions held
     for i in range(rounds):
+        if seconds > 0 and time.monotonic() - t0 >= seconds:
+            break
         name = master.choice(names)
         rd = Round(i, name, random.Random(master.getrandbits(64)), engine)
         try:
