@@ -178,9 +178,14 @@ KBUILD_ARGS ?=
 kmod: setup-python
 	$(VENV)/bin/obmm-testbed kmod $(KBUILD_ARGS)
 
-# The URMA_SEG_MAPPED series: format, trailers, checkpatch; KSRC=<OLK-6.6 tree> adds git am + arm64 build.
+# The URMA_SEG_MAPPED series (kmod/patches/README.md): format, trailers, checkpatch; then, on the
+# upstream UB tree (UPSTREAM=DIR, default $$OBMM_UB_UPSTREAM or the pinned copy; absent: one line
+# and skipped), git am --3way, ubcore/uburma built against the guest kernel, the series' KUnit
+# cases in a guest (NO_GUEST=1: not), and the ready-to-send set in results/patch-check/outgoing.
+UPSTREAM ?=
+NO_GUEST ?=
 patch-check: setup-python
-	$(VENV)/bin/obmm-testbed patch-check $(if $(KSRC),--ksrc $(KSRC))
+	$(VENV)/bin/obmm-testbed patch-check $(if $(UPSTREAM),--upstream $(UPSTREAM)) $(if $(NO_GUEST),--no-guest)
 
 clean:
 	-$(VENV)/bin/obmm-testbed down --all

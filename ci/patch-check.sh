@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Stage "patch-check": the URMA_SEG_MAPPED series. KSRC=<OLK-6.6 tree> adds git am + arm64 build.
+# Stage "patch-check": the URMA_SEG_MAPPED series; with the upstream UB tree (UPSTREAM=DIR or the
+# pinned copy) also git am, the build against the guest kernel and the KUnit cases in a guest.
 source "$(dirname "$0")/lib.sh"
 stage patch-check
 make setup
-make patch-check ${KSRC:+KSRC="$KSRC"}
+make patch-check ${UPSTREAM:+UPSTREAM="$UPSTREAM"} ${NO_GUEST:+NO_GUEST=1}

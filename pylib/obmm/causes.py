@@ -1,7 +1,7 @@
 """What can go wrong: likely causes per (operation, errno), as data.
 
-Built from the real driver's check order (shared/reference/obmm-uapi-and-driver.md
-section 2, citing openeuler-mirror/kernel drivers/ub/obmm/).  `obmm.errors` takes
+Built from the real driver's check order (docs/obmm-driver.md section 4, citing
+drivers/ub/obmm/ file:function).  `obmm.errors` takes
 its hints from here and the README prints the same table (`render_markdown`).
 """
 

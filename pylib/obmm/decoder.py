@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from obmm import envvars
+
 EMU_SYSFS = "/sys/kernel/obmm_emu"
-ENV_SPEC = "OBMM_DECODER"
 
 # The emulator's UBA encoding (kmod/obmm_emu/obmm_emu_ctl.h).
 EMU_UBA_VALID = 1 << 48
@@ -91,7 +92,7 @@ class EmulatorDecoder:
         if not wdir.is_dir():
             raise DecoderError(
                 f"{wdir} does not exist: obmm_emu.ko is not loaded (on real hardware set "
-                f"{ENV_SPEC}=cmd:... or file:...)"
+                f"{envvars.DECODER.name}=cmd:... or file:...)"
             )
         found = []
         for entry in sorted(wdir.iterdir()):
@@ -168,12 +169,12 @@ class CommandDecoder:
             raise DecoderError("empty decoder command")
 
     def resolve(self, exporter_node: int, uba: int, length: int) -> int:
-        env: Mapping[str, str] = dict(
-            os.environ,
-            OBMM_EXPORTER_NODE=str(exporter_node),
-            OBMM_UBA=hex(uba),
-            OBMM_LENGTH=str(length),
-        )
+        env: Mapping[str, str] = {
+            **os.environ,
+            envvars.EXPORTER_NODE.name: str(exporter_node),
+            envvars.UBA.name: hex(uba),
+            envvars.LENGTH.name: str(length),
+        }
         try:
             out = subprocess.run(
                 self.argv, env=env, capture_output=True, text=True, timeout=self.timeout
@@ -205,4 +206,4 @@ def decoder_from_spec(spec: str) -> Decoder:
 
 
 def default_decoder() -> Decoder:
-    return decoder_from_spec(os.environ.get(ENV_SPEC, "emulator"))
+    return decoder_from_spec(envvars.DECODER.get())

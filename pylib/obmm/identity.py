@@ -10,18 +10,17 @@ Read the way libobmm reads them, so the same code works on obmm_emu and on a rea
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from obmm import envvars
 from obmm.decoder import EMU_SYSFS, DecoderError, read_sysfs_int
 
 #: Bytes in an EID, in the UAPI's import command and in a handle.
 EID_SIZE = 16
 #: Bits of the EID that a controller's sysfs ``eid`` holds; the rest of the 16 bytes are zero.
 EID_SYSFS_BYTES = 4
-ENV_NODE_ID = "OBMM_NODE_ID"
 DEFAULT_SYSFS = "/sys/devices"
 
 
@@ -52,12 +51,12 @@ def local_node_id(emu_sysfs: str = EMU_SYSFS) -> int:
     path = Path(emu_sysfs) / "node_id"
     if path.exists():
         return read_sysfs_int(path)
-    text = os.environ.get(ENV_NODE_ID, "")
+    text = envvars.NODE_ID.raw() or ""
     try:
         return int(text, 0)
     except ValueError:
         raise DecoderError(
-            f"{path} does not exist (not obmm_emu) and ${ENV_NODE_ID} is "
+            f"{path} does not exist (not obmm_emu) and ${envvars.NODE_ID.name} is "
             f"{'unset' if not text else repr(text)}: set it to this host's node number"
         ) from None
 

@@ -1,10 +1,10 @@
 """Cluster suite: host-side pytest that orchestrates a multi-node QEMU cluster over SSH.
 
-These tests run on the host (they are not copied into the guests).  One session fixture boots a
-cluster (default: the ``pair`` topology, 2 nodes; ``OBMM_CLUSTER_TOPOLOGY`` overrides), builds and
-loads the modules, copies the package, the guest helpers (``guest_side/xnode.py``, ``ctlpoke.py``)
-and ``examples/`` into every node, and hands tests a :class:`ClusterHarness` to run commands and
-Python snippets on node *i*.
+These tests run on the host (they are not copied into the guests).  One session fixture brings a
+cluster up (:func:`obmm.testbed.session.bring_up`; default topology ``pair``, 2 nodes), the
+harness copies the guest helpers (``guest_side/xnode.py``, ``ctlpoke.py``) and ``examples/`` into
+every node and hands tests a :class:`ClusterHarness` to run commands and Python snippets on
+node *i*.
 
 Handles travel as in production: the exporter guest publishes them with ``obmm.exchange`` bound
 to its link-local address on the inter-node network, the importer guest fetches them from there.
@@ -15,11 +15,10 @@ each node that is still alive has its messages since the marker scanned with ``o
 
 Tests marked ``destroys_cluster`` (killing a node) run last.  Every wait is bounded.
 
-Environment: ``OBMM_CLUSTER_TOPOLOGY`` (default ``pair``), ``OBMM_TESTBED_ACCEL``,
-``OBMM_TESTBED_NAME`` (default ``cluster-test-<pid>``), ``OBMM_TESTBED_RESULTS``, and
-``OBMM_CLUSTER_ATTACH=NAME`` to run against a cluster started with
-``obmm-testbed up --nodes 2 --kmod --name NAME`` instead of booting one (it is left running;
-the node-killing test kills its node 0).
+Environment: the testbed's settings (``OBMM_TESTBED_*``, :mod:`obmm.testbed.settings`; the name
+defaults to ``cluster-test-<pid>``) and ``OBMM_TESTBED_ATTACH=NAME`` to run against a cluster
+started with ``obmm-testbed up --nodes 2 --kmod --name NAME`` instead of booting one (it is left
+running; the node-killing test kills its node 0).
 
 Hardware mode: when ``$OBMM_HW_CONFIG_JSON`` is set (the hardware stage, ``make hw-test``, sets
 it) the nodes are the stage's hosts (:func:`obmm.testbed.hw.stage.cluster_from_env`): nothing is
@@ -31,6 +30,7 @@ booted, built or loaded; the package and helpers go to a fresh directory under t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -39,18 +39,18 @@ from pathlib import Path, PurePosixPath
 import pytest
 from xharness import ClusterHarness
 
-from obmm.testbed.cluster import Cluster, load_topology
-from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
+from obmm import envvars
+from obmm.testbed.guest_plugin import skip_emulator_only
 from obmm.testbed.hw import stage as hwstage
-from obmm.testbed.node import NodeSet
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.provision import payload_tar
-from obmm.testbed.runner import GuestSession
+from obmm.testbed.session import Session, attach, bring_up, topology_for
+from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import SshError
 from obmm.tools import interrupts
 
-HARDWARE = bool(os.environ.get(hwstage.ENV_CONFIG))
+HARDWARE = bool(envvars.HW_CONFIG_JSON.raw())
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,11 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if HARDWARE:
-        skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP)
-        for item in items:
-            if item.get_closest_marker("emulator_only") is not None:
-                item.add_marker(skip)
+    skip_emulator_only(items, "hardware" if HARDWARE else Settings.from_env().driver)
 
     # Node-killing tests last; after them only tests that dirty a kernel log on purpose, so no
     # test that scans a node's whole log sees their reports.
@@ -82,50 +78,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster(request: pytest.FixtureRequest) -> Iterator[NodeSet]:
-    """The booted, prepared cluster: a new one, the one named by $OBMM_CLUSTER_ATTACH, or the
-    hardware stage's hosts."""
+def cluster(request: pytest.FixtureRequest) -> Iterator[Session | hwstage.HwCluster]:
+    """The nodes: brought up (obmm.testbed.session.bring_up, the testbed's settings, default
+    topology ``pair``), the running cluster named by $OBMM_TESTBED_ATTACH (left running), or
+    the hardware stage's hosts."""
     hardware = hwstage.cluster_from_env()
     if hardware is not None:
         yield hardware
         return
-    attach = os.environ.get("OBMM_CLUSTER_ATTACH")
-    if attach:
-        # A cluster started with `obmm-testbed up --nodes 2 --kmod --name NAME`; left running.
-        yield Cluster.attach(attach)
-        return
-    name = os.environ.get("OBMM_TESTBED_NAME") or f"cluster-test-{os.getpid()}"
-    results = results_dir()
-    topology = load_topology(os.environ.get("OBMM_CLUSTER_TOPOLOGY") or "pair")
-    if topology.nodes < 2:
-        pytest.exit(f"the cluster suite needs at least 2 nodes, topology has {topology.nodes}")
-    session = GuestSession(
-        topology=topology,
-        name=name,
-        logdir=results / "qemu" / name,
-        results=results,
-        accel=os.environ.get("OBMM_TESTBED_ACCEL"),
-    )
-    capman = request.config.pluginmanager.getplugin("capturemanager")
+    settings = Settings.from_env().with_defaults(name=f"cluster-test-{os.getpid()}")
+    assert settings.name is not None
+    attach_to = envvars.ATTACH.get()
+    if attach_to:
+        session = attach(settings, attach_to)
+    else:
+        nodes = topology_for(settings, "pair").nodes
+        if nodes < 2:
+            pytest.exit(f"the cluster suite needs at least 2 nodes, the settings give {nodes}")
+        capman = request.config.pluginmanager.getplugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+            session = bring_up(
+                settings,
+                purpose="cluster",
+                default_topology="pair",
+                logdir=results_dir() / "qemu" / settings.name,
+            )
     try:
-        if capman is not None:
-            with capman.global_and_fixture_disabled():
-                session.boot()
-        else:
-            session.boot()
-        yield session.boot()
+        yield session
     finally:
-        session.close()
+        session.stop()
 
 
 @pytest.fixture(scope="session")
-def xc(cluster: NodeSet) -> Iterator[ClusterHarness]:
+def xc(cluster: Session | hwstage.HwCluster) -> Iterator[ClusterHarness]:
     """The harness: the cluster with the helpers and examples copied in (and on hardware hosts
     the package, into a per-run directory)."""
     if isinstance(cluster, hwstage.HwCluster):
         harness = _hardware_harness(cluster)
     else:
-        harness = ClusterHarness(cluster)  # GuestSession copied the package to GUEST_ROOT
+        harness = ClusterHarness(cluster.nodes)  # bring_up copied the package to GUEST_ROOT
     root = repo_root()
     helpers = [Path(__file__).parent / "guest_side" / name for name in ("xnode.py", "ctlpoke.py")]
     try:
@@ -138,7 +129,7 @@ def xc(cluster: NodeSet) -> Iterator[ClusterHarness]:
             conn.put(root / "examples", str(harness.root))
         yield harness
     finally:
-        if harness.hardware and os.environ.get("HW_KEEP") != "1":
+        if harness.hardware and envvars.HW_KEEP.get() != "1":
             for i in range(harness.nodes):
                 try:
                     harness.run(i, f"rm -rf {harness.root}", check=False)
@@ -151,10 +142,10 @@ def _hardware_harness(hw: hwstage.HwCluster) -> ClusterHarness:
     """Hosts get the package in one new directory (the same path on every host); the stage's
     run marker goes into each kernel log so it can cut this run's messages out."""
     config = hw.config
-    run_id = os.environ.get(hwstage.ENV_RUN_ID) or uuid.uuid4().hex[:12]
+    run_id = envvars.HW_RUN_ID.get() or uuid.uuid4().hex[:12]
     workdir = PurePosixPath(config.remote_tmp) / f"obmm-xnode.{run_id}"
     harness = ClusterHarness(
-        hw, root=workdir, python=config.python, hardware=True, extra_env=hw.node_env
+        hw.nodes, root=workdir, python=config.python, hardware=True, extra_env=hw.node_env
     )
     payload = payload_tar(repo_root())
     made: list[int] = []

@@ -210,7 +210,7 @@ def test_stalled_exporter_is_dead_and_the_borrow_is_unplugged(
 ) -> None:
     """A's QEMU stops: B declares A dead (8 x 250 ms), revokes the borrow and moves the pages
     off it (A's RAM file is still mapped, its bytes still valid) before it drops the memory."""
-    pid_of = getattr(xc.cluster.nodes[A], "pid", None)
+    pid_of = getattr(xc.node(A), "qemu_pid", None)
     if not isinstance(pid_of, int):
         pytest.skip("needs a QEMU node 0 whose process can be stopped")
     with exporter(xc, guest_tmp, size=SZ_128M, seed=23, name="stalled") as exp:

@@ -151,7 +151,7 @@ class Rounds:
                                f" {poison}, 20)))\n", timeout=120))  # fmt: skip
 
     def stop_a(self, seconds: float) -> None:
-        pid = getattr(self.xc.cluster.nodes[A], "pid", None)
+        pid = getattr(self.xc.node(A), "qemu_pid", None)
         if not isinstance(pid, int):
             pytest.skip("needs a QEMU node 0 whose process can be stopped")
         os.kill(pid, signal.SIGSTOP)
@@ -269,9 +269,12 @@ def test_cross_node_exporter_dies(xc: ClusterHarness, guest_tmp: str) -> None:
     handle = rounds.export_on_a(rng.choice((SZ_2M, 4 * SZ_2M)), rng.getrandbits(32) | 1)
     out = rounds.start_reader(handle, "die")
     time.sleep(rng.uniform(0, 0.5))
-    qemu_a = xc.cluster.nodes[A]
-    os.kill(qemu_a.pid, signal.SIGKILL)  # type: ignore[attr-defined]
-    gone: Callable[[], bool] = lambda: not qemu_a.alive()  # noqa: E731
+    node_a = xc.node(A)
+    pid = getattr(node_a, "qemu_pid", None)
+    if not isinstance(pid, int):
+        pytest.skip("needs a QEMU node 0 whose process can be killed")
+    os.kill(pid, signal.SIGKILL)
+    gone: Callable[[], bool] = lambda: not node_a.alive()  # noqa: E731
     assert wait_until(gone, 10)
     xc.drop(A)
     doc = rounds.finish_reader(out, "die")

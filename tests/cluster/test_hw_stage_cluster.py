@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from xharness import ClusterHarness
 
-from obmm.testbed.cluster import Cluster
-from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
+from obmm.testbed.guest_plugin import emulator_only_reason
 from obmm.testbed.paths import repo_root, results_dir
+from obmm.testbed.session import Session
 
 # It needs a QEMU cluster to stand in for hosts (and on hardware it would run itself again).
 pytestmark = pytest.mark.emulator_only
@@ -93,7 +93,7 @@ def window_table(xc: ClusterHarness) -> Iterator[str]:
 
 @pytest.mark.hw_proof
 def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
-    cluster: Cluster, xc: ClusterHarness, window_table: str
+    cluster: Session, xc: ClusterHarness, window_table: str
 ) -> None:
     everything = _collect()
     emulator_only = _collect("-m", "emulator_only")
@@ -128,7 +128,7 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
         if (skip := case.find("skipped")) is not None
     }
     assert set(skips) == emulator_only
-    assert set(skips.values()) == {EMULATOR_ONLY_SKIP}
+    assert set(skips.values()) == {emulator_only_reason("hardware")}
     bad = [k for k, c in cases.items() if c.find("failure") is not None or c.find("error")]
     assert bad == []
     summary = json.loads((results / "summary.json").read_text())
@@ -141,7 +141,7 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
     }
     assert summary["hosts"] == {}  # --suite cluster: no guest suite ran
 
-    ports = [n.ssh_port for n in cluster.nodes]
+    ports = [n.ssh_port for n in cluster.cluster.nodes]
     for i, port in enumerate(ports):
         preflight = (results / f"127.0.0.1_{port}" / "preflight.txt").read_text()
         assert f"ok   decoder: file: {window_table} ({xc.nodes} window(s))" in preflight

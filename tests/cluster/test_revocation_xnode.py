@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 from xharness import ClusterHarness
 
-from obmm.testbed.cluster import Cluster
 from obmm.testbed.ssh import Connection
 from obmm.tools import logscan
 
@@ -137,15 +136,23 @@ with obmm.ShmDev(mem_id) as shm, shm.mmap(len(pattern)) as m:
 
 
 @pytest.fixture(scope="module")
-def nodes(cluster: Cluster) -> Iterator[tuple[Connection, Connection]]:
-    if len(cluster.nodes) < 2 or not all(n.alive() for n in cluster.nodes[:2]):
+def nodes(xc: ClusterHarness) -> Iterator[tuple[Connection, Connection]]:
+    if xc.nodes < 2 or not all(xc.alive(i) for i in (0, 1)):
         pytest.skip("needs nodes 0 and 1 running")
     # Each connection fails only when its own node dies, not any node of the cluster.
-    a, b = (cluster.connect(i, timeout=60, node_only=True) for i in (0, 1))
+    a, b = (xc.node(i).connect(timeout=60, node_only=True) for i in (0, 1))
     yield a, b
     for c in (a, b):
         with contextlib.suppress(Exception):
             c.close()
+
+
+def qemu_pid(xc: ClusterHarness, node: int) -> int:
+    """The QEMU process of a node (these tests stop and resume it)."""
+    pid = getattr(xc.node(node), "qemu_pid", None)
+    if not isinstance(pid, int):
+        pytest.skip("needs QEMU nodes whose processes can be stopped")
+    return pid
 
 
 def guest_json(conn: Connection, cmd: str) -> dict[str, Any]:
@@ -246,10 +253,10 @@ def test_unexport_revokes_remote_import(nodes: tuple[Connection, Connection]) ->
     assert not kernel_reports(b)
 
 
-def test_stalled_exporter_is_dead(cluster: Cluster, nodes: tuple[Connection, Connection]) -> None:
+def test_stalled_exporter_is_dead(xc: ClusterHarness, nodes: tuple[Connection, Connection]) -> None:
     """A SIGSTOPped exporter stops heart-beating: node 1 revokes; resumed, node 0 cleans up."""
     a, b = nodes
-    pid = cluster.nodes[0].pid
+    pid = qemu_pid(xc, 0)
     with remote_export(a) as exp:
         imp = Importer(b, exp)
         assert imp.ready.wait(120), "importer not ready"
@@ -349,7 +356,7 @@ print(json.dumps({{"left": left, "drain_ms": round((time.monotonic() - t0) * 100
 
 
 def test_stopped_importer_holds_withdrawn_memory_until_it_acknowledges(
-    cluster: Cluster, xc: ClusterHarness, nodes: tuple[Connection, Connection]
+    xc: ClusterHarness, nodes: tuple[Connection, Connection]
 ) -> None:
     """Memory withdrawn from a stopped importer is not reused; resumed, it faults (SIGBUS).
 
@@ -370,7 +377,7 @@ def test_stopped_importer_holds_withdrawn_memory_until_it_acknowledges(
     try:
         assert imp.ready.wait(120), "importer not ready"
         xc.py(0, "pass")  # the agent answers at once
-        pid = cluster.nodes[1].pid
+        pid = qemu_pid(xc, 1)
         os.kill(pid, signal.SIGSTOP)
         stopped = True
         code = ACK_REEXPORT.format(
@@ -385,7 +392,7 @@ def test_stopped_importer_holds_withdrawn_memory_until_it_acknowledges(
         new_mem_id = None
     finally:
         if stopped:
-            os.kill(cluster.nodes[1].pid, signal.SIGCONT)
+            os.kill(qemu_pid(xc, 1), signal.SIGCONT)
         if new_mem_id is not None:
             xc.py(0, f"import obmm\nobmm.Obmm().unexport({new_mem_id})", check=False)
     print(f"\nwhile node 1 was stopped: {held}\nafter it resumed: {drain}")
@@ -427,7 +434,7 @@ print(json.dumps(out))
 
 
 def test_importer_stopped_past_the_death_timeout_is_dead_and_faults_on_resume(
-    cluster: Cluster, xc: ClusterHarness, nodes: tuple[Connection, Connection]
+    xc: ClusterHarness, nodes: tuple[Connection, Connection]
 ) -> None:
     """An importer stopped longer than the death timeout is declared dead: its memory is reused.
 
@@ -446,7 +453,7 @@ def test_importer_stopped_past_the_death_timeout_is_dead_and_faults_on_resume(
     try:
         assert imp.ready.wait(120), "importer not ready"
         xc.py(0, "pass")
-        pid = cluster.nodes[1].pid
+        pid = qemu_pid(xc, 1)
         os.kill(pid, signal.SIGSTOP)
         stopped = True
         code = REUSE_AFTER_DEATH.format(
@@ -459,7 +466,7 @@ def test_importer_stopped_past_the_death_timeout_is_dead_and_faults_on_resume(
         out = imp.result(BOUND_S + 60)
     finally:
         if stopped:
-            os.kill(cluster.nodes[1].pid, signal.SIGCONT)
+            os.kill(qemu_pid(xc, 1), signal.SIGCONT)
         if new_mem_id is not None:
             xc.py(0, f"import obmm\nobmm.Obmm().unexport({new_mem_id})", check=False)
     print(f"\nnode 1 stopped past the death timeout: {reused}; read the new data: {out['stale']}")

@@ -391,12 +391,15 @@ def test_killing_a_while_b_has_it_mapped_faults_b_and_leaves_b_clean(
     exp = exp_ctx.__enter__()
     mem_id = import_on(xc, B, exp)
     status = _touch_in_background(xc, B, mem_id, guest_tmp, "kill-a")
-    qemu_a = xc.cluster.nodes[A]
-    os.kill(qemu_a.pid, signal.SIGKILL)
+    node_a = xc.node(A)
+    pid = getattr(node_a, "qemu_pid", None)
+    if not isinstance(pid, int):
+        pytest.skip("needs a QEMU node 0 whose process can be killed")
+    os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while qemu_a.alive() and time.monotonic() < deadline:
+    while node_a.alive() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not qemu_a.alive()
+    assert not node_a.alive()
     xc.drop(A)
     try:
         _wait_status(xc, B, status, REVOKE_BUDGET_S)

@@ -12,13 +12,13 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
 from obmm.testbed.kguard import MARKER, KernelLogGuard
-from obmm.testbed.node import NodeSet
-from obmm.testbed.provision import GUEST_ROOT
+from obmm.testbed.node import SshNode
+from obmm.testbed.remote import GUEST_ROOT
 from obmm.testbed.ssh import (
     CommandFailed,
     CommandTimeout,
@@ -95,14 +95,14 @@ class ClusterHarness:
 
     def __init__(
         self,
-        cluster: NodeSet,
+        nodes: Sequence[SshNode],
         *,
         root: PurePosixPath = GUEST_ROOT,
         python: str = "python3",
         hardware: bool = False,
         extra_env: Callable[[int], dict[str, str]] | None = None,
     ) -> None:
-        self.cluster = cluster
+        self.node_list = list(nodes)
         self.root = root
         self.python = python
         self.hardware = hardware
@@ -113,7 +113,10 @@ class ClusterHarness:
 
     @property
     def nodes(self) -> int:
-        return len(self.cluster.nodes)
+        return len(self.node_list)
+
+    def node(self, index: int) -> SshNode:
+        return self.node_list[index]
 
     @property
     def helpers(self) -> PurePosixPath:
@@ -135,16 +138,16 @@ class ClusterHarness:
 
     def ip(self, node: int) -> str:
         """The node's address on the inter-node network (where it serves handles)."""
-        return self.cluster.fabric_ip(node)
+        return self.node_list[node].addr
 
     def alive(self, node: int) -> bool:
-        return self.cluster.nodes[node].alive()
+        return self.node_list[node].alive()
 
     def conn(self, node: int) -> Connection:
         conn = self._conns.get(node)
         if conn is not None:
             return conn
-        conn = self.cluster.connect(node, timeout=60, node_only=True)
+        conn = self.node_list[node].connect(timeout=60, node_only=True)
         self._conns[node] = conn
         return conn
 
@@ -161,9 +164,9 @@ class ClusterHarness:
         agent = self._agents.get(node)
         try:
             if agent is None:
-                qnode = self.cluster.nodes[node]
                 command = f"env {self.env(node)} {self.python} -m xnode agent"
-                agent = self._agents[node] = Agent(self.conn(node), qnode.alive, command)
+                alive = self.node_list[node].alive
+                agent = self._agents[node] = Agent(self.conn(node), alive, command)
             result = agent.run(code, timeout)
         except (SshError, OSError, EOFError) as exc:
             # A dead or stuck agent is replaced on the next call.
@@ -242,13 +245,7 @@ class ClusterHarness:
     @property
     def guard(self) -> KernelLogGuard:
         if self._guard is None:
-            self._guard = KernelLogGuard(
-                self.nodes,
-                lambda node, command, timeout=120: self.run(node, command, timeout=timeout),
-                self.alive,
-                lambda node: self.cluster.nodes[node].console_tail(),
-                marker=MARKER,
-            )
+            self._guard = KernelLogGuard(self.node_list, marker=MARKER)
         return self._guard
 
     def mark(self, tag: str) -> dict[int, int]:

@@ -16,8 +16,9 @@ Runs in the guests with Debian 12's pytest 7.2: only APIs that version has.
 Set OBMM_KMSG_GUARD=off to disable the guard; OBMM_KMSG_PATH and
 OBMM_TAINTED_PATH point it at other files (for testing the guard itself).
 
-With OBMM_TARGET=hardware (the hardware stage, obmm.testbed.hw.stage) tests
-marked ``emulator_only`` are skipped, with the reason in the report.
+Tests marked ``emulator_only`` are skipped, with the reason in the report, where
+the driver under test is not the emulator (the hardware stage, or the real
+driver on the testbed; obmm.testbed.guest_plugin.skip_emulator_only).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import Any
 
 import pytest
 
-from obmm.testbed.guest_plugin import EMULATOR_ONLY_SKIP
+from obmm import envvars
+from obmm.testbed.guest_plugin import driver_under_test, skip_emulator_only
 from obmm.tools import logscan
 
 # The OBMM fixtures (dev, fabric, leak check) live beside this file; a copy of
@@ -39,12 +41,12 @@ from obmm.tools import logscan
 pytest_plugins = ["obmm_fixtures"] if (Path(__file__).parent / "obmm_fixtures.py").is_file() else []
 
 # Overridable so the guard itself can be tested on the host against files.
-KMSG = os.environ.get("OBMM_KMSG_PATH", "/dev/kmsg")
-TAINTED = os.environ.get("OBMM_TAINTED_PATH", "/proc/sys/kernel/tainted")
+KMSG = envvars.KMSG_PATH.get()
+TAINTED = envvars.TAINTED_PATH.get()
 
 
 @dataclass
-class KernelLogGuard:
+class KmsgGuard:
     """Session state of the guard (one per pytest run, kept in config.stash)."""
 
     watcher: logscan.KmsgWatcher | None
@@ -62,7 +64,7 @@ class KernelLogGuard:
 class KernelLog:
     """Handle for one test: take() claims the new kernel messages so the guard skips them."""
 
-    def __init__(self, guard: KernelLogGuard) -> None:
+    def __init__(self, guard: KmsgGuard) -> None:
         self._guard = guard
 
     @property
@@ -80,7 +82,7 @@ class KernelLog:
         return logscan.scan(self.take(), allow=())
 
 
-GUARD_KEY = pytest.StashKey[KernelLogGuard]()
+GUARD_KEY = pytest.StashKey[KmsgGuard]()
 
 
 def read_taint() -> int:
@@ -89,12 +91,6 @@ def read_taint() -> int:
             return int(fh.read().strip() or "0")
     except (OSError, ValueError):
         return 0
-
-
-def new_taint(before: int, after: int) -> str:
-    """Letters of taint bits set since ``before`` that our own modules do not explain."""
-    gained = logscan.taint_letters(after & ~before)
-    return "".join(c for c in gained if c not in logscan.BENIGN_TAINT)
 
 
 def _boot_log() -> str:
@@ -121,13 +117,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "kernel_log_allow(regex, reason): a kernel log line this test may produce (AllowRule)",
     )
-    if os.environ.get("OBMM_KMSG_GUARD", "on").lower() in ("0", "off", "no", "false"):
-        guard = KernelLogGuard(None, "disabled by OBMM_KMSG_GUARD")
+    if envvars.KMSG_GUARD.get().lower() in ("0", "off", "no", "false"):
+        guard = KmsgGuard(None, f"disabled by {envvars.KMSG_GUARD.name}")
     else:
         try:
-            guard = KernelLogGuard(logscan.KmsgWatcher(KMSG))
+            guard = KmsgGuard(logscan.KmsgWatcher(KMSG))
         except OSError as exc:
-            guard = KernelLogGuard(None, f"{KMSG}: {exc.strerror or exc}")
+            guard = KmsgGuard(None, f"{KMSG}: {exc.strerror or exc}")
     if guard.watcher is not None:
         guard.boot_reports = logscan.scan(_boot_log())
     guard.taint = read_taint()
@@ -135,12 +131,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("OBMM_TARGET") != "hardware":
-        return
-    skip = pytest.mark.skip(reason=EMULATOR_ONLY_SKIP)
-    for item in items:
-        if item.get_closest_marker("emulator_only") is not None:
-            item.add_marker(skip)
+    skip_emulator_only(items, driver_under_test())
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -187,7 +178,7 @@ def pytest_runtest_makereport(
     text = guard.read()
     reports = logscan.scan(text, allow=_allow_rules(item))
     taint = read_taint()
-    gained = new_taint(guard.taint, taint)
+    gained = logscan.new_taint(guard.taint, taint)
     guard.taint = taint
     if not reports and not gained:
         return
@@ -218,7 +209,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     guard.unowned.append(guard.read())
     guard.session_reports = logscan.scan("".join(guard.unowned))
     taint = read_taint()
-    guard.session_taint = new_taint(guard.taint, taint)
+    guard.session_taint = logscan.new_taint(guard.taint, taint)
     if guard.session_reports or guard.session_taint:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -1,6 +1,6 @@
 """OBMM_CMD_ADDR_QUERY in both directions, for exports and imports.
 
-Reference: obmm-uapi-and-driver.md section 2.5.
+Reference: docs/obmm-driver.md sections 3.7 and 4.6.
 """
 
 from __future__ import annotations

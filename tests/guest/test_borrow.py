@@ -1,7 +1,7 @@
 """NUMA_REMOTE imports ("borrow"): the window range becomes memory of a remote NUMA node.
 
-Reference: obmm-uapi-and-driver.md section 2.4 step 10 (obmm_import.c@bf00953,
-`setup_remote_numa()`: `add_memory_remote()` < 0 -> EPERM) and section 2.3 (UNIMPORT:
+Reference: docs/obmm-driver.md sections 3.4 and 4.5 rows 15-17 (obmm_import.c,
+`setup_remote_numa()`: `add_memory_remote()` < 0 -> EPERM) and section 4.4 (UNIMPORT:
 `remove_memory_remote()`, whose errno is returned; openeuler-mirror/kernel
 drivers/base/numa_remote.c@6c696d0: it is offline_and_remove_memory()'s).  On one node these are
 loopback borrows: the node hot-adds its own export through its own window.

@@ -1,6 +1,6 @@
 """OBMM_CMD_EXPORT: every check of the real driver, in its order, with its errno.
 
-Reference: obmm-uapi-and-driver.md section 2.1 (obmm_export_from_pool.c).
+Reference: docs/obmm-driver.md sections 3.2 and 4.2 (obmm_export_from_pool.c).
 """
 
 from __future__ import annotations

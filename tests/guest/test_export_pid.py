@@ -1,6 +1,6 @@
 """OBMM_CMD_EXPORT_PID: pin a process's memory; the real driver's flag, length and page rules.
 
-Reference: obmm-uapi-and-driver.md section 2.2 (obmm_export_from_user.c).
+Reference: docs/obmm-driver.md sections 3.3 and 4.3 (obmm_export_from_user.c).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """OBMM_CMD_IMPORT: flags, priv, alignment, scna, overlap, UB-memory validation.
 
-Reference: obmm-uapi-and-driver.md section 2.4 (obmm_import.c).  On one node
+Reference: docs/obmm-driver.md sections 3.4 and 4.5 (obmm_import.c).  On one node
 every import is a loopback import through the node's own window, so these
 tests are emulator-only (on hardware the decoder address comes from
 management software).

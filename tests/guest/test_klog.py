@@ -1,7 +1,7 @@
 """The kernel log of a refused call: one line per refused ioctl (or shmdev mmap).
 
 Each line names the operation, the errno, the check and the offending values, in the real
-driver's words where it logs one (obmm-uapi-and-driver.md section 2; openeuler-mirror/kernel
+driver's words where it logs one (docs/obmm-driver.md section 4.12; openeuler-mirror/kernel
 drivers/ub/obmm/obmm_import.c@bf00953, obmm_export_from_pool.c@d4f4936,
 obmm_export_from_user.c@80a7753, obmm_export.c@d4f4936, obmm_core.c@53eaf2b,
 obmm_preimport.c@7863d54, obmm_shm_dev.c@753ece1):

@@ -1,6 +1,6 @@
 """UNEXPORT / UNIMPORT: id range, flags, refcount (EBUSY), wrong region type.
 
-Reference: obmm-uapi-and-driver.md sections 2.0 (lifecycle refcount) and 2.3.
+Reference: docs/obmm-driver.md sections 3.1 (lifecycle refcount), 3.6 and 4.4.
 """
 
 from __future__ import annotations

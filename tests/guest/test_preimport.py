@@ -1,7 +1,7 @@
 """OBMM_CMD_DECLARE_PREIMPORT / OBMM_CMD_UNDECLARE_PREIMPORT and NUMA_REMOTE|PREIMPORT imports.
 
-Reference: obmm-uapi-and-driver.md sections 2.4 (step 9, preimport) and 2.6
-(obmm_preimport.c@7863d54, obmm_preimport_prefilled.c@7863d54).  A declaration
+Reference: docs/obmm-driver.md sections 3.5, 4.5 (row 14, preimport), 4.7 and 4.8
+(obmm_preimport.c, obmm_preimport_prefilled.c).  A declaration
 reserves a range of the window and a remote NUMA node; imports inside it take its
 memory blocks and hot-add them to that node.
 """

@@ -108,7 +108,7 @@ def test_unload_after_regions_opened_through_other_nodes_leaves_no_inode(
 
 
 # A real host's controller directory, as a seed program hard-codes it
-# (reference seed-scheme7.md section 5: /sys/devices/ub_bus_controller1/00002/primary_cna).
+# (docs/obmm-driver.md section 8.2: /sys/devices/ub_bus_controller1/00002/primary_cna).
 REAL_HOST_UBC = Path("/sys/devices/ub_bus_controller1/00002")
 HARD_CODED_READER = r"""
 #include <stdio.h>

@@ -1,6 +1,6 @@
 """/dev/obmm_shmdev<id>: open modes, mmap rules, VMA behaviour, OBMM_SHMDEV_UPDATE_RANGE.
 
-Reference: obmm-uapi-and-driver.md sections 2.7 and 2.8.
+Reference: docs/obmm-driver.md sections 3.8, 3.9, 4.9, 4.10 and 4.11.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """sysfs: per-region attributes, the mempool counters, the ub_bus_controller files libobmm reads.
 
-Reference: obmm-uapi-and-driver.md sections 2.9 and 3 (vendor adaptor).
+Reference: docs/obmm-driver.md sections 6 and 8.2 (vendor adaptor).
 """
 
 from __future__ import annotations

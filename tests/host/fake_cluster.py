@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from obmm.testbed.cluster import Cluster
 from obmm.testbed.image import Image
 
 
@@ -32,3 +34,8 @@ def make_image(base: Path) -> Image:
     manifest = {"kernel_release": "6.1.0-0-amd64", "ssh_key": str(d / "key"), "host_key": ""}
     (d / "manifest.json").write_text(json.dumps(manifest))
     return Image.open(d)
+
+
+def start_with(qemu_binary: str, *args: Any, **kwargs: Any) -> Cluster:
+    """Cluster.start with a stand-in QEMU binary."""
+    return Cluster.start(*args, qemu_binary=qemu_binary, **kwargs)

@@ -15,7 +15,7 @@ from obmm import abi
 
 pytestmark = pytest.mark.needs_gcc
 
-# shared/reference/obmm-uapi-and-driver.md section 1.1 (x86_64 gcc; arm64 identical).
+# docs/obmm-driver.md section 2.4 (x86_64 gcc; arm64 identical).
 REFERENCE_SIZES = {
     "struct obmm_cmd_export": 224,
     "struct obmm_cmd_export_pid": 104,

@@ -26,7 +26,6 @@ def test_pvm_alone_is_pvm(tmp_path: Path) -> None:
 def test_auto_on_a_pvm_host_is_tcg_without_a_probe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.delenv(accel.ENV, raising=False)
     monkeypatch.setattr(accel, "kvm_usable", lambda: True)
     monkeypatch.setattr(accel, "SYS_MODULE", _modules(tmp_path / "sys", "kvm", "kvm_pvm"))
     monkeypatch.setattr(accel, "probe_kvm", lambda *a, **k: pytest.fail("probed a PVM host"))
@@ -48,7 +47,6 @@ def test_kvm_asked_for_on_a_pvm_host_is_honoured_with_a_warning(
 def test_auto_with_hardware_kvm_still_probes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(accel.ENV, raising=False)
     monkeypatch.setattr(accel, "kvm_usable", lambda: True)
     monkeypatch.setattr(accel, "SYS_MODULE", _modules(tmp_path / "sys", "kvm", "kvm_amd"))
     probed: list[Path] = []

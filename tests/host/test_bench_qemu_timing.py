@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from obmm.bench import cluster_hook
+from obmm.testbed.settings import Settings
 
 
 def _junit(path: Path, failures: int) -> Path:
@@ -56,30 +57,26 @@ def test_record_command_needs_every_suite_green(
 def test_boot_figures_interleave_the_inits_and_compare_fast_with_systemd(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from obmm.testbed import cluster as cl
+    from obmm.testbed import session
 
     booted: list[tuple[int, str]] = []
 
-    class FakeCluster:
-        def __enter__(self) -> FakeCluster:
+    class FakeSession:
+        def __enter__(self) -> FakeSession:
             return self
 
         def __exit__(self, *exc: object) -> None:
             pass
 
-    def fake_start(image: object, topology: object, **kw: object) -> FakeCluster:
-        booted.append((topology.nodes, str(kw["init"])))  # type: ignore[attr-defined]
-        assert kw["snapshot"] == "off"  # a boot figure is a cold boot, never a restore
-        return FakeCluster()
+    def fake_bring_up(settings: Settings, **kw: object) -> FakeSession:
+        booted.append((settings.nodes or 0, settings.init))
+        assert settings.snapshot == "off"  # a boot figure is a cold boot, never a restore
+        assert kw["load_modules"] is False  # what `up` takes, without modules
+        return FakeSession()
 
-    monkeypatch.setattr(cl.Cluster, "start", staticmethod(fake_start))
+    monkeypatch.setattr(session, "bring_up", fake_bring_up)
     figures = cluster_hook.boot_figures(
-        object(),  # type: ignore[arg-type]
-        "tcg",
-        [1, 8],
-        ["fast", "systemd"],
-        2,
-        lambda _msg: None,
+        Settings(accel="tcg"), [1, 8], ["fast", "systemd"], 2, lambda _msg: None
     )
     assert booted == [(n, i) for n in (1, 8) for _ in range(2) for i in ("fast", "systemd")]
     by_name = {f.name: f for f in figures}
@@ -99,25 +96,29 @@ def test_boot_figures_interleave_the_inits_and_compare_fast_with_systemd(
 def test_restore_figures_time_restores_against_the_cold_fast_boot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from obmm.testbed import cluster as cl
+    from obmm.testbed import session
 
     starts: list[int] = []
 
     class FakeCluster:
         restored_from: str | None = "abc"
 
-        def __enter__(self) -> FakeCluster:
+    class FakeSession:
+        cluster = FakeCluster
+
+        def __enter__(self) -> FakeSession:
             return self
 
         def __exit__(self, *exc: object) -> None:
             pass
 
-    def fake_start(image: object, topology: object, **kw: object) -> FakeCluster:
-        starts.append(topology.nodes)  # type: ignore[attr-defined]
-        return FakeCluster()
+    def fake_bring_up(settings: Settings, **kw: object) -> FakeSession:
+        starts.append(settings.nodes or 0)
+        assert settings.snapshot == "auto"
+        return FakeSession()
 
-    monkeypatch.setattr(cl.Cluster, "start", staticmethod(fake_start))
-    figures = cluster_hook.restore_figures(object(), "tcg", [2], 3, lambda _m: None)  # type: ignore[arg-type]
+    monkeypatch.setattr(session, "bring_up", fake_bring_up)
+    figures = cluster_hook.restore_figures(Settings(), [2], 3, lambda _m: None)
     assert starts == [2, 2, 2, 2]  # one to make sure a snapshot exists, three timed
     (fig,) = figures
     assert fig.name == "testbed.restore_to_ssh.2nodes"
@@ -125,4 +126,4 @@ def test_restore_figures_time_restores_against_the_cold_fast_boot(
     assert len(fig.samples) == 3
     FakeCluster.restored_from = None
     with pytest.raises(RuntimeError, match="booted cold"):
-        cluster_hook.restore_figures(object(), "tcg", [2], 1, lambda _m: None)  # type: ignore[arg-type]
+        cluster_hook.restore_figures(Settings(), [2], 1, lambda _m: None)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from obmm.bench import controlpath
+from obmm.bench.measure import make_testbed_figure as tb_fig
 from obmm.bench.report import write_run
 from obmm.bench.results import (
     PUBLISHED,
@@ -23,7 +24,6 @@ from obmm.bench.results import (
     size_label,
     summary_markdown,
 )
-from obmm.bench.runner import make_testbed_figure as tb_fig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -11,18 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from obmm.bench.runner import BenchError
+from obmm.bench.measure import BenchError
 from obmm.testbed import (
     errors,
+    guest_suite,
     image,
     kbuild,
+    kunitbuild,
+    kunitguest,
     matrix,
     progress,
     provision,
     qemu,
     run,
-    runner,
     ssh,
+    urmabuild,
 )
 from obmm.testbed.cluster import ClusterError
 from obmm.testbed.hw import config as hwconfig
@@ -106,7 +109,7 @@ def test_a_multi_line_error_prints_its_first_line(
         (ClusterError, RuntimeError),
         (progress.StepFailed, RuntimeError),
         (ssh.SshError, RuntimeError),
-        (runner.RunnerError, RuntimeError),
+        (guest_suite.RunnerError, RuntimeError),
         (provision.ProvisionError, RuntimeError),
         (qemu.TopologyError, ValueError),
         (hwconfig.ConfigError, ValueError),
@@ -114,6 +117,9 @@ def test_a_multi_line_error_prints_its_first_line(
         (run.RunError, ValueError),
         (elfcheck.ModuleCheckError, Exception),
         (patchcheck.CheckError, Exception),
+        (kunitbuild.KunitBuildError, RuntimeError),
+        (kunitguest.KunitGuestError, RuntimeError),
+        (urmabuild.UrmaBuildError, RuntimeError),
     ],
 )
 def test_testbed_errors_share_one_base_and_keep_their_old_one(cls: type, older: type) -> None:
@@ -156,7 +162,7 @@ def test_sigterm_during_a_command_unwinds_says_so_and_leaves_no_scratch(
                 break
             assert proc.poll() is None, proc.communicate()[1]
             time.sleep(0.05)
-        assert list(scratch.glob("obmm-bench-cache-*")), "no throw-away cache to remove"
+        assert list(scratch.glob("obmm-scratch-*-bench-cache-*")), "no throw-away cache"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -169,3 +175,40 @@ def test_sigterm_during_a_command_unwinds_says_so_and_leaves_no_scratch(
     builder = int(pidfile.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(builder, 0)
+
+
+def test_a_killed_commands_scratch_is_removed_by_the_next_command(tmp_path: Path) -> None:
+    """SIGKILL (an OOM kill) leaves the bench's throw-away cache in $TMPDIR; the next
+    obmm-testbed command removes it (it is named after its dead owner), and leaves the
+    scratch of a live process alone."""
+    fake_bin, scratch = tmp_path / "bin", tmp_path / "tmp"
+    fake_bin.mkdir()
+    scratch.mkdir()
+    pidfile = tmp_path / "mmdebstrap.pid"
+    fake = fake_bin / "mmdebstrap"
+    fake.write_text(f'#!/bin/sh\necho $$ > "{pidfile}"\nexec sleep 60\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}", TMPDIR=str(scratch),
+               OBMM_TESTBED_CACHE=str(tmp_path / "cache"),
+               OBMM_TESTBED_RUN_ROOT=str(tmp_path / "shm"))  # fmt: skip
+    argv = [sys.executable, "-m", "obmm.tools.cli", "bench", "--suites-only", "--no-plots"]
+    proc = subprocess.Popen([*argv, "--out", str(tmp_path / "out")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        for _ in range(600):
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+            time.sleep(0.05)
+        left = list(scratch.glob("obmm-scratch-*"))
+        assert left
+    finally:
+        proc.kill()
+        proc.wait()
+    os.kill(int(pidfile.read_text()), signal.SIGKILL)  # the builder, orphaned
+    alive = scratch / f"obmm-scratch-{os.getpid()}.0-live-x"  # this process: alive
+    alive.mkdir()
+    assert all(p.exists() for p in left)
+    out = subprocess.run([sys.executable, "-m", "obmm.tools.cli", "gc"], env=env,
+                         capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+    assert f"scratch {left[0]}: its owner died; removed" in out
+    assert not any(p.exists() for p in left) and alive.exists()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_cluster import make_image, use_run_root
+from fake_cluster import make_image, start_with, use_run_root
 
 from obmm.testbed import cluster as cl
 from obmm.testbed import qemu
@@ -139,9 +139,9 @@ def test_stale_state_of_a_dead_cluster_is_reaped(
 def test_qemu_that_fails_to_start_leaves_nothing_behind(
     run_root: Path, fake_image: Image, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("OBMM_TESTBED_QEMU", "false")
+    qemu_bin = "false"
     with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
-        cl.Cluster.start(fake_image, qemu.Topology(nodes=2), name="y", logdir=tmp_path / "logs")
+        start_with(qemu_bin, fake_image, qemu.Topology(nodes=2), name="y", logdir=tmp_path / "logs")
     assert not cl.rundir_for("y").exists()
     assert list(run_root.iterdir()) == []  # no lock or other file left on tmpfs
     assert (tmp_path / "logs" / "node0.qemu.log").read_text().startswith("$ false ")
@@ -150,15 +150,20 @@ def test_qemu_that_fails_to_start_leaves_nothing_behind(
 def test_fast_boot_of_an_image_without_its_initramfs_says_what_to_use_and_leaves_nothing(
     run_root: Path, fake_image: Image, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("OBMM_TESTBED_QEMU", "false")
+    qemu_bin = "false"
     (fake_image.directory / "initrd-fast.img").unlink()
     with pytest.raises(cl.ClusterError, match="no fast-boot initramfs; use --init systemd"):
-        cl.Cluster.start(fake_image, qemu.Topology(nodes=2), name="z", logdir=tmp_path / "logs")
+        start_with(qemu_bin, fake_image, qemu.Topology(nodes=2), name="z", logdir=tmp_path / "logs")
     assert list(run_root.iterdir()) == []
     # The distribution boot needs only what every image has.
     with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
-        cl.Cluster.start(
-            fake_image, qemu.Topology(nodes=1), name="z", init="systemd", logdir=tmp_path / "l"
+        start_with(
+            qemu_bin,
+            fake_image,
+            qemu.Topology(nodes=1),
+            name="z",
+            init="systemd",
+            logdir=tmp_path / "l",
         )
     systemd_argv = (tmp_path / "l" / "node0.qemu.log").read_text()
     assert "systemd.hostname=node0" in systemd_argv
@@ -168,16 +173,16 @@ def test_fast_boot_of_an_image_without_its_initramfs_says_what_to_use_and_leaves
 def test_fast_boot_uses_qboot_when_qemu_ships_it(
     run_root: Path, fake_image: Image, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("OBMM_TESTBED_QEMU", "false")
+    qemu_bin = "false"
     qboot = tmp_path / "qboot.rom"
     qboot.write_bytes(b"rom")
     monkeypatch.setattr(qemu, "QBOOT", str(qboot))
     with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
-        cl.Cluster.start(fake_image, qemu.Topology(nodes=1), name="q", logdir=tmp_path / "l")
+        start_with(qemu_bin, fake_image, qemu.Topology(nodes=1), name="q", logdir=tmp_path / "l")
     assert f"-bios {qboot} " in (tmp_path / "l" / "node0.qemu.log").read_text()
     qboot.unlink()
     with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
-        cl.Cluster.start(fake_image, qemu.Topology(nodes=1), name="q", logdir=tmp_path / "m")
+        start_with(qemu_bin, fake_image, qemu.Topology(nodes=1), name="q", logdir=tmp_path / "m")
     assert "-bios" not in (tmp_path / "m" / "node0.qemu.log").read_text()
 
 
@@ -192,7 +197,7 @@ def test_interrupt_during_boot_kills_every_node_and_removes_files(
         "exec sleep 600\n"
     )
     fake.chmod(0o755)
-    monkeypatch.setenv("OBMM_TESTBED_QEMU", str(fake))
+    qemu_bin = str(fake)
     pids: list[int] = []
 
     def interrupted(self: cl.Cluster, timeout: float, progress: object = None) -> None:
@@ -201,7 +206,7 @@ def test_interrupt_during_boot_kills_every_node_and_removes_files(
 
     monkeypatch.setattr(cl.Cluster, "wait_ssh", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        cl.Cluster.start(fake_image, qemu.Topology(nodes=2), name="z", logdir=tmp_path / "logs")
+        start_with(qemu_bin, fake_image, qemu.Topology(nodes=2), name="z", logdir=tmp_path / "logs")
     assert len(pids) == 2
     for pid in pids:
         assert cl._pid_start_time(pid) is None  # gone (or a reaped zombie)
@@ -216,11 +221,11 @@ def test_boot_timeout_scales_with_nodes_under_tcg() -> None:
     assert cl.boot_timeout(qemu.Topology(nodes=1), "kvm") < one
 
 
-def test_load_topology_by_name_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_topology_by_name_or_path(tmp_path: Path) -> None:
     assert cl.load_topology("pair").nodes == 2
-    monkeypatch.setenv("OBMM_TESTBED_TOPOLOGY", "pair")
-    assert cl.load_topology().nodes == 2
-    assert os.environ["OBMM_TESTBED_TOPOLOGY"] == "pair"
+    spec = tmp_path / "three.json"
+    spec.write_text('{"nodes": 3, "memory_mib": 512, "pool_mib": 64, "cpus": 1}')
+    assert cl.load_topology(str(spec)).nodes == 3
 
 
 def test_stop_does_not_hang_on_a_wedged_monitor(
@@ -241,13 +246,100 @@ def test_stop_does_not_hang_on_a_wedged_monitor(
     assert not cl.rundir_for("w").exists()
 
 
-def test_init_mode_comes_from_the_environment_and_bad_values_are_named(
-    monkeypatch: pytest.MonkeyPatch,
+def test_an_unknown_init_is_refused_before_anything_starts(
+    run_root: Path, fake_image: Image
 ) -> None:
-    monkeypatch.delenv("OBMM_TESTBED_INIT", raising=False)
-    assert cl.default_init() == "fast"
-    monkeypatch.setenv("OBMM_TESTBED_INIT", "systemd")
-    assert cl.default_init() == "systemd"
-    monkeypatch.setenv("OBMM_TESTBED_INIT", "runit")
-    with pytest.raises(cl.ClusterError, match="OBMM_TESTBED_INIT='runit'"):
-        cl.default_init()
+    with pytest.raises(cl.ClusterError, match="init must be one of fast, systemd, got 'runit'"):
+        cl.Cluster.start(fake_image, qemu.Topology(), name="r", init="runit")
+    assert not run_root.exists() or list(run_root.iterdir()) == []
+
+
+FAKE_QEMU = (
+    "#!/bin/sh\n"
+    'for a in "$@"; do case "$a" in unix:*) p="${a#unix:}"; : > "${p%%,*}";; esac; done\n'
+    "exec sleep 600\n"
+)
+OWNER_SCRIPT = """\
+import sys, time
+from pathlib import Path
+from obmm.testbed import cluster as cl, qemu
+from obmm.testbed.image import Image
+image = Image.open(Path(sys.argv[1]))
+detach = sys.argv[3] == "detach"
+c = cl.Cluster.start(image, qemu.Topology(nodes=2), name=sys.argv[2], detach=detach,
+                     wait=sys.argv[4] == "wait", qemu_binary=sys.argv[5], timeout=600)
+print(" ".join(str(n.pid) for n in c.nodes), c.hub_pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _owner(run_root: Path, image: Image, name: str, fake: Path, detach: str, wait: str
+           ) -> subprocess.Popen[str]:  # fmt: skip
+    env = {**os.environ, "OBMM_TESTBED_RUN_ROOT": str(run_root)}
+    return subprocess.Popen(
+        [sys.executable, "-c", OWNER_SCRIPT, str(image.directory), name, detach, wait, str(fake)],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+def _gone(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while cl._pid_start_time(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return cl._pid_start_time(pid) is None
+
+
+def test_a_killed_owners_cluster_is_removed_by_the_next_command_and_no_other(
+    run_root: Path, fake_image: Image, tmp_path: Path
+) -> None:
+    """An owner SIGKILLed while its cluster runs (the `run` of the issue): its QEMUs and hub die
+    with it, its run directory (RAM files: host memory) stays until the reaper, which leaves a
+    live owner's cluster and one owned by nobody (`up`) alone."""
+    fake = tmp_path / "fake-qemu"
+    fake.write_text(FAKE_QEMU)
+    fake.chmod(0o755)
+    owner = _owner(run_root, fake_image, "dead", fake, "own", "nowait")
+    assert owner.stdout is not None
+    *qemus, hub = (int(w) for w in owner.stdout.readline().split())
+    mine = start_with(str(fake), fake_image, qemu.Topology(nodes=1), name="mine", wait=False)
+    kept = start_with(str(fake), fake_image, qemu.Topology(nodes=1), name="kept", wait=False,
+                      detach=True)  # fmt: skip
+    kept.disown()
+    try:
+        owner.kill()
+        owner.wait()
+        assert all(_gone(pid) for pid in (*qemus, hub))  # they die with their owner
+        assert cl.rundir_for("dead").is_dir()  # ... but the RAM files stay
+        assert cl.reap_dead_owners() == ["dead"]
+        assert not cl.rundir_for("dead").exists()
+        assert cl.rundir_for("mine").is_dir() and cl.rundir_for("kept").is_dir()
+        assert cl.reap_dead_owners() == []
+    finally:
+        mine.stop()
+        cl.Cluster.attach("kept").stop()
+    assert list(run_root.iterdir()) == []
+
+
+def test_up_killed_while_booting_leaves_nothing_after_the_next_command(
+    run_root: Path, fake_image: Image, tmp_path: Path
+) -> None:
+    """`up` owns its cluster until the nodes are ready (then nobody does): killed while it
+    waits for SSH, its QEMUs (started to outlive it) are stopped by the reaper."""
+    fake = tmp_path / "fake-qemu"
+    fake.write_text(FAKE_QEMU)
+    fake.chmod(0o755)
+    owner = _owner(run_root, fake_image, "booting", fake, "detach", "wait")
+    try:
+        state = cl.rundir_for("booting") / cl.STATE_FILE
+        deadline = time.monotonic() + 30
+        while not state.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        pids = [n.pid for n in cl.Cluster.attach("booting").nodes]
+    finally:
+        owner.kill()
+        owner.wait()
+    assert not any(_gone(pid, 1.0) for pid in pids)  # detached: they outlived their owner
+    assert cl.reap_dead_owners() == ["booting"]
+    assert all(_gone(pid) for pid in pids)
+    assert list(run_root.iterdir()) == []

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_cluster import make_image, use_run_root
+from fake_cluster import make_image, start_with, use_run_root
 
 from obmm.testbed import cluster as cl
 from obmm.testbed import hub as hub_mod
@@ -197,7 +197,7 @@ def fake_image(short_dir: Path) -> Image:
 
 
 @pytest.fixture
-def fake_qemu(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def fake_qemu(short_dir: Path) -> str:
     fake = short_dir / "fake-qemu"
     fake.write_text(
         "#!/bin/sh\n"
@@ -205,7 +205,7 @@ def fake_qemu(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "exec sleep 600\n"
     )
     fake.chmod(0o755)
-    monkeypatch.setenv("OBMM_TESTBED_QEMU", str(fake))
+    return str(fake)
 
 
 def _gone(pid: int) -> bool:
@@ -213,11 +213,11 @@ def _gone(pid: int) -> bool:
 
 
 def test_hub_starts_with_a_multi_node_cluster_and_stops_with_it(
-    run_root: Path, fake_image: Image, fake_qemu: None, short_dir: Path,
+    run_root: Path, fake_image: Image, fake_qemu: str, short_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     monkeypatch.setattr(cl.Cluster, "wait_ssh", lambda self, timeout, progress=None: None)
-    c = cl.Cluster.start(fake_image, qemu.Topology(nodes=2), name="n", logdir=short_dir / "l")
+    c = start_with(fake_qemu, fake_image, qemu.Topology(nodes=2), name="n", logdir=short_dir / "l")
     try:
         state = json.loads(c.state_file.read_text())
         assert state["hub_pid"] == c.hub_pid and c.hub_alive()
@@ -238,18 +238,18 @@ def test_hub_starts_with_a_multi_node_cluster_and_stops_with_it(
 
 
 def test_a_single_node_cluster_runs_no_hub(
-    run_root: Path, fake_image: Image, fake_qemu: None, short_dir: Path,
+    run_root: Path, fake_image: Image, fake_qemu: str, short_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     monkeypatch.setattr(cl.Cluster, "wait_ssh", lambda self, timeout, progress=None: None)
-    with cl.Cluster.start(fake_image, qemu.Topology(nodes=1), name="s",
+    with start_with(fake_qemu, fake_image, qemu.Topology(nodes=1), name="s",
                           logdir=short_dir / "l") as c:  # fmt: skip
         assert c.hub_pid is None
     assert not c.rundir.exists()
 
 
 def test_interrupt_during_boot_stops_the_hub_too(
-    run_root: Path, fake_image: Image, fake_qemu: None, short_dir: Path,
+    run_root: Path, fake_image: Image, fake_qemu: str, short_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     seen: list[int] = []
@@ -261,7 +261,7 @@ def test_interrupt_during_boot_stops_the_hub_too(
 
     monkeypatch.setattr(cl.Cluster, "wait_ssh", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        cl.Cluster.start(fake_image, qemu.Topology(nodes=2), name="i", logdir=short_dir / "l")
+        start_with(fake_qemu, fake_image, qemu.Topology(nodes=2), name="i", logdir=short_dir / "l")
     assert seen and _gone(seen[0])
     assert list(run_root.iterdir()) == []
 
@@ -297,11 +297,11 @@ def test_hub_dies_with_its_owner(short_dir: Path) -> None:
 
 
 def test_down_all_reaps_a_hub_whose_nodes_died(
-    run_root: Path, fake_image: Image, fake_qemu: None, short_dir: Path,
+    run_root: Path, fake_image: Image, fake_qemu: str, short_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     monkeypatch.setattr(cl.Cluster, "wait_ssh", lambda self, timeout, progress=None: None)
-    c = cl.Cluster.start(fake_image, qemu.Topology(nodes=2), name="d", logdir=short_dir / "l")
+    c = start_with(fake_qemu, fake_image, qemu.Topology(nodes=2), name="d", logdir=short_dir / "l")
     try:
         for node in c.nodes:
             os.kill(node.pid, 9)

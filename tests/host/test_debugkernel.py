@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from obmm.bench.local import LocalNode
 from obmm.testbed import debugkernel, image, initramfs, kmemleak, paths, qemu
 from obmm.testbed.cluster import boot_timeout
+from obmm.testbed.settings import Settings, SettingsError
+from obmm.testbed.ssh import Result
 
 FRAGMENT = paths.qemu_dir() / debugkernel.FRAGMENT
 
@@ -124,7 +128,7 @@ def test_initramfs_without_modules_rejects_other_archives(tmp_path: Path) -> Non
 
 @pytest.fixture
 def base_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> image.Image:
-    monkeypatch.setenv(paths.ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.setenv("OBMM_TESTBED_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(debugkernel, "source_version", lambda: "6.1.99-1")
     directory = tmp_path / "images" / "debian-bookworm-0123"
     directory.mkdir(parents=True)
@@ -169,16 +173,13 @@ def test_variant_image_without_a_built_kernel_says_how_to_build_it(
 
 
 def test_kernel_knob_selects_the_variant_and_rejects_unknown_values(
-    base_image: image.Image, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    base_image: image.Image, tmp_path: Path
 ) -> None:
     _fake_kernel(tmp_path / "cache", "6.1.99-1")
-    monkeypatch.delenv(paths.ENV_KERNEL, raising=False)
-    assert image._with_guest_kernel(base_image) is base_image
-    monkeypatch.setenv(paths.ENV_KERNEL, "debug")
-    assert image._with_guest_kernel(base_image).kernel_release == "6.1.99-obmm-debug"
-    monkeypatch.setenv(paths.ENV_KERNEL, "vanilla")
-    with pytest.raises(image.ImageError, match="OBMM_TESTBED_KERNEL"):
-        image._with_guest_kernel(base_image)
+    assert image._with_guest_kernel(base_image, "debian") is base_image
+    assert image._with_guest_kernel(base_image, "debug").kernel_release == "6.1.99-obmm-debug"
+    with pytest.raises(image.ImageError, match="kernel 'vanilla': expected debian or debug"):
+        image._with_guest_kernel(base_image, "vanilla")
 
 
 def test_cmdline_of_a_kernel_with_its_modules_built_in_loads_none() -> None:
@@ -188,17 +189,14 @@ def test_cmdline_of_a_kernel_with_its_modules_built_in_loads_none() -> None:
     assert not [w for w in words if w.startswith("obmm.modules")]
 
 
-def test_timeout_scale_stretches_the_boot_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_timeout_scale_stretches_the_boot_timeout() -> None:
     topo = qemu.Topology(nodes=2)
-    monkeypatch.delenv(paths.ENV_TIMEOUT_SCALE, raising=False)
     plain = boot_timeout(topo, "tcg")
-    monkeypatch.setenv(paths.ENV_TIMEOUT_SCALE, "3")
-    assert boot_timeout(topo, "tcg") == 3 * plain
-    monkeypatch.setenv(paths.ENV_TIMEOUT_SCALE, "0.1")
-    assert boot_timeout(topo, "tcg") == plain  # never shorter than the default
-    monkeypatch.setenv(paths.ENV_TIMEOUT_SCALE, "slow")
-    with pytest.raises(ValueError, match="not a number"):
-        paths.timeout_scale()
+    assert boot_timeout(topo, "tcg", 3.0) == 3 * plain
+    with pytest.raises(SettingsError, match="must be >= 1"):
+        Settings(timeout_scale=0.1)
+    with pytest.raises(SettingsError, match="OBMM_TESTBED_TIMEOUT_SCALE='slow': not a valid float"):
+        Settings.from_env({"OBMM_TESTBED_TIMEOUT_SCALE": "slow"})
 
 
 LEAK = """unreferenced object 0xffff888003a1c000 (size 64):
@@ -248,19 +246,20 @@ def test_kmemleak_commands_are_no_ops_without_kmemleak(tmp_path: Path) -> None:
 
 
 def test_the_baseline_in_provisioning_never_hides_a_failed_unpack() -> None:
-    class Recorder:
+    class Recorder(LocalNode):
         def __init__(self) -> None:
+            super().__init__(0)
             self.commands: list[str] = []
 
-        def run(self, cmd: str, **kw: object) -> object:
-            self.commands.append(cmd)
-            return None
+        def run(self, command: str, **kw: Any) -> Result:
+            self.commands.append(command)
+            return Result(command, 0, b"", b"", 0.0)
 
     from obmm.testbed import provision
 
-    conn = Recorder()
-    provision.prepare_node(conn, 0, qemu.Topology(), paths.repo_root(), (), payload=b"")  # type: ignore[arg-type]
-    unpack = conn.commands[0]
+    node = Recorder()
+    provision.unpack_payload(node, b"")
+    unpack = node.commands[0]
     assert kmemleak.BASELINE_CMD in unpack
     # The unpack failing must fail the command, kmemleak or not.
     failing = unpack.replace("tar -xzf -", "false", 1).replace(kmemleak.KMEMLEAK, "/nonexistent")

@@ -23,6 +23,8 @@ import paramiko
 import pytest
 from bytecode_probe import bytecode_imports
 
+from obmm import envvars
+from obmm.testbed.guest_plugin import emulator_only_reason
 from obmm.testbed.hw import config as hwconfig
 from obmm.testbed.hw import preflight as hwpreflight
 from obmm.testbed.hw import stage as hwstage
@@ -100,7 +102,7 @@ def test_fabric_addresses_default_to_the_ssh_hosts_and_must_match_them() -> None
     config = hwconfig.load({"HW_HOSTS": "root@ub1,ub2", "HW_FABRIC_ADDRS": "10.9.0.1, 10.9.0.2"})
     assert [config.fabric_addr(i) for i in (0, 1)] == ["10.9.0.1", "10.9.0.2"]
     cluster = hwstage.HwCluster(replace(config, decoder="cmd:ub-decoder"))
-    assert [cluster.fabric_ip(i) for i in (0, 1)] == ["10.9.0.1", "10.9.0.2"]
+    assert [n.addr for n in cluster.nodes] == ["10.9.0.1", "10.9.0.2"]
     assert cluster.node_env(1) == {
         "OBMM_NODE_ID": "1",
         "OBMM_TARGET": "hardware",
@@ -559,10 +561,8 @@ def test_emulator_only_tests_are_skipped_on_hardware_with_the_reason(tmp_path: P
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout
-    assert (
-        "SKIPPED [1] tests/guest/test_x.py:3: emulator_only: holds for obmm_emu.ko only, not "
-        "checked on real UB hardware (OBMM_TARGET=hardware)" in proc.stdout
-    ), proc.stdout
+    skipped = f"SKIPPED [1] tests/guest/test_x.py:3: {emulator_only_reason('hardware')}"
+    assert skipped in proc.stdout, proc.stdout
     assert "1 passed, 1 skipped" in proc.stdout
     env["OBMM_TARGET"] = "qemu"
     proc = subprocess.run(
@@ -591,7 +591,7 @@ def test_cluster_suite_in_hardware_mode_skips_emulator_only_with_the_reason(
     expected = [line for line in collected.stdout.splitlines() if "::" in line]
     assert len(expected) >= 5, collected.stdout
     config = HwConfig(hosts=(HwHost("127.0.0.1", port=_closed_port()), HwHost("127.0.0.2")))
-    env = dict(clean, **{hwstage.ENV_CONFIG: config.to_json()})
+    env = dict(clean, **{envvars.HW_CONFIG_JSON.name: config.to_json()})
     proc = subprocess.run(
         [*base, "-rs", f"--junitxml={tmp_path / 'j.xml'}", "tests/cluster"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=120, check=False,
@@ -599,10 +599,7 @@ def test_cluster_suite_in_hardware_mode_skips_emulator_only_with_the_reason(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     js = hwstage.JunitSummary.read(tmp_path / "j.xml")
     assert js.counts == {"passed": 0, "failed": 0, "error": 0, "skipped": len(expected)}
-    reason = (
-        "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
-        "(OBMM_TARGET=hardware)"
-    )
+    reason = emulator_only_reason("hardware")
     assert set(js.skipped.values()) == {reason}
 
 

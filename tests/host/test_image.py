@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from obmm import envvars
 from obmm.testbed import image
 from obmm.testbed.image import ImageError, Recipe
 from obmm.testbed.progress import StepFailed
@@ -196,7 +197,7 @@ def test_openeuler_recipe_fails_fast_when_its_repository_is_unreachable(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.setenv(image.OPENEULER_REPO_ENV, f"http://127.0.0.1:{port}/openEuler-24.03-LTS")
+    monkeypatch.setenv(envvars.OPENEULER_REPO.name, f"http://127.0.0.1:{port}/openEuler-24.03-LTS")
     recipe = image.find_recipe("openeuler-24.03")
     start = time.monotonic()
     with pytest.raises(ImageError) as err:
@@ -204,7 +205,7 @@ def test_openeuler_recipe_fails_fast_when_its_repository_is_unreachable(
     assert time.monotonic() - start < 15
     message = str(err.value)
     assert "openEuler repository unreachable" in message
-    assert image.OPENEULER_REPO_ENV in message and "qemu/README.md" in message
+    assert envvars.OPENEULER_REPO.name in message and "qemu/README.md" in message
     assert not list((cache / "images").glob(".tmp-*"))
 
 

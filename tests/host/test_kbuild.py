@@ -150,6 +150,53 @@ def test_build_copies_ko_and_keeps_sources_clean(headers: Path, tmp_path: Path) 
 
 
 @needs_debian
+def test_a_second_build_recompiles_only_what_changed(headers: Path, tmp_path: Path) -> None:
+    """The inner loop: an edited file is compiled again, the untouched ones are not, and an
+    edit that went back to older text (an older mtime) is still rebuilt."""
+    kmod = _module_tree(tmp_path / "src", "kb_good", GOOD_MODULE)
+    (kmod / "kb_good" / "Kbuild").write_text("obj-m := kb_good.o\nkb_good-y := a.o b.o\n")
+    (kmod / "kb_good" / "kb_good.c").rename(kmod / "kb_good" / "a.c")
+    (kmod / "kb_good" / "b.c").write_text("int kb_b(void);\nint kb_b(void) { return 1; }\n")
+    out = tmp_path / "out"
+    kbuild.build_modules(headers, kmod, out)
+    objs = out / ".build" / "kmod" / "kb_good"
+    before = {name: (objs / name).stat().st_mtime_ns for name in ("a.o", "b.o")}
+    old_b = (kmod / "kb_good" / "b.c").read_text()
+    (kmod / "kb_good" / "b.c").write_text(old_b.replace("return 1", "return 2"))
+    kbuild.build_modules(headers, kmod, out)
+    assert (objs / "a.o").stat().st_mtime_ns == before["a.o"]
+    assert (objs / "b.o").stat().st_mtime_ns > before["b.o"]
+    rebuilt = (objs / "b.o").stat().st_mtime_ns
+    (kmod / "kb_good" / "b.c").write_text(old_b)
+    os.utime(kmod / "kb_good" / "b.c", ns=(before["b.o"] - 10**9,) * 2)
+    kbuild.build_modules(headers, kmod, out)
+    assert (objs / "b.o").stat().st_mtime_ns > rebuilt
+
+
+def test_sync_keeps_build_output_and_drops_removed_sources(tmp_path: Path) -> None:
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.c").write_text("a")
+    (src / "sub" / "b.h").write_text("b")
+    assert kbuild.sync_sources(src, copy) == 2
+    (copy / "a.o").write_text("object")
+    (copy / "gone.c").write_text("old")
+    assert kbuild.sync_sources(src, copy) == 0  # nothing changed: nothing written
+    assert sorted(p.name for p in copy.iterdir()) == ["a.c", "a.o", "sub"]
+    (src / "a.c").write_text("a2")
+    assert kbuild.sync_sources(src, copy) == 1
+    assert (copy / "a.c").read_text() == "a2" and (copy / "a.o").exists()
+
+
+@needs_debian
+def test_a_failed_build_leaves_no_objects_for_the_next(headers: Path, tmp_path: Path) -> None:
+    kmod = _module_tree(tmp_path / "src", "kb_noisy", WARNING_MODULE)
+    for _ in range(2):  # the second build warns again: nothing of the first was kept
+        with pytest.raises(kbuild.BuildWarningsError):
+            kbuild.build_modules(headers, kmod, tmp_path / "out")
+
+
+@needs_debian
 def test_concurrent_builds_into_one_out_dir_take_turns(headers: Path, tmp_path: Path) -> None:
     # make test and make bench both build into results/kmod/<release>: the shared build copies
     # must not be removed under a running make, and each gets a whole .ko.

@@ -114,22 +114,39 @@ def test_import_obmm_loads_neither_paramiko_nor_the_testbed() -> None:
     assert json.loads(out.stdout) == []
 
 
-# ioctl and struct names are spelled in both abi.py and api.py on purpose (the header's names).
-ABI_NAME = re.compile(r"OBMM_(CMD|SHMDEV)_[A-Z_]+")
-ENV_NAME = re.compile(r"(OBMM|HW|XDG)_[A-Z0-9_]+")
+def test_each_environment_variable_is_defined_in_obmm_envvars_only() -> None:
+    """Every variable's name is spelled in one module, obmm.envvars (type, default, help); the
+    others read it through that module's Var objects."""
+    from obmm import envvars
 
-
-def test_each_environment_variable_is_spelled_in_one_module() -> None:
-    """An environment variable's name is a constant of one module; the others import it."""
     where: dict[str, set[str]] = {}
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                text = node.value
-                if ENV_NAME.fullmatch(text) and not ABI_NAME.fullmatch(text):
-                    where.setdefault(text, set()).add(name)
-    assert "OBMM_TESTBED_CACHE" in where
-    assert {var: sorted(mods) for var, mods in where.items() if len(mods) > 1} == {}
+            if isinstance(node, ast.Constant) and node.value in envvars.BY_NAME:
+                where.setdefault(str(node.value), set()).add(name)
+    assert where["OBMM_TESTBED_CACHE"] == {"obmm.envvars"}
+    elsewhere = {var: sorted(mods - {"obmm.envvars"}) for var, mods in where.items()}
+    assert {var: mods for var, mods in elsewhere.items() if mods} == {}
+
+
+def test_no_module_reads_an_undefined_variable() -> None:
+    """os.environ.get / os.getenv / os.environ[...] with a literal name: only XDG_* and the
+    standard ones (CC, PATH, ...) are read that way; the project's go through obmm.envvars."""
+    from obmm import envvars
+
+    literal_reads: set[str] = set()
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and node.args:
+                func = ast.unparse(node.func)
+                arg = node.args[0]
+                if func in ("os.environ.get", "os.getenv", "environ.get") and isinstance(
+                    arg, ast.Constant
+                ):
+                    literal_reads.add(str(arg.value))
+    ours = {v for v in literal_reads if v.startswith(("OBMM_", "HW_", "DEBUG_"))}
+    assert ours == set(), f"read with a literal name, not through obmm.envvars: {ours}"
+    assert set(envvars.BY_NAME) >= {"OBMM_TESTBED_TOPOLOGY", "OBMM_NODE_ID", "HW_HOSTS"}
 
 
 def test_only_the_paths_module_finds_the_checkout_from_its_own_file() -> None:

@@ -1,7 +1,7 @@
 """The pytest plugin for other projects, without a VM: registered, inert, its node API.
 
-Nodes are local shells (test_run.LocalConn), so the command lines the plugin sends to a guest
-(setsid process groups, pidfiles, the deadline kill) run here.
+Nodes are local shells (local_remote.LocalRemoteNode), so the command lines the plugin sends
+to a guest (setsid process groups, pidfiles, the deadline kill) run here.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import subprocess
 import sys
 import time
 from importlib.metadata import entry_points
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import pytest
-from test_run import LocalConn
+from local_remote import LocalRemoteNode
 
+from obmm.testbed.remote import ProcessTimeout
 from obmm.testbed.ssh import CommandTimeout
-from obmm.testbed.usercluster import ObmmState, ProcessTimeout, UserNode
+from obmm.testbed.usercluster import ObmmState
 
 
 def _pytest(tmp: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -72,9 +73,8 @@ def test_the_leak_check_compares_regions_devices_and_the_pool() -> None:
     )
 
 
-def _node(tmp: Path) -> UserNode:
-    return UserNode(0, LocalConn(), {"OBMM_NODE_ID": "0", "OBMM_NODE_ADDR": "127.0.0.1"},
-                    workdir=PurePosixPath(str(tmp)))  # fmt: skip
+def _node(tmp: Path) -> LocalRemoteNode:
+    return LocalRemoteNode(0, {"OBMM_NODE_ID": "0", "OBMM_NODE_ADDR": "127.0.0.1"}, str(tmp))
 
 
 def test_run_gives_the_status_both_streams_and_the_environment(tmp_path: Path) -> None:

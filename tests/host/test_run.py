@@ -1,8 +1,8 @@
 """`obmm-testbed run` without a VM: options, prefixing, the worst status, readiness, deadlines.
 
-The "nodes" are local shells (:class:`LocalConn` stands in for an SSH connection, with the same
-streaming callbacks and deadline), so the very command lines `run` sends to a guest (setsid,
-process-group stop, the /proc/net/tcp port probe) are executed here.
+The "nodes" are this machine (:class:`obmm.bench.local.LocalNode`, the Node interface with the
+same streaming callbacks and deadline as SSH), so the very command lines `run` sends to a guest
+(setsid, process-group stop, the /proc/net/tcp port probe) are executed here.
 """
 
 from __future__ import annotations
@@ -12,94 +12,60 @@ import io
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tarfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
+from obmm.bench.local import LocalNode
 from obmm.testbed import run
-from obmm.testbed.ssh import CommandFailed, CommandTimeout, Result
+from obmm.testbed.errors import TestbedError
+from obmm.testbed.remote import NodeError, RemoteNode, dir_archive, node_env, unpack_on
+from obmm.testbed.ssh import Result
 
 
-class LocalConn:
-    """A node that is this machine: `run` executes the command with sh, streaming its output."""
+class RecordingNode(LocalNode):
+    """A node that is this machine (sh, streaming, deadlines), recording each command."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: int, env: dict[str, str] | None = None) -> None:
+        super().__init__(index, env)
         self.commands: list[str] = []
 
-    def run(
-        self,
-        command: str,
-        *,
-        timeout: float,
-        check: bool = False,
-        stdin: bytes | None = None,
-        on_stdout: Callable[[bytes], None] | None = None,
-        on_stderr: Callable[[bytes], None] | None = None,
-    ) -> Result:
+    @property
+    def name(self) -> str:
+        return f"node{self.index}"
+
+    def run(self, command: str, **kw: Any) -> Result:
         self.commands.append(command)
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            ["sh", "-c", command],
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        out: list[bytes] = []
-        err: list[bytes] = []
+        return super().run(command, **kw)
 
-        def pump(stream: io.BufferedReader, sink: list[bytes], cb: Callable[[bytes], None] | None
-                 ) -> None:  # fmt: skip
-            for chunk in iter(lambda: stream.read1(4096), b""):
-                sink.append(chunk)
-                if cb is not None:
-                    cb(chunk)
 
-        assert proc.stdout is not None and proc.stderr is not None
-        pumps = [
-            threading.Thread(target=pump, args=(proc.stdout, out, on_stdout), daemon=True),
-            threading.Thread(target=pump, args=(proc.stderr, err, on_stderr), daemon=True),
-        ]
-        for t in pumps:
-            t.start()
-        if stdin is not None:
-            assert proc.stdin is not None
-            proc.stdin.write(stdin)
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()  # like closing the channel: what it started may live on
-            proc.wait()
-            raise CommandTimeout(f"local: deadline {timeout:.0f} s: {command}") from None
-        for t in pumps:
-            t.join(timeout=5)
-        result = Result(command, proc.returncode, b"".join(out), b"".join(err), 0.0)
-        result = Result(command, proc.returncode, result.stdout, result.stderr,
-                        time.monotonic() - start)  # fmt: skip
-        if check and not result.ok:
-            raise CommandFailed(result)
-        return result
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    run.add_arguments(p)
+    return p.parse_args(argv)
 
 
 def parse(argv: list[str]) -> run.Plan:
-    p = argparse.ArgumentParser()
-    run.add_arguments(p)
-    return run.make_plan(p.parse_args(argv))
+    args = parse_args(argv)
+    nodes = run.settings_from(args).nodes
+    assert nodes is not None
+    return run.make_plan(args, nodes)
 
 
 def execute(tmp_path: Path, argv: list[str], nodes: int = 2) -> tuple[int, str, str, run.Execution]:
     plan = parse(["--nodes", str(nodes), "--dir", str(tmp_path), *argv])
-    conns = {i: LocalConn() for i in range(nodes)}
     addrs = [f"169.254.100.{10 + i}" for i in range(nodes)]
-    envs = {i: run.node_env(i, nodes, addrs, (f"0x{i + 1}", f"0x{i + 100}")) for i in conns}
+    local = {
+        i: RecordingNode(i, node_env(i, nodes, addrs, (f"0x{i + 1}", f"0x{i + 100}")))
+        for i in range(nodes)
+    }
     out, err = io.BytesIO(), io.BytesIO()
-    ex = run.Execution(plan, conns, envs, stdout=out, stderr=err)
+    ex = run.Execution(plan, local, stdout=out, stderr=err)
     status = ex.run()
     return status, out.getvalue().decode(), err.getvalue().decode(), ex
 
@@ -117,11 +83,33 @@ def pid_alive(pid: int) -> bool:
 
 
 def test_one_command_runs_on_every_node_by_default(tmp_path: Path) -> None:
-    plan = parse(["--nodes", "3", "--dir", str(tmp_path), "--", "make", "check"])
+    argv = ["--nodes", "3", "--dir", str(tmp_path), "--", "make", "check"]
+    plan = parse(argv)
     assert plan.commands == {0: "make check", 1: "make check", 2: "make check"}
     assert plan.dest == PurePosixPath(tmp_path.as_posix())  # the same path in the guests
     assert plan.timeout == run.DEFAULT_TIMEOUT_S
-    assert plan.name.startswith("run-") and not plan.keep
+    assert not plan.keep
+    assert (run.settings_from(parse_args(argv)).name or "").startswith("run-")
+
+
+def test_words_after_the_dashes_are_an_argument_vector_and_one_word_a_shell_command(
+    tmp_path: Path,
+) -> None:
+    """`run -- sh -c 'test -c /dev/null && echo ok'` runs sh with two arguments (it used to
+    run `sh -c test` with the rest as $0...); a single word stays a shell command."""
+    argv = ["--nodes", "1", "--dir", "none", "--", "sh", "-c", "test -c /dev/null && echo ok"]
+    plan = parse(argv)
+    assert plan.commands == {0: "sh -c 'test -c /dev/null && echo ok'"}
+    assert parse(["--nodes", "1", "--dir", "none", "--", "echo a && echo b"]).commands == {
+        0: "echo a && echo b"
+    }
+    status, out, err, _ = execute(
+        tmp_path, ["--", "sh", "-c", "test -c /dev/null && echo ok from $OBMM_NODE_ID"]
+    )
+    assert status == 0, err
+    assert "[node0] ok from 0\n" in out and "[node1] ok from 1\n" in out
+    status, out, _, _ = execute(tmp_path, ["--", "printf", "%s|", "a b", "c'd"])
+    assert "[node0] a b|c'd|" in out
 
 
 def test_per_node_commands_and_a_service(tmp_path: Path) -> None:
@@ -133,7 +121,7 @@ def test_per_node_commands_and_a_service(tmp_path: Path) -> None:
     assert plan.commands == {0: "./exporter --size 4", 1: "./client $OBMM_NODE_ADDRS"}
     assert (plan.service, plan.ready_port, plan.ready_line) == (0, 7000, None)
     assert plan.dest == PurePosixPath("/work/x")
-    assert (plan.keep, plan.timeout, plan.name) == (True, 30.0, "mine")
+    assert (plan.keep, plan.timeout) == (True, 30.0)
 
 
 def test_a_node_without_a_command_idles(tmp_path: Path) -> None:
@@ -162,7 +150,7 @@ def test_a_node_without_a_command_idles(tmp_path: Path) -> None:
     ],
 )
 def test_bad_options_are_refused_with_the_reason(argv: list[str], message: str) -> None:
-    with pytest.raises(run.RunError, match=message):
+    with pytest.raises(TestbedError, match=message):
         parse(argv)
 
 
@@ -310,31 +298,30 @@ def test_the_directory_goes_to_every_node_as_one_archive(tmp_path: Path) -> None
     (src / "sub" / "run.sh").chmod(0o755)
     (src / ".git").mkdir()
     (src / ".git" / "HEAD").write_text("ref")
-    data, files = run.dir_archive(src, run.DEFAULT_EXCLUDES)
+    data, files = dir_archive(src, run.DEFAULT_EXCLUDES)
     assert files == 2
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         assert not any(".git" in n for n in tar.getnames())
-    conns = {i: LocalConn() for i in range(2)}
+    nodes = [RecordingNode(i) for i in range(2)]
     dest = tmp_path / "dest"
-    run.copy_to_nodes(conns, data, PurePosixPath(dest.as_posix()))
+    unpack_on(nodes, data, PurePosixPath(dest.as_posix()))
     assert (dest / "a.c").read_text() == (src / "a.c").read_text()
     assert os.access(dest / "sub" / "run.sh", os.X_OK)
-    assert all(len(c.commands) == 1 for c in conns.values())  # one round trip per node
+    assert all(len(n.commands) == 1 for n in nodes)  # one round trip per node
 
 
 def test_a_failed_copy_names_the_node(tmp_path: Path) -> None:
-    conns = {0: LocalConn()}
-    with pytest.raises(run.RunError, match="node0: copying the directory failed"):
-        run.copy_to_nodes(conns, b"not a tar", PurePosixPath((tmp_path / "d").as_posix()))
+    with pytest.raises(NodeError, match="node0: copying the directory failed"):
+        unpack_on([RecordingNode(0)], b"not a tar", PurePosixPath((tmp_path / "d").as_posix()))
 
 
 def test_the_identity_is_read_from_the_controller_sysfs() -> None:
-    class Fake:
-        def run(self, command: str, *, timeout: float, **kw: object) -> Result:
+    class Fake(RemoteNode):
+        def run(self, command: str, **kw: object) -> Result:
             assert "ub_bus_controller*/*/ubc" in command
             return Result(command, 0, b"0x10\n0x1234\n", b"", 0.0)
 
-    assert run.read_identity(Fake()) == ("0x10", "0x1234")
+    assert Fake(0, "node0").read_identity() == ("0x10", "0x1234")
 
 
 def test_an_interrupted_run_says_so_in_one_line_and_exits_130(
@@ -343,7 +330,7 @@ def test_an_interrupted_run_says_so_in_one_line_and_exits_130(
     """SIGTERM in the middle of a run: the cluster's teardown runs (the finally blocks), then
     one line and status 130, not a traceback."""
 
-    def interrupted(plan: object, args: object) -> int:
+    def interrupted(plan: object, settings: object) -> int:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
         return 0

@@ -154,16 +154,6 @@ def test_list_and_clear(cache: Path) -> None:
     assert list(cache.iterdir()) == []
 
 
-def test_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OBMM_TESTBED_SNAPSHOT", raising=False)
-    assert snapshot.mode() == "auto"
-    monkeypatch.setenv("OBMM_TESTBED_SNAPSHOT", "off")
-    assert snapshot.mode() == "off"
-    monkeypatch.setenv("OBMM_TESTBED_SNAPSHOT", "always")
-    with pytest.raises(snapshot.SnapshotError, match="OBMM_TESTBED_SNAPSHOT='always'"):
-        snapshot.mode()
-
-
 def test_bars_are_mapped_where_the_saved_guest_had_them() -> None:
     bars = [
         {"bus": 0, "slot": 0x10, "function": 0, "bar": 2, "address": 0x1_4000_0000, "is64": True}

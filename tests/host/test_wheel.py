@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from wheel_venv import CHECKOUT, build_wheel, install
+from wheel_venv import CHECKOUT, block_pytest, build_wheel, install
 
 pytestmark = pytest.mark.slow
 
@@ -63,6 +63,28 @@ def test_the_installed_command_runs_from_any_directory(
         assert sub in proc.stdout
     proc = run_in(work, [str(bin_dir / "obmm-testbed"), "run", "--help"])
     assert proc.returncode == 0 and "--ready-port" in proc.stdout
+
+
+def test_without_pytest_every_command_is_there_and_one_line_names_what_is_missing(
+    installed: tuple[Path, Path, Path],
+) -> None:
+    """A wheel installed without the test extra: every subcommand is still listed (they
+    vanished when an import of pytest failed), and a command that needs pytest says so in one
+    line with the extra that brings it."""
+    wheel, _, work = installed
+    bin_dir = install(wheel, work / "venv-without-pytest")
+    block_pytest(bin_dir.parent)
+    probe = run_in(work, [str(bin_dir / "python"), "-c", "import pytest"])
+    assert "No module named 'pytest'" in probe.stderr
+    proc = run_in(work, [str(bin_dir / "obmm-testbed"), "--help"])
+    assert proc.returncode == 0, proc.stderr
+    for sub in ("up", "run", "doctor", "down", "ssh", "kmod", "hw-test", "bench"):
+        assert f"    {sub}" in proc.stdout, sub
+    proc = run_in(work, [str(bin_dir / "obmm-testbed"), "hw-test", "--hosts", "root@127.0.0.1"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "obmm-testbed hw-test: needs the Python package 'pytest' (pip install 'obmm-testbed[test]')"
+    )
 
 
 def test_doctor_reports_each_check_with_a_verdict(installed: tuple[Path, Path, Path]) -> None:

@@ -57,3 +57,25 @@ def install(wheel: Path, venv: Path) -> Path:
     deps = sysconfig.get_paths()["purelib"]
     Path(purelib, "zz_obmm_test_deps.pth").write_text(deps + "\n")
     return venv / "bin"
+
+
+BLOCKER = """\
+import importlib.abc, sys
+class _NoPytest(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("pytest", "_pytest"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _NoPytest())
+"""
+
+
+def block_pytest(venv: Path) -> None:
+    """Make the venv behave as if pytest were not installed (the deps .pth shares the host's
+    site-packages, which has it): a sitecustomize that refuses to import it."""
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    Path(purelib, "sitecustomize.py").write_text(BLOCKER)

@@ -1,15 +1,8 @@
-"""Host-side suite that boots the QEMU cluster and runs the guest tests (``make qemu-test``).
+"""Host-side suite that brings a QEMU node up and runs the guest tests in it (``make qemu-test``).
 
-The plugin collects ``*.guestsuite`` files into one host item per guest test; see
-pylib/obmm/testbed/pytest_qemu.py for the environment variables that configure the run.
+The plugin (pylib/obmm/testbed/pytest_qemu.py) collects ``*.guestsuite`` files into one host
+item per guest test.  The hardware stage loads the same plugin with ``-p`` and runs the same
+``guest.guestsuite`` on a UB host (pytest registers the plugin once either way).
 """
 
-from __future__ import annotations
-
-from obmm.testbed.pytest_qemu import (  # noqa: F401  (hooks and fixtures for pytest)
-    guest_session,
-    pytest_collect_file,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_unconfigure,
-)
+pytest_plugins = ["obmm.testbed.pytest_qemu"]

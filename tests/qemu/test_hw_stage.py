@@ -22,14 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from obmm.testbed.guest_plugin import emulator_only_reason
+from obmm.testbed.guest_suite import GuestSession
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.paths import results_dir
-from obmm.testbed.runner import GuestSession
 
-EMULATOR_REASON = (
-    "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
-    "(OBMM_TARGET=hardware)"
-)
+EMULATOR_REASON = emulator_only_reason("hardware")
 PREFLIGHT_BUDGET_S = 15.0
 # Skips the guest suite makes on any target when the machine lacks something (not markers).
 ENVIRONMENT_SKIPS = {"no free 2 MiB hugetlbfs page"}

@@ -6,12 +6,4 @@ cluster suites a user's edit-run cycle needs) leaves them out; ``make test`` and
 The same plugin as tests/qemu: ``guest_session`` is a node of this run's own (restored or booted).
 """
 
-from __future__ import annotations
-
-from obmm.testbed.pytest_qemu import (  # noqa: F401  (hooks and fixtures for pytest)
-    guest_session,
-    pytest_collect_file,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_unconfigure,
-)
+pytest_plugins = ["obmm.testbed.pytest_qemu"]

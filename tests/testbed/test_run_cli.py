@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
-from wheel_venv import CHECKOUT, build_wheel, install
+from wheel_venv import CHECKOUT, block_pytest, build_wheel, install
 
 from obmm.testbed.cluster import RUN_PREFIX
 from obmm.testbed.paths import cache_dir, run_root
@@ -41,8 +41,13 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
-def test_a_c_pair_runs_across_two_nodes_in_one_line(tmp_path: Path) -> None:
-    bin_dir = install(build_wheel(tmp_path / "wheel"), tmp_path / "venv")
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_a_c_pair_runs_across_two_nodes_in_one_line(tmp_path: Path, wheel: Path) -> None:
+    bin_dir = install(wheel, tmp_path / "venv")
     work = tmp_path / "my-obmm-code"
     work.mkdir()
     for name in ("exporter.c", "client.c"):
@@ -82,6 +87,32 @@ def test_a_c_pair_runs_across_two_nodes_in_one_line(tmp_path: Path) -> None:
     assert not (cache_dir() / "logs" / name).exists()
     assert sorted(p.name for p in work.iterdir()) == ["client.c", "exporter.c"]
     assert not list(Path("/tmp").glob("obmm-run-*"))
+
+
+def test_an_argument_vector_and_a_parameter_reach_the_nodes_from_a_wheel_without_pytest(
+    tmp_path: Path, wheel: Path
+) -> None:
+    """The issue's new user: a wheel without the test extra still has `run`; the words after
+    `--` arrive as an argument vector (`sh -c '... && ...'` is not cut at its first space), and
+    `--param` reaches the driver module's parameters."""
+    bin_dir = install(wheel, tmp_path / "venv")
+    block_pytest(bin_dir.parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.pop("OBMM_TESTBED_ROOT", None)
+    env["OBMM_TESTBED_RESULTS"] = str(tmp_path / "results")
+    script = (
+        "test -c /dev/obmm && for m in /sys/module/obmm*/parameters/ubc_index; do "
+        'echo "ubc_index=$(cat $m)"; done && echo ok'
+    )
+    proc = subprocess.run(
+        [str(bin_dir / "obmm-testbed"), "run", "--nodes", "2", "--dir", "none",
+         "--param", "ubc_index=1", "--", "sh", "-c", script],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for node in (0, 1):
+        assert f"[node{node}] ok\n" in proc.stdout, proc.stdout
+        assert f"[node{node}] ubc_index=1\n" in proc.stdout, proc.stdout
 
 
 def test_a_hanging_command_is_stopped_at_its_deadline_and_the_cluster_torn_down(

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from obmm.testbed.cluster import NodeDied
-from obmm.testbed.provision import GUEST_SELFTEST
-from obmm.testbed.runner import (
+from obmm.testbed.guest_suite import (
     GuestSession,
     GuestUnresponsive,
 )
+from obmm.testbed.provision import GUEST_SELFTEST
 from obmm.testbed.ssh import GuestGone
 
 PANIC_BUDGET_S = 60.0
@@ -72,7 +72,7 @@ def test_guest_warn_fails_that_test_with_the_warn_text(guest_session: GuestSessi
 @pytest.mark.destroys_cluster
 def test_guest_that_stops_answering_fails_fast(guest_session: GuestSession) -> None:
     hang = f"{GUEST_SELFTEST}/test_hang.py::test_sleeps_long"
-    cluster = guest_session.boot()
+    cluster = guest_session.boot().cluster
     run = guest_session.start(
         [hang], ping_after_s=HANG_PING_AFTER_S, ping_timeout_s=HANG_PING_TIMEOUT_S
     )
@@ -102,7 +102,7 @@ def test_guest_that_stops_answering_fails_fast(guest_session: GuestSession) -> N
 def test_guest_panic_ends_the_run_fast_with_the_console_tail(guest_session: GuestSession) -> None:
     panic = f"{GUEST_SELFTEST}/test_panic.py::test_triggers_panic"
     never = f"{GUEST_SELFTEST}/test_panic.py::test_never_runs"
-    cluster = guest_session.boot()  # a fresh cluster if an earlier test destroyed the last one
+    cluster = guest_session.boot().cluster  # a fresh one if an earlier test destroyed the last
     run = guest_session.start([panic, never])
     start = time.monotonic()
     with pytest.raises(NodeDied) as died:

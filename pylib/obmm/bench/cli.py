@@ -5,7 +5,7 @@
     obmm-testbed bench-compare OLD NEW [--threshold 0.10] [--by-ratio]
 
 The cluster mode is `obmm.bench.cluster_hook.cluster_bench` (it boots the clusters, builds
-run/copy callables and calls `obmm.bench.runner.run_cluster_bench`); `obmm-testbed bench` and
+run/copy callables and calls `obmm.bench.measure.run_cluster_bench`); `obmm-testbed bench` and
 `python -m obmm.bench` reach it the same way.
 """
 
@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from obmm.bench import cluster_hook, compare
+from obmm.bench.measure import BenchConfig, run_local_bench
 from obmm.bench.probe import ProbeSettings
 from obmm.bench.report import write_run
 from obmm.bench.results import Environment
-from obmm.bench.runner import BenchConfig, run_local_bench
 from obmm.tools import interrupts
 
 DEFAULT_OUT = Path("bench-results")

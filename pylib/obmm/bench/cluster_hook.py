@@ -4,7 +4,7 @@ Steps, each timed: a cold image build into a throw-away cache (unless skipped), 
 image lookup, boot-to-SSH of 1, 2, 4 and 8 nodes with the fast init and with systemd
 (interleaved, several samples each), then on a pair
 with a 1 GiB export pool per node (``qemu/topologies/bench-pair.json``) the data-path, Engram
-and control-path figures of `obmm.bench.runner.run_cluster_bench`.  Every cluster it boots is
+and control-path figures of `obmm.bench.measure.run_cluster_bench`.  Every cluster it boots is
 stopped again, whatever happens.
 """
 
@@ -12,29 +12,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from obmm.bench.results import Environment, Figure, Run
-from obmm.bench.runner import (
+from obmm import envvars
+from obmm.bench.measure import (
     GUEST_PYTHON,
     BenchConfig,
-    callables_for,
     make_testbed_figure,
     run_cluster_bench,
 )
+from obmm.bench.results import Environment, Figure, Run
 from obmm.bench.suite_timing import SUITES, run_once, suite_figures
+from obmm.testbed import settings as settings_mod
 
 if TYPE_CHECKING:
-    from obmm.testbed.image import Image
+    from obmm.testbed.settings import Settings
 
 BOOT_SIZES = {1: "single", 2: "pair", 4: "quad"}  # the test suites' topologies
 BENCH_TOPOLOGY = "bench-pair"
+#: The testbed settings the bench takes as flags (the others from the environment).
+FIELDS = ("accel", "recipe", "kernel", "qemu")
 QEMU_TEST_TIMINGS = Path("results") / "qemu-test-timings.json"
 
 
@@ -121,33 +122,36 @@ def boot_figure_name(init: str, nodes: int) -> str:
 
 
 def boot_figures(
-    image: Image,
-    accel: str,
+    settings: Settings,
     sizes: list[int],
     inits: list[str],
     samples: int,
     say: Callable[[str], None],
 ) -> list[Figure]:
-    """Boot-to-SSH of each cluster size with each init, `samples` times, interleaved.
+    """Boot-to-SSH of each cluster size with each init, `samples` times, interleaved: what
+    ``obmm-testbed up --snapshot off`` takes (:func:`obmm.testbed.session.bring_up` without
+    modules).
 
     The boots of one size alternate between the inits (fast, systemd, fast, ...) so that a
     drift of the machine's speed hits both alike; the fast boot's baseline is the systemd boot
     of the same size, so the summary shows their ratio.
     """
-    from obmm.testbed.cluster import Cluster, load_topology
+    from obmm.testbed.session import bring_up
 
     figures = []
     for nodes in sizes:
-        topology = load_topology(BOOT_SIZES.get(nodes, "pair")).with_nodes(nodes)
+        topology = BOOT_SIZES.get(nodes, "pair")
         times: dict[str, list[float]] = {init: [] for init in inits}
         for k in range(samples):
             for init in inits:
                 say(f"boot {nodes} node(s), init {init}, sample {k + 1}/{samples}")
                 start = time.monotonic()
                 # snapshot off: a cold boot is what this figure is.
-                with Cluster.start(
-                    image, topology, name=f"bench-{nodes}", accel=accel, init=init, snapshot="off"
-                ):
+                shape = settings.replace(
+                    topology=topology, nodes=nodes, init=init, snapshot="off",
+                    name=f"bench-{nodes}",
+                )  # fmt: skip
+                with bring_up(shape, purpose="bench", load_modules=False):
                     times[init].append(time.monotonic() - start)
         for init in inits:
             base = "systemd" if init != "systemd" and "systemd" in inits else None
@@ -156,7 +160,7 @@ def boot_figures(
                     boot_figure_name(init, nodes),
                     times[init],
                     baseline=boot_figure_name(base, nodes) if base else None,
-                    note=f"{topology.memory_mib} MiB per node, {accel}",
+                    note=f"{topology} topology, {settings.accel} accelerator setting",
                 )
             )
     return figures
@@ -167,67 +171,138 @@ def restore_figure_name(nodes: int) -> str:
 
 
 def restore_figures(
-    image: Image, accel: str, sizes: list[int], samples: int, say: Callable[[str], None]
+    settings: Settings, sizes: list[int], samples: int, say: Callable[[str], None]
 ) -> list[Figure]:
-    """Snapshot restore to SSH of each cluster size (fast init), `samples` times.
+    """Snapshot restore to SSH of each cluster size (fast init), `samples` times: what
+    ``obmm-testbed up`` takes when a snapshot fits.
 
     The first start of a size makes sure a snapshot exists (a cold boot that saves one, not
     counted); its baseline is the cold fast boot of the same size.
     """
-    from obmm.testbed.cluster import Cluster, load_topology
+    from obmm.testbed.session import bring_up
 
     figures = []
     for nodes in sizes:
-        topology = load_topology(BOOT_SIZES.get(nodes, "pair")).with_nodes(nodes)
-        with Cluster.start(image, topology, name=f"bench-{nodes}", accel=accel, init="fast"):
+        shape = settings.replace(
+            topology=BOOT_SIZES.get(nodes, "pair"), nodes=nodes, init="fast", snapshot="auto",
+            name=f"bench-{nodes}",
+        )  # fmt: skip
+        with bring_up(shape, purpose="bench", load_modules=False):
             pass
         times = []
         for k in range(samples):
             say(f"restore {nodes} node(s) from a snapshot, sample {k + 1}/{samples}")
             start = time.monotonic()
-            with Cluster.start(
-                image, topology, name=f"bench-{nodes}", accel=accel, init="fast"
-            ) as cluster:
+            with bring_up(shape, purpose="bench", load_modules=False) as session:
                 times.append(time.monotonic() - start)
-                if cluster.restored_from is None:
+                if session.cluster.restored_from is None:
                     raise RuntimeError(f"{nodes} node(s): booted cold, no snapshot restored")
         figures.append(
             make_testbed_figure(
                 restore_figure_name(nodes),
                 times,
                 baseline=boot_figure_name("fast", nodes),
-                note=f"{topology.memory_mib} MiB per node, {accel}",
+                note=f"{shape.topology} topology",
             )
         )
     return figures
 
 
+INNER_LOOP_TEST = "tests/guest/test_sysfs.py::test_export_info"
+INNER_LOOP_FILE = "kmod/obmm_emu/sysfs.c"
+#: What a checkout copy needs for `obmm-testbed dev` to build, provision and test from it.
+INNER_LOOP_TREE = ("pyproject.toml", "kmod", "qemu", "uapi", "pylib", "tests/guest", "tests/c",
+                   "examples/c")  # fmt: skip
+
+
+def inner_loop_figures(
+    settings: Settings, samples: int, say: Callable[[str], None]
+) -> list[Figure]:
+    """Edit one C file of the module, then one guest test's result, on a warm node: what
+    ``obmm-testbed dev`` takes (build of what changed, payload, module reload, the test).
+
+    It runs on a copy of the checkout (``$OBMM_TESTBED_ROOT``), whose file it edits with a real
+    code change each sample (so the module is rebuilt and reloaded), on a cluster of its own
+    that the first, uncounted call boots and the end stops."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from obmm.testbed.ownership import scratch_dir
+    from obmm.testbed.paths import repo_root
+
+    name = "bench-dev"
+    with scratch_dir("inner-loop") as root:
+        for rel in INNER_LOOP_TREE:
+            src = repo_root() / rel
+            if src.is_dir():
+                shutil.copytree(src, root / rel, ignore=shutil.ignore_patterns("__pycache__"))
+            elif src.is_file():
+                shutil.copy2(src, root / rel)
+        env = {**os.environ, envvars.ROOT.name: str(root), envvars.ACCEL.name: settings.accel}
+        env.pop(envvars.RESULTS.name, None)
+        argv = [sys.executable, "-m", "obmm.tools.cli", "dev", "--name", name, "--",
+                INNER_LOOP_TEST, "-q"]  # fmt: skip
+
+        def dev() -> float:
+            start = time.monotonic()
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(f"obmm-testbed dev failed ({proc.returncode}):\n"
+                                   + (proc.stdout + proc.stderr)[-3000:])  # fmt: skip
+            return time.monotonic() - start
+
+        times = []
+        try:
+            say("inner loop: the first dev call brings its node up (not counted)")
+            dev()
+            for k in range(samples):
+                edited = root / INNER_LOOP_FILE
+                with edited.open("a") as f:  # code, not a comment: the module changes
+                    symbol = f"obmm_bench_edit_{k}"
+                    f.write(f"\nextern const int {symbol};\nconst int {symbol} = {k};\n")
+                say(f"inner loop: edit {INNER_LOOP_FILE}, dev one test, sample {k + 1}/{samples}")
+                times.append(dev())
+        finally:
+            subprocess.run([sys.executable, "-m", "obmm.tools.cli", "down", "--name", name],
+                           env=env, capture_output=True, check=False)  # fmt: skip
+    return [
+        make_testbed_figure(
+            "testbed.inner_loop",
+            times,
+            note=f"edit {INNER_LOOP_FILE}, then obmm-testbed dev -- {INNER_LOOP_TEST} (rebuild "
+            "what changed, reload the module, run the test) on a warm node",
+        )
+    ]
+
+
 def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     from obmm.testbed import accel as accel_mod
-    from obmm.testbed.cluster import Cluster, load_topology
     from obmm.testbed.image import ensure_image, find_recipe
+    from obmm.testbed.ownership import scratch_dir
     from obmm.testbed.paths import cache_dir, repo_root, results_dir
     from obmm.testbed.progress import Progress
-    from obmm.testbed.provision import build_guest_modules, module_load_order, prepare_node
+    from obmm.testbed.session import bring_up
 
     progress = Progress("bench")
     say = progress.line
     testbed: list[Figure] = []
-    recipe = find_recipe()
+    # The bench's own --nodes and --name mean other things: only its testbed flags count.
+    settings = settings_mod.Settings.from_env(**{f: getattr(args, f, None) for f in FIELDS})
+    recipe = find_recipe(settings.recipe)
 
     if not getattr(args, "skip_cold_image", False):
-        scratch = Path(tempfile.mkdtemp(prefix="obmm-bench-cache-"))
-        try:
+        # Named after this process: if it is killed, the next testbed command removes it.
+        with scratch_dir("bench-cache") as scratch:
             say("cold image build into a throw-away cache")
             start = time.monotonic()
             ensure_image(recipe, cache=scratch, progress=progress)
             testbed.append(
                 make_testbed_figure("testbed.image_build.cold", [time.monotonic() - start])
             )
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
     start = time.monotonic()
-    image = ensure_image(recipe, progress=progress)
+    image = ensure_image(recipe, progress=progress, kernel=settings.kernel)
     cached = time.monotonic() - start
     testbed.append(
         make_testbed_figure(
@@ -236,20 +311,19 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
             baseline="testbed.image_build.cold" if testbed else None,
         )
     )
-    accel = accel_mod.choose(getattr(args, "accel", None), image.kernel, cache_dir())
+    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu)
+    settings = settings.replace(accel=accel)
     env = Environment.collect_host(accelerator=accel, node_count=2)
 
     suites = [s for s in str(getattr(args, "suites", "") or "").split(",") if s]
     if suites:
-        from obmm.testbed.paths import ENV_CACHE
-
         testbed += suite_figures(
             suites,
             int(getattr(args, "suite_samples", 3)),
             repo_root(),
             results_dir() / "bench-suites",
             say,
-            lambda suite, checkout, logdir: run_once(suite, checkout, logdir, ENV_CACHE),
+            lambda suite, checkout, logdir: run_once(suite, checkout, logdir, envvars.CACHE.name),
         )
     if getattr(args, "suites_only", False):
         run = Run(env=env)
@@ -259,24 +333,17 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     boot_nodes = [int(n) for n in str(getattr(args, "boot_nodes", "1,2,4,8")).split(",") if n]
     inits = [i for i in str(getattr(args, "boot_inits", "fast,systemd")).split(",") if i]
     samples = int(getattr(args, "boot_samples", 3))
-    testbed += boot_figures(image, accel, sorted(set(boot_nodes)), inits, samples, say)
-    testbed += restore_figures(image, accel, sorted(set(boot_nodes)), samples, say)
+    testbed += boot_figures(settings, sorted(set(boot_nodes)), inits, samples, say)
+    testbed += restore_figures(settings, sorted(set(boot_nodes)), samples, say)
+    if int(getattr(args, "inner_loop_samples", 3)) > 0:
+        testbed += inner_loop_figures(settings, int(args.inner_loop_samples), say)
     # The measurements get their own pair with a 1 GiB export pool per node (the test topology
     # has 256 MiB), so the control path reaches the 1 GiB size.
-    topology = load_topology(BENCH_TOPOLOGY)
-    say(f"booting the benchmark pair ({BENCH_TOPOLOGY}: {topology.pool_mib} MiB pool per node)")
-    with Cluster.start(image, topology, name="bench-data", accel=accel) as cluster:
-        kos = module_load_order(build_guest_modules(image, results_dir() / "kmod"))
-        conns = {i: cluster.connect(i) for i in range(topology.nodes)}
-        try:
-            for i, conn in conns.items():
-                prepare_node(conn, i, topology, repo_root(), kos)
-            run_fn, copy_fn = callables_for(dict(conns))
-            config.python = GUEST_PYTHON
-            run = run_cluster_bench(run_fn, copy_fn, topology.nodes, env, config, say=say)
-        finally:
-            for conn in conns.values():
-                conn.close()
+    say(f"bringing up the benchmark pair ({BENCH_TOPOLOGY}: 1 GiB pool per node)")
+    data = settings.replace(topology=BENCH_TOPOLOGY, name="bench-data")
+    with bring_up(data, purpose="bench", progress=progress) as session:
+        config.python = GUEST_PYTHON
+        run = run_cluster_bench(session.nodes, env, config, say=say)
     measured = {f.name for f in testbed}
     recorded = [f for f in _qemu_test_figures(QEMU_TEST_TIMINGS) if f.name not in measured]
     run.add(testbed + recorded)
@@ -306,6 +373,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="boots per size and init (default 3; min/median/max in the summary)",
     )
     p.add_argument(
+        "--inner-loop-samples",
+        type=int,
+        default=3,
+        help="edit-and-run-one-test loops timed (obmm-testbed dev; default 3, 0: none)",
+    )
+    p.add_argument(
         "--suites",
         default="",
         help="also time whole suites, comma separated, interleaved: "
@@ -320,7 +393,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --suites: only the image lookup and the suite timings, no boots or data path",
     )
-    p.add_argument("--accel", choices=("auto", "tcg", "kvm"), default=None)
+    settings_mod.add_arguments(p, FIELDS)
 
 
 if __name__ == "__main__":

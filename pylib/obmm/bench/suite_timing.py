@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from obmm.bench.measure import make_testbed_figure
 from obmm.bench.results import Figure
-from obmm.bench.runner import make_testbed_figure
 from obmm.tools import interrupts
 
 SUITES = ("qemu-test.warm", "qemu-test.cold", "make-test.fresh")
@@ -95,7 +95,7 @@ def _tail(log: Path, lines: int = 15) -> str:
 
 def run_once(suite: str, checkout: Path, logdir: Path, cache_env: str) -> tuple[int, float, Path]:
     """One timed run of `suite`; (exit status, seconds, its log).  `cache_env` names the
-    testbed's cache variable (obmm.testbed.paths.ENV_CACHE)."""
+    testbed's cache variable (obmm.envvars.CACHE)."""
     logdir.mkdir(parents=True, exist_ok=True)
     log = logdir / f"{suite}-{time.strftime('%H%M%S')}.log"
     env = dict(os.environ)

@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 
 ACCELS = ("auto", "kvm", "tcg")
 PROBE_TIMEOUT_S = 20.0
-ENV = "OBMM_TESTBED_ACCEL"
 
 
 #: Where the loaded KVM backends show (a module built in shows there too).
@@ -118,8 +117,8 @@ def _cache_key(kernel: Path, qemu: str) -> str:
 def choose(
     requested: str | None, kernel: Path, cache: Path, qemu: str = "qemu-system-x86_64"
 ) -> str:
-    """The accelerator to use: `requested` (or $OBMM_TESTBED_ACCEL) unless it is 'auto'."""
-    want = requested or os.environ.get(ENV) or "auto"
+    """The accelerator to use: `requested` unless it is 'auto' (the settings' accel)."""
+    want = requested or "auto"
     if want not in ACCELS:
         raise ValueError(f"accelerator must be one of {ACCELS}, got {want!r}")
     if want == "kvm" and kvm_is_pvm():

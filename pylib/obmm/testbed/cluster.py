@@ -30,28 +30,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from obmm.testbed import acpi, kmemleak, qemu
+from obmm import envvars
+from obmm.testbed import acpi, kmemleak, ownership, qemu
 from obmm.testbed import snapshot as snapshot_mod
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image, create_overlay
 from obmm.testbed.parallel import on_each
-from obmm.testbed.paths import cache_dir, qemu_dir, run_root, timeout_scale
+from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import Connection, GuestGone, Target
+from obmm.tools import interrupts
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
+OWNER_FILE = "owner.json"
 RUN_PREFIX = "obmm-testbed-"
 PORT_RETRIES = 3
 QMP_QUIT_TIMEOUT_S = 5.0
 TERM_TIMEOUT_S = 5.0
 HUB_READY_TIMEOUT_S = 15.0
 CONSOLE_TAIL_LINES = 40
+#: What the fast init (qemu/debian/obmm-init) prints on the console once sshd listens.
+READY_LINE = "obmm-init: sshd listening"
+CONSOLE_POLL_S = 0.02
+#: The first login after the ready line: sshd listens, so a slow answer is load, not absence.
+READY_LOGIN_TIMEOUT_S = 10.0
 PR_SET_PDEATHSIG = 1
-DEFAULT_NAME = "default"
-ENV_NAME = "OBMM_TESTBED_NAME"  # the cluster the CLI and the suites use unless told
-INIT_ENV = "OBMM_TESTBED_INIT"
+DEFAULT_NAME = "default"  # the cluster `up`, `ssh`, `down` use unless told
 # Host randomness written into a restored guest's pool.
 SEED_BYTES = 64
 _DEATH_MARKERS = ("Kernel panic", "BUG:", "Oops:", "general protection fault")
@@ -71,14 +77,6 @@ class NodeDied(GuestGone):
         self.console_tail = console_tail
 
 
-def default_init() -> str:
-    """How nodes boot unless told: $OBMM_TESTBED_INIT (fast or systemd), else fast."""
-    init = os.environ.get(INIT_ENV) or qemu.INIT_FAST
-    if init not in qemu.INIT_MODES:
-        raise ClusterError(f"{INIT_ENV}={init!r}: must be one of {', '.join(qemu.INIT_MODES)}")
-    return init
-
-
 def rundir_for(name: str) -> Path:
     if not name or "/" in name or name.startswith("."):
         raise ClusterError(f"invalid cluster name {name!r}")
@@ -89,23 +87,22 @@ def default_logdir(name: str) -> Path:
     return cache_dir() / "logs" / name
 
 
-def load_topology(spec: str | None = None) -> qemu.Topology:
-    """A topology by name (qemu/topologies/NAME.json) or path; default $OBMM_TESTBED_TOPOLOGY."""
-    spec = spec or os.environ.get("OBMM_TESTBED_TOPOLOGY") or "single"
+def load_topology(spec: str) -> qemu.Topology:
+    """A topology by name (qemu/topologies/NAME.json) or path."""
     path = Path(spec)
     if not path.suffix:
         path = qemu_dir() / "topologies" / f"{spec}.json"
     return qemu.Topology.load(path)
 
 
-def boot_timeout(topology: qemu.Topology, accel: str) -> float:
-    """Seconds to wait for every node's sshd: TCG nodes share the host's cores (times
-    $OBMM_TESTBED_TIMEOUT_SCALE, for slower kernels)."""
+def boot_timeout(topology: qemu.Topology, accel: str, scale: float = 1.0) -> float:
+    """Seconds to wait for every node's sshd: TCG nodes share the host's cores (times `scale`,
+    the settings' timeout_scale, for slower kernels)."""
     if accel == "kvm":
-        return (60.0 + 10.0 * topology.nodes) * timeout_scale()
+        return (60.0 + 10.0 * topology.nodes) * scale
     cores = os.cpu_count() or 1
     base = 120.0 + 60.0 * max(0, topology.nodes - 1) * max(1.0, 2.0 / cores)
-    return base * timeout_scale()
+    return base * scale
 
 
 def allocate_ports(count: int, avoid: Sequence[int] = ()) -> list[int]:
@@ -148,16 +145,7 @@ def _global_lock() -> Iterator[None]:
         os.close(fd)
 
 
-def _pid_start_time(pid: int) -> int | None:
-    """Start time of `pid` (clock ticks since boot), to tell it from a recycled pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
+_pid_start_time = ownership.pid_start_time
 
 
 def _pdeathsig() -> None:
@@ -246,11 +234,14 @@ class Cluster:
     nodes: list[Node] = field(default_factory=list)
     # The snapshot this cluster was restored from (None: booted cold).
     restored_from: str | None = None
-    owner_pid: int | None = None
+    #: The process the cluster dies with (None: `up`/`--keep`, owned by nobody until `down`).
+    owner: ownership.Owner | None = None
     # The inter-node network hub (obmm.testbed.hub) of a multi-node cluster.
     hub_pid: int | None = None
     hub_pid_start: int | None = None
     hub_popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+    qemu_binary: str = envvars.QEMU.default
+    _ready: dict[int, Connection] = field(default_factory=dict, repr=False, compare=False)
 
     # -- discovery --------------------------------------------------------------------------
 
@@ -268,9 +259,10 @@ class Cluster:
             "init": self.init,
             "restored_from": self.restored_from,
             "image": str(self.image.directory),
-            "owner_pid": self.owner_pid,
+            "owner": self.owner.to_dict() if self.owner else None,
             "hub_pid": self.hub_pid,
             "hub_pid_start": self.hub_pid_start,
+            "qemu_binary": self.qemu_binary,
             "nodes": [n.to_dict() for n in self.nodes],
             "saved_at": time.time(),
         }
@@ -297,9 +289,10 @@ class Cluster:
             init=state.get("init", qemu.INIT_SYSTEMD),
             restored_from=state.get("restored_from"),
             image=Image.open(Path(state["image"])),
-            owner_pid=state.get("owner_pid"),
+            owner=ownership.Owner.from_dict(state.get("owner")),
             hub_pid=state.get("hub_pid"),
             hub_pid_start=state.get("hub_pid_start"),
+            qemu_binary=state.get("qemu_binary", envvars.QEMU.default),
             nodes=[Node.from_dict(n) for n in state["nodes"]],
         )
 
@@ -319,25 +312,30 @@ class Cluster:
         *,
         name: str = DEFAULT_NAME,
         accel: str = "tcg",
-        init: str | None = None,
+        init: str = qemu.INIT_FAST,
         logdir: Path | None = None,
         detach: bool = False,
         wait: bool = True,
         timeout: float | None = None,
+        timeout_scale: float = 1.0,
         extra_args: Callable[[int], Sequence[str]] | None = None,
         progress: Progress | None = None,
-        snapshot: str | None = None,
+        snapshot: str = snapshot_mod.MODE_AUTO,
+        qemu_binary: str = envvars.QEMU.default,
     ) -> Cluster:
         """Boot every node and (by default) wait until each accepts an SSH login.
 
-        With `detach` the QEMUs outlive this process (the CLI's `up`); otherwise they are
-        killed if it dies.  On any failure, Ctrl-C included, everything started is torn down.
-        `snapshot` ("auto" or "off", default $OBMM_TESTBED_SNAPSHOT): with "auto" a saved
-        snapshot of this cluster shape is restored instead of booting (see
-        :mod:`obmm.testbed.snapshot`), and a cold boot saves one.  A snapshot that does not fit
-        or verify is reported and the cluster boots cold.
+        With `detach` the QEMUs outlive this process (the CLI's `up`: it calls :meth:`disown`
+        once the cluster is ready); otherwise they are killed if it dies.  On any failure,
+        Ctrl-C included, everything started is torn down.
+        `snapshot` ("auto" or "off"): with "auto" a saved snapshot of this cluster shape is
+        restored instead of booting (see :mod:`obmm.testbed.snapshot`), and a cold boot saves
+        one.  A snapshot that does not fit or verify is reported and the cluster boots cold.
+        Front ends come here through :func:`obmm.testbed.session.bring_up`.
         """
-        snap_mode = snapshot or snapshot_mod.mode()
+        snap_mode = snapshot
+        if init not in qemu.INIT_MODES:
+            raise ClusterError(f"init must be one of {', '.join(qemu.INIT_MODES)}, got {init!r}")
         if snap_mode not in snapshot_mod.MODES:
             raise ClusterError(f"snapshot must be one of {', '.join(snapshot_mod.MODES)}")
         rundir = rundir_for(name)
@@ -350,8 +348,11 @@ class Cluster:
             topology=topology,
             accel=accel,
             image=image,
-            init=init or default_init(),
-            owner_pid=None if detach else os.getpid(),
+            init=init,
+            # Owned while it comes up, detached or not: a `up` killed during boot leaves
+            # nothing (disown() hands a detached cluster to nobody once it is ready).
+            owner=ownership.Owner.me(),
+            qemu_binary=qemu_binary,
         )
         key: snapshot_mod.Key | None = None
         snap: snapshot_mod.Snapshot | None = None
@@ -359,6 +360,10 @@ class Cluster:
             with _global_lock():
                 cls._reap_stale(name)
                 rundir.mkdir(mode=0o700, parents=True)
+                # First: a start killed before state.json exists is still attributed.
+                (rundir / OWNER_FILE).write_text(
+                    json.dumps(cluster.owner.to_dict() if cluster.owner else None) + "\n"
+                )
                 logdir.mkdir(parents=True, exist_ok=True)
                 if snap_mode == snapshot_mod.MODE_AUTO and wait:
                     try:
@@ -396,12 +401,14 @@ class Cluster:
                         detach=detach,
                         wait=wait,
                         timeout=timeout,
+                        timeout_scale=timeout_scale,
                         extra_args=extra_args,
                         progress=progress,
                         snapshot=snap_mode,
+                        qemu_binary=qemu_binary,
                     )
             if wait:
-                cluster.wait_ssh(timeout or boot_timeout(topology, accel), progress)
+                cluster.wait_ssh(timeout or boot_timeout(topology, accel, timeout_scale), progress)
             if key is not None and snap is None:
                 cluster._save_snapshot(key, progress)
         except BaseException:
@@ -419,7 +426,7 @@ class Cluster:
             argvs.append(snapshot_mod.blank_argv(argv, self.rundir, self.logdir, 0))
         return snapshot_mod.Key.make(
             image_fingerprint=str(self.image.manifest.get("fingerprint", self.image.directory)),
-            qemu=snapshot_mod.qemu_identity(_qemu_binary()),
+            qemu=snapshot_mod.qemu_identity(self.qemu_binary),
             topology=self.topology,
             init=self.init,
             accel=self.accel,
@@ -644,7 +651,7 @@ class Cluster:
             accel=self.accel,
             init=self.init,
             firmware=self._firmware(),
-            qemu_binary=_qemu_binary(),
+            qemu_binary=self.qemu_binary,
             extra_args=extra,
             fast_init_modules=self.image.fast_init_modules,
             extra_cmdline=self.image.extra_cmdline,
@@ -734,9 +741,16 @@ class Cluster:
         on_each(self.nodes, wait_one)
 
     def _wait_node(self, node: Node, deadline: float) -> None:
-        conn = Connection(self.target(node.index), alive=self.all_alive, name=node.name)
+        first_attempt: float | None = None
+        if self.restored_from is not None:
+            first_attempt = READY_LOGIN_TIMEOUT_S  # saved with sshd listening
+        elif self.init == qemu.INIT_FAST and self._wait_console(node, READY_LINE, deadline):
+            # The fast init says when sshd listens: one login then, no timed-out probing.
+            log.debug("%s: the console says sshd listens", node.name)
+            first_attempt = READY_LOGIN_TIMEOUT_S
+        conn = Connection(self.target(node.index), alive=node.alive, name=node.name)
         try:
-            conn.connect(deadline)
+            conn.connect(deadline, first_attempt=first_attempt)
         except GuestGone:
             conn.close()
             self.check_alive()
@@ -757,8 +771,45 @@ class Cluster:
             # The fast init brings the inter-node NIC up from the kernel command line.
             elif self.topology.nodes > 1 and self.init == qemu.INIT_SYSTEMD:
                 self._configure_fabric_net(conn, node)
-        finally:
+        except BaseException:
             conn.close()
+            raise
+        # Kept for the first user of the node (take_connection): a login costs most of a
+        # restore's second under TCG.
+        self._ready[node.index] = conn
+
+    def disown(self) -> None:
+        """Owned by nobody from now on: it runs until `obmm-testbed down` (its QEMUs were
+        started detached); the reaper of dead owners leaves it alone."""
+        self.owner = None
+        (self.rundir / OWNER_FILE).write_text("null\n")
+        self.save()
+
+    def take_connection(self, index: int) -> Connection | None:
+        """The connection the boot's readiness check left open to node `index`, once."""
+        return self._ready.pop(index, None)
+
+    def _wait_console(self, node: Node, line: str, deadline: float) -> bool:
+        """Until `line` appears on the node's console (True), or the deadline (False); a QEMU
+        that exits meanwhile raises NodeDied."""
+        wanted = line.encode()
+        offset = 0
+        carry = b""
+        while time.monotonic() < deadline:
+            try:
+                with node.console_log.open("rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                data = b""
+            offset += len(data)
+            if wanted in carry + data:
+                return True
+            carry = (carry + data)[-len(wanted) :]
+            if not node.alive():
+                self.check_alive()
+            time.sleep(CONSOLE_POLL_S)
+        return False
 
     def _configure_fabric_net(self, conn: Connection, node: Node) -> None:
         """Give the node its link-local address on the inter-node NIC."""
@@ -777,8 +828,22 @@ class Cluster:
 
     # -- stop -------------------------------------------------------------------------------
 
+    def close_connections(self) -> None:
+        """Close what the readiness check left open (the nodes run on)."""
+        for conn in self._ready.values():
+            conn.close()
+        self._ready.clear()
+
     def stop(self) -> None:
-        """Kill every QEMU (QMP quit, then SIGTERM, then SIGKILL) and remove the run dir."""
+        """Kill every QEMU (QMP quit, then SIGTERM, then SIGKILL) and remove the run dir.
+
+        Once begun it finishes: SIGINT and SIGTERM meanwhile wait for it (one line says so),
+        then take effect."""
+        with interrupts.signals_deferred(f"stopping cluster {self.name}"):
+            self._stop()
+
+    def _stop(self) -> None:
+        self.close_connections()
         if self.image.manifest.get("debug_kernel") and self.nodes:
             # The debug kernel's leak check needs the nodes alive (obmm.testbed.kmemleak).
             kmemleak.scan_nodes(
@@ -853,15 +918,44 @@ async def _qmp_quit_async(node: Node) -> bool:
     return True
 
 
-def _qemu_binary() -> str:
-    return os.environ.get("OBMM_TESTBED_QEMU", "qemu-system-x86_64")
-
-
 def _read_tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def run_dir_owner(rundir: Path) -> tuple[bool, ownership.Owner | None]:
+    """(recorded, owner) of a run directory: whether it says who owns it, and who."""
+    for name in (STATE_FILE, OWNER_FILE):
+        try:
+            data = json.loads((rundir / name).read_text())
+        except (OSError, ValueError):
+            continue
+        owner = data.get("owner") if name == STATE_FILE and isinstance(data, dict) else data
+        return True, ownership.Owner.from_dict(owner)
+    return False, None
+
+
+def reap_dead_owners() -> list[str]:
+    """Stop and remove every cluster whose owner process is dead (its QEMUs and hub are killed
+    if any still run; the run directory with its RAM files, sockets and pidfiles goes).
+    Clusters with a live owner, and those owned by nobody (``up``, ``run --keep``), are never
+    touched.  The names of the clusters removed.  (Scratch: :func:`ownership.reap_scratch`.)"""
+    removed = []
+    root = run_root()
+    if root.is_dir():
+        for rundir in sorted(root.glob(f"{RUN_PREFIX}*")):
+            recorded, owner = run_dir_owner(rundir)
+            if not recorded or owner is None or owner.alive():
+                continue
+            name = rundir.name[len(RUN_PREFIX) :]
+            # No state.json: a start killed early; nothing was launched from it.
+            with contextlib.suppress(ClusterError):
+                Cluster.attach(name).stop()
+            shutil.rmtree(rundir, ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 def stop_all_stale() -> list[str]:

@@ -17,16 +17,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from obmm.testbed import numaview, qemu, snapshot
+from obmm.testbed import dev, numaview, ownership, qemu, snapshot
+from obmm.testbed import settings as settings_mod
 from obmm.testbed.cluster import (
     DEFAULT_NAME,
-    ENV_NAME,
     Cluster,
     ClusterError,
-    load_topology,
+    reap_dead_owners,
     stop_all_stale,
 )
 from obmm.testbed.image import DEFAULT_RECIPE, ensure_image, find_recipe, list_recipes
+from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import CommandTimeout, SshError
 
 log = logging.getLogger(__name__)
@@ -37,45 +38,39 @@ EXIT_GUEST_GONE = 255  # like ssh(1) when the connection dies
 def register(sub: Any) -> None:
     """Add the testbed subcommands to the `obmm-testbed` parser's subparsers."""
     p = sub.add_parser("up", help="boot a cluster of QEMU nodes and wait for SSH")
-    _name(p)
-    p.add_argument("--nodes", type=int, help="number of nodes, 1..8 (default: the topology's)")
-    p.add_argument(
-        "--topology",
-        default="single",
-        help="name under qemu/topologies/ or a JSON file (default: single)",
-    )
-    p.add_argument("--memory", type=int, metavar="MIB", help="RAM per node (power of two)")
-    p.add_argument("--pool", type=int, metavar="MIB", help="export pool at the top of RAM")
-    p.add_argument(
-        "--accel",
-        choices=("auto", "kvm", "tcg"),
-        help="accelerator (default: $OBMM_TESTBED_ACCEL or auto: KVM if a probe boots)",
-    )
-    p.add_argument("--recipe", default=DEFAULT_RECIPE, help="image recipe (default %(default)s)")
-    p.add_argument(
-        "--init",
-        choices=qemu.INIT_MODES,
-        help="node userland: fast (our small init, seconds) or systemd (real-host-like) "
-        "(default: $OBMM_TESTBED_INIT or %(default)s)",
-    )
+    settings_mod.add_arguments(p, defaults_text={"topology": "single", "name": DEFAULT_NAME})
     p.add_argument(
         "--kmod",
         action="store_true",
-        help="also build kmod/*, copy the package and tests in, and load the modules",
+        help="also build kmod/*, copy the package and tests in, and load the modules "
+        "(with any --param)",
     )
     p.add_argument(
-        "--cold",
-        action="store_true",
-        help="boot even if a snapshot of this cluster shape exists (and save none)",
+        "--cold", action="store_true", help="boot even if a snapshot fits (--snapshot off)"
     )
-    p.add_argument("--timeout", type=float, help="seconds to wait for SSH on every node")
     p.add_argument("--log-dir", type=Path, help="console logs (default <cache>/logs/NAME)")
     p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser(
+        "dev",
+        help="the inner loop: rebuild what changed, reload the modules, run the guest tests "
+        "you name on a cluster kept up between calls",
+        description=dev.__doc__.split("\n\n", 1)[0] if dev.__doc__ else None,
+    )
+    dev.add_arguments(p)
+    p.set_defaults(func=dev.command)
 
     p = sub.add_parser("down", help="stop a cluster: every QEMU killed, run dir removed")
     _name(p)
     p.add_argument("--all", action="store_true", help="every cluster, and stale run dirs")
     p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser(
+        "gc",
+        help="remove what clusters and scratch directories whose owner died left behind "
+        "(every command does this first; this says what it removed)",
+    )
+    p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("status", help="show clusters, nodes, ports, pids and logs")
     p.add_argument("--name", help="only this cluster")
@@ -85,6 +80,8 @@ def register(sub: Any) -> None:
         "ssh",
         help="run a command on a node (or a shell without one)",
         usage="obmm-testbed ssh [--name NAME] [--timeout S] NODE [-- CMD [ARGS...]]",
+        description="The words after -- are joined with spaces into one shell command, as "
+        "ssh(1) does.",
     )
     _name(p)
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="command deadline (s)")
@@ -109,7 +106,11 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_console)
 
     p = sub.add_parser("image", help="build (if needed) the guest image and print its path")
-    p.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"one of {', '.join(list_recipes())}")
+    settings_mod.add_arguments(
+        p,
+        ["recipe", "kernel"],
+        defaults_text={"recipe": f"{DEFAULT_RECIPE}; one of " + ", ".join(list_recipes())},
+    )
     p.add_argument("--rebuild", action="store_true", help="build even if cached")
     p.set_defaults(func=cmd_image)
 
@@ -119,11 +120,13 @@ def register(sub: Any) -> None:
 
 
 def _name(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--name",
-        default=os.environ.get(ENV_NAME, DEFAULT_NAME),
-        help="cluster name (default: $OBMM_TESTBED_NAME or %(default)s)",
-    )
+    settings_mod.add_arguments(p, ["name"], defaults_text={"name": DEFAULT_NAME})
+    p.set_defaults(cluster_name=cluster_name)
+
+
+def cluster_name(args: argparse.Namespace) -> str:
+    """The cluster a command acts on: --name, else $OBMM_TESTBED_NAME, else `default`."""
+    return settings_mod.from_args(args).with_defaults(name=DEFAULT_NAME).name or DEFAULT_NAME
 
 
 def _node_index(text: str) -> int:
@@ -133,40 +136,23 @@ def _node_index(text: str) -> int:
     return int(digits)
 
 
-def _topology(args: argparse.Namespace) -> qemu.Topology:
-    topo = load_topology(args.topology)
-    return qemu.Topology(
-        nodes=args.nodes if args.nodes is not None else topo.nodes,
-        memory_mib=args.memory if args.memory is not None else topo.memory_mib,
-        pool_mib=args.pool if args.pool is not None else topo.pool_mib,
-        cpus=topo.cpus,
-        description=topo.description,
-    )
-
-
 def cmd_up(args: argparse.Namespace) -> int:
-    from obmm.testbed import accel as accel_mod
-    from obmm.testbed.paths import cache_dir
+    from obmm.testbed.session import bring_up
 
     start = time.monotonic()
-    topology = _topology(args)
-    image = ensure_image(find_recipe(args.recipe))
-    accel = accel_mod.choose(args.accel, image.kernel, cache_dir())
-    cluster = Cluster.start(
-        image,
-        topology,
-        name=args.name,
-        accel=accel,
-        init=args.init,
-        logdir=args.log_dir,
-        detach=True,
-        timeout=args.timeout,
-        snapshot=snapshot.MODE_OFF if args.cold else None,
+    settings = settings_mod.from_args(args).with_defaults(topology="single", name=DEFAULT_NAME)
+    if args.cold:
+        settings = settings.replace(snapshot="off")
+    if settings.params and not args.kmod:
+        raise ClusterError("--param: module parameters need --kmod (the modules are not loaded)")
+    session = bring_up(
+        settings, purpose="up", load_modules=args.kmod, detach=True, logdir=args.log_dir
     )
-    if args.kmod:
-        _prepare(cluster)
+    cluster = session.cluster
+    session.close_connections()
+    cluster.disown()
     print(
-        f"cluster {cluster.name}: {topology.nodes} node(s) up in "
+        f"cluster {cluster.name}: {cluster.topology.nodes} node(s) up in "
         f"{time.monotonic() - start:.0f} s ({cluster.accel}"
         + (f", restored from snapshot {cluster.restored_from})" if cluster.restored_from else ")")
     )
@@ -174,18 +160,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare(cluster: Cluster) -> None:
-    from obmm.testbed.paths import repo_root, results_dir
-    from obmm.testbed.provision import build_guest_modules, module_load_order, prepare_nodes
-
-    kos = module_load_order(build_guest_modules(cluster.image, results_dir() / "kmod"))
-    prepare_nodes(cluster.connect, cluster.topology, repo_root(), kos)
-
-
 def cmd_down(args: argparse.Namespace) -> int:
     if not args.all:
-        Cluster.attach(args.name).stop()
-        print(f"cluster {args.name}: down")
+        Cluster.attach(cluster_name(args)).stop()
+        print(f"cluster {cluster_name(args)}: down")
         return 0
     for name in Cluster.names():
         try:
@@ -216,6 +194,18 @@ def _print_cluster(cluster: Cluster) -> None:
     if t.nodes > 1:
         hub = "running" if cluster.hub_alive() else "DEAD"
         print(f"  network hub: {hub} pid {cluster.hub_pid} (unix sockets in {cluster.rundir})")
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    names = reap_dead_owners()
+    scratch = ownership.reap_scratch()
+    for name in names:
+        print(f"cluster {name}: its owner died; removed")
+    for path in scratch:
+        print(f"scratch {path}: its owner died; removed")
+    if not names and not scratch:
+        print("nothing left behind by a dead owner")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -251,7 +241,7 @@ def split_ssh_args(args: argparse.Namespace) -> tuple[str, str, float, list[str]
         head, command = rest[:1], rest[1:]  # `ssh 0 uname -a`
     mini = argparse.ArgumentParser(prog="obmm-testbed ssh", add_help=False)
     mini.add_argument("node")
-    mini.add_argument("--name", default=args.name)
+    mini.add_argument("--name", default=cluster_name(args))
     mini.add_argument("--timeout", type=float, default=args.timeout)
     parsed = mini.parse_args(head)
     return parsed.name, parsed.node, parsed.timeout, command
@@ -271,7 +261,7 @@ def cmd_ssh(args: argparse.Namespace) -> int:
             return _interactive(cluster, index)
         with cluster.connect(index) as conn:
             result = conn.run(
-                " ".join(command),
+                " ".join(command),  # as ssh(1) joins the words of a remote command
                 timeout=timeout,
                 on_stdout=_writer(sys.stdout.buffer),
                 on_stderr=_writer(sys.stderr.buffer),
@@ -327,7 +317,7 @@ def _interactive(cluster: Cluster, index: int) -> int:
 
 def cmd_cp(args: argparse.Namespace) -> int:
     try:
-        cluster = Cluster.attach(args.name)
+        cluster = Cluster.attach(cluster_name(args))
         if ":" in args.dst and not Path(args.dst).exists():
             node_s, _, remote = args.dst.partition(":")
             with cluster.connect(_node_index(node_s)) as conn:
@@ -344,16 +334,16 @@ def cmd_cp(args: argparse.Namespace) -> int:
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    cluster = Cluster.attach(args.name)
+    cluster = Cluster.attach(cluster_name(args))
     index = _node_index(args.node)
     if index >= len(cluster.nodes):
-        raise ClusterError(f"cluster {args.name} has no node{index}")
+        raise ClusterError(f"cluster {cluster_name(args)} has no node{index}")
     print(cluster.nodes[index].console_tail(args.lines))
     return 0
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    snapshot.mode()  # a bad $OBMM_TESTBED_SNAPSHOT is reported here too, not only at `up`
+    Settings.from_env()  # a bad $OBMM_TESTBED_* setting is reported here too, not only at `up`
     if args.action == "clear":
         print(f"{snapshot.clear()} snapshot(s) removed from {snapshot.snapshots_dir()}")
         return 0
@@ -374,7 +364,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    image = ensure_image(find_recipe(args.recipe), rebuild=args.rebuild)
+    settings = settings_mod.from_args(args)
+    image = ensure_image(find_recipe(settings.recipe), rebuild=args.rebuild, kernel=settings.kernel)
     print(
         f"{image.directory}  (kernel {image.kernel_release}, built "
         f"{image.manifest.get('built_at')} in {image.manifest.get('build_seconds')} s)"

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from obmm import envvars
 from obmm.testbed import kbuild, paths
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.filelock import locked
@@ -156,8 +157,9 @@ def cached(version: str | None = None) -> DebugKernel | None:
     return load(base_dir() / cache_key(version, fragment_path().read_text()))
 
 
-def _download_source(version: str, progress: Progress) -> Path:
-    """The source .deb, downloaded once per version with apt-get download."""
+def download_source(version: str, progress: Progress) -> Path:
+    """The source .deb, downloaded once per version with apt-get download (atomically: two
+    callers at once both end with the whole file)."""
     downloads = base_dir() / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
     pattern = f"{SOURCE_PACKAGE}_{version.replace(':', '%3a')}_all.deb"
@@ -259,7 +261,7 @@ def build(jobs: int = 2, force: bool = False, stream: object = None) -> DebugKer
             if stale.name[0].isdigit() and stale != root and not (stale / MANIFEST).is_file():
                 shutil.rmtree(stale, ignore_errors=True)
         started = time.monotonic()
-        deb = _download_source(version, progress)
+        deb = download_source(version, progress)
         if root.exists():
             shutil.rmtree(root)  # a killed build: the manifest is written last
         root.mkdir(parents=True)
@@ -326,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m obmm.testbed.debugkernel")
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build (or reuse) the debug kernel; prints its directory")
-    b.add_argument("-j", "--jobs", type=int, default=int(os.environ.get("DEBUG_KERNEL_JOBS", "2")))
+    b.add_argument("-j", "--jobs", type=int, default=envvars.DEBUG_KERNEL_JOBS.get())
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     sub.add_parser("path", help="print the cached kernel's directory (exit 1 if not built)")
     args = parser.parse_args(argv)

@@ -207,9 +207,22 @@ def check_cache() -> Iterator[Check]:
                 f"{root} lacks kmod/, qemu/ or uapi/: reinstall the wheel")  # fmt: skip
 
 
+def check_leftovers() -> Check:
+    """What dead owners left (run directories, RAM files, scratch): removed, and said."""
+    from obmm.testbed.cluster import reap_dead_owners
+    from obmm.testbed.ownership import reap_scratch
+
+    clusters = reap_dead_owners()
+    scratch = reap_scratch()
+    if not clusters and not scratch:
+        return Check(OK, "leftovers", "nothing left behind by a dead owner")
+    what = [f"cluster {n}" for n in clusters] + [str(p) for p in scratch]
+    return Check(WARN, "leftovers", "removed what dead owners left: " + ", ".join(what))
+
+
 def run_checks(*, nodes: int = DEFAULT_NODES, probe: bool = False) -> list[Check]:
     cache = cache_dir()
-    checks = [*check_qemu(), check_mmdebstrap(cache), *check_compiler()]
+    checks = [check_leftovers(), *check_qemu(), check_mmdebstrap(cache), *check_compiler()]
     checks += [check_kvm(cache, probe=probe), check_memory(nodes), check_run_root(nodes)]
     checks += list(check_cache())
     return checks

@@ -8,6 +8,8 @@ keep their older bases too (``RuntimeError``, ``ValueError``) so existing handle
 
 from __future__ import annotations
 
+import importlib.util
+
 from obmm.tools.interrupts import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 
 EXIT_TESTBED_ERROR = 2
@@ -23,3 +25,10 @@ class TestbedError(Exception):
         """The first line of the message (the rest is detail: build output, console tails)."""
         lines = str(self).strip().splitlines()
         return lines[0] if lines else type(self).__name__
+
+
+def require_package(name: str) -> None:
+    """ModuleNotFoundError (the CLI prints one line naming the package and its extra) unless
+    the optional Python package `name` is installed."""
+    if importlib.util.find_spec(name) is None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)

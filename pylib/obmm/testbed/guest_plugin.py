@@ -14,12 +14,34 @@ from typing import IO, Any
 
 import pytest
 
-EVENT_FD_ENV = "OBMM_EVENT_FD"
-# Why a test marked emulator_only is skipped on real hardware (guest and cluster suites alike).
-EMULATOR_ONLY_SKIP = (
-    "emulator_only: holds for obmm_emu.ko only, not checked on real UB hardware "
-    "(OBMM_TARGET=hardware)"
-)
+from obmm import envvars
+
+DRIVERS_SHOWN = {"real": "real obmm.ko on the testbed", "hardware": "real obmm.ko of a UB host"}
+
+
+def emulator_only_reason(driver: str) -> str:
+    """Why a test marked emulator_only is skipped where the driver is not the emulator."""
+    shown = DRIVERS_SHOWN.get(driver, driver)
+    return f"emulator_only: holds for the emulator only, not checked on the {shown}"
+
+
+def driver_under_test() -> str:
+    """``emu``, ``real`` (upstream obmm.ko on the testbed) or ``hardware`` (a UB host), from
+    the node environment the testbed and the hardware stage give (obmm.envvars)."""
+    if envvars.TARGET.get() == "hardware":
+        return "hardware"
+    return str(envvars.NODE_DRIVER.get())
+
+
+def skip_emulator_only(items: list[pytest.Item], driver: str) -> None:
+    """Mark the ``emulator_only`` tests skipped, with the reason, unless `driver` is ``emu``.
+    The one place both suites (guest and cluster) decide it."""
+    if driver == "emu":
+        return
+    skip = pytest.mark.skip(reason=emulator_only_reason(driver))
+    for item in items:
+        if item.get_closest_marker("emulator_only") is not None:
+            item.add_marker(skip)
 
 
 def _longrepr(report: pytest.CollectReport | pytest.TestReport) -> str:
@@ -87,7 +109,7 @@ class EventStream:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    fd = os.environ.get(EVENT_FD_ENV)
+    fd = envvars.EVENT_FD.raw()
     if fd:
         stream = os.fdopen(int(fd), "w", buffering=1, closefd=False)
         config.pluginmanager.register(EventStream(stream), "obmm-event-stream")

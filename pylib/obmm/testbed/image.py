@@ -30,17 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from obmm import envvars
 from obmm.testbed import debugkernel, initramfs, qemu
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.filelock import locked
-from obmm.testbed.paths import (
-    ENV_KERNEL,
-    KERNEL_DEBIAN,
-    KERNEL_DEBUG,
-    cache_dir,
-    guest_kernel,
-    qemu_dir,
-)
+from obmm.testbed.paths import KERNEL_DEBIAN, KERNEL_DEBUG, cache_dir, qemu_dir
 from obmm.testbed.progress import Progress, StepFailed
 
 log = logging.getLogger(__name__)
@@ -48,8 +42,6 @@ log = logging.getLogger(__name__)
 # Bump when the build procedure (not the recipe) changes in a way that changes the image.
 BUILDER_VERSION = 2
 DEFAULT_RECIPE = "debian-bookworm"
-OPENEULER_REPO_ENV = "OBMM_OPENEULER_REPO"
-DEBIAN_MIRROR_ENV = "OBMM_DEBIAN_MIRROR"
 REPO_PROBE_TIMEOUT_S = 10.0
 FAST_INITRD = "initrd-fast.img"
 
@@ -291,8 +283,10 @@ def ensure_image(
     cache: Path | None = None,
     rebuild: bool = False,
     progress: Progress | None = None,
+    kernel: str = KERNEL_DEBIAN,
 ) -> Image:
-    """Return the cached image for `recipe`, building it first if nothing matches its hash."""
+    """Return the cached image for `recipe`, building it first if nothing matches its hash;
+    with `kernel` ``debug`` its variant that boots the debug kernel."""
     recipe = recipe or find_recipe()
     cache = cache or cache_dir()
     key = ensure_ssh_key(cache)
@@ -303,7 +297,7 @@ def ensure_image(
     with locked(images / ".lock"):
         if final.is_dir() and not rebuild:
             log.info("image %s: cached at %s", recipe.name, final)
-            return _with_guest_kernel(Image.open(final))
+            return _with_guest_kernel(Image.open(final), kernel)
         # Holding the lock, no other build is running: leftovers are from killed builds.
         for stale in images.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -336,7 +330,7 @@ def ensure_image(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         progress.line(f"image ready at {final} ({progress.elapsed():.0f} s)")
-        return _with_guest_kernel(Image.open(final))
+        return _with_guest_kernel(Image.open(final), kernel)
 
 
 def _keep_failed_log(log: Path, cache: Path, name: str) -> Path | None:
@@ -352,14 +346,13 @@ def _keep_failed_log(log: Path, cache: Path, name: str) -> Path | None:
     return dest
 
 
-def _with_guest_kernel(image: Image) -> Image:
-    """`image`, or its variant booting the debug kernel when $OBMM_TESTBED_KERNEL says so."""
-    choice = guest_kernel()
-    if choice == KERNEL_DEBIAN:
+def _with_guest_kernel(image: Image, kernel: str) -> Image:
+    """`image`, or its variant booting the debug kernel (`kernel` ``debug``)."""
+    if kernel == KERNEL_DEBIAN:
         return image
-    if choice == KERNEL_DEBUG:
+    if kernel == KERNEL_DEBUG:
         return debug_variant(image)
-    raise ImageError(f"{ENV_KERNEL}={choice!r}: expected {KERNEL_DEBIAN} or {KERNEL_DEBUG}")
+    raise ImageError(f"kernel {kernel!r}: expected {KERNEL_DEBIAN} or {KERNEL_DEBUG}")
 
 
 def debug_variant(image: Image) -> Image:
@@ -432,7 +425,11 @@ def _build(
     start = time.monotonic()
     logfile = out / "build.log"
     rootfs = out / "rootfs"
-    env = dict(os.environ, OBMM_AUTHORIZED_KEY=authorized_key, OBMM_KERNEL_RELEASE=release)
+    env = {
+        **os.environ,
+        envvars.AUTHORIZED_KEY.name: authorized_key,
+        envvars.KERNEL_RELEASE.name: release,
+    }
     if recipe.distro == "debian":
         _bootstrap_debian(recipe, rootfs, release, logfile, env, progress)
     elif recipe.distro == "openeuler":
@@ -525,7 +522,7 @@ def mmdebstrap_argv(recipe: Recipe, rootfs: Path, release: str) -> list[str]:
     if cust is not None:
         argv.append(f'--customize-hook=sh {cust} "$1"')
     mirrors = list(recipe.mirrors)
-    override = os.environ.get(DEBIAN_MIRROR_ENV)
+    override = envvars.DEBIAN_MIRROR.raw()
     if override:
         # Same suites and components, another mirror (e.g. a local apt cache).
         mirrors = [_swap_mirror(line, override) for line in mirrors]
@@ -562,13 +559,13 @@ def _bootstrap_debian(
 
 
 def openeuler_repo(recipe: Recipe) -> str:
-    url = os.environ.get(OPENEULER_REPO_ENV) or recipe.repo_url
+    url = envvars.OPENEULER_REPO.raw() or recipe.repo_url
     if not url:
         # No default on purpose: this machine (and CI) may only talk to its own
         # guests and loopback, so contacting a repository is always the user's choice.
         raise ImageError(
-            f"recipe {recipe.name}: no repository URL; set {OPENEULER_REPO_ENV} to a mirror "
-            "of openEuler 24.03 LTS (e.g. https://repo.openeuler.org/openEuler-24.03-LTS)"
+            f"recipe {recipe.name}: no repository URL; set {envvars.OPENEULER_REPO.name} to a "
+            "mirror of openEuler 24.03 LTS (e.g. https://repo.openeuler.org/openEuler-24.03-LTS)"
         )
     return url.rstrip("/")
 
@@ -582,7 +579,7 @@ def probe_repository(url: str, timeout: float = REPO_PROBE_TIMEOUT_S) -> None:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise ImageError(
             f"openEuler repository unreachable: {probe}: {exc}.\n"
-            f"Set {OPENEULER_REPO_ENV} to a reachable mirror of openEuler 24.03 LTS "
+            f"Set {envvars.OPENEULER_REPO.name} to a reachable mirror of openEuler 24.03 LTS "
             "(the directory holding OS/ and everything/), or use the Debian image "
             "(the default). See qemu/README.md, 'openEuler'."
         ) from exc

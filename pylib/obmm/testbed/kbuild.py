@@ -433,6 +433,21 @@ def fetch_headers(
     return headers
 
 
+def headers_version(release: str, cache_dir: Path | None = None) -> str:
+    """The Debian version of the headers fetch_headers() unpacked for ``release`` (that of
+    their source package, ``linux``; ``linux-source-<x.y>`` of the same version matches)."""
+    manifest = (cache_dir or paths.cache_dir() / "kheaders") / release / _MANIFEST
+    try:
+        specs: list[str] = json.loads(manifest.read_text())["packages"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise KbuildError(f"headers for {release} not fetched ({manifest}: {exc})") from exc
+    for spec in specs:
+        name, _, version = spec.partition("=")
+        if name.split(":")[0] == f"linux-headers-{release}" and version:
+            return version
+    raise KbuildError(f"{manifest} names no linux-headers-{release} package")
+
+
 def module_dirs(kmod_dir: Path) -> list[Path]:
     """Subdirectories of kmod/ that are modules (have a Kbuild or Makefile)."""
     return sorted(
@@ -446,6 +461,42 @@ def _build_ignore(_dir: str, names: list[str]) -> list[str]:
     # Stale objects from an in-tree build must not leak into the clean copy.
     suffixes = (".o", ".ko", ".mod", ".mod.c", ".cmd", ".symvers", ".order")
     return [n for n in names if n.endswith(suffixes) or n == ".tmp_versions"]
+
+
+def _is_build_output(name: str) -> bool:
+    return bool(_build_ignore("", [name]))
+
+
+def sync_sources(src: Path, copy: Path) -> int:
+    """Make `copy` hold `src`'s sources, keeping its build output, so make rebuilds only what
+    changed (the edit-one-file loop: one object and the link instead of the whole module).
+    A changed file is written anew (its mtime now, newer than any object built from the old
+    one); a source that went away goes.  Returns how many files were written."""
+    copy.mkdir(parents=True, exist_ok=True)
+    written = 0
+    wanted: set[Path] = set()
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if any(_is_build_output(part) for part in rel.parts):
+            continue
+        wanted.add(rel)
+        dest = copy / rel
+        if path.is_dir():
+            dest.mkdir(exist_ok=True)
+        elif not dest.is_file() or dest.read_bytes() != path.read_bytes():
+            shutil.copyfile(path, dest)
+            shutil.copymode(path, dest)
+            written += 1
+    for path in sorted(copy.rglob("*"), reverse=True):
+        rel = path.relative_to(copy)
+        if rel in wanted or any(_is_build_output(part) for part in rel.parts):
+            continue
+        if path.is_dir():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif not _is_build_output(path.name):
+            path.unlink()
+    return written
 
 
 def _mirror_siblings(kmod_dir: Path, work: Path) -> None:
@@ -465,6 +516,38 @@ def find_warnings(output: str) -> list[str]:
     return [line for line in output.splitlines() if _WARNING_RE.search(line)]
 
 
+def make_modules(
+    headers_dir: Path,
+    module_dir: Path,
+    *,
+    what: str,
+    extra_cflags: Sequence[str] = (),
+    jobs: int | None = None,
+    make_vars: Mapping[str, str] | None = None,
+) -> str:
+    """``make -C headers_dir M=module_dir W=1 modules`` in the C locale: its output without
+    make's directory chatter.  A failed make is a KbuildError naming ``what``; warnings are the
+    caller's to judge (:func:`find_warnings`)."""
+    argv = ["make", f"-j{jobs or os.cpu_count() or 1}", "-C", str(headers_dir), f"M={module_dir}"]
+    argv.append("W=1")
+    if extra_cflags:
+        argv.append("KCFLAGS=" + " ".join(extra_cflags))
+    argv += [f"{key}={value}" for key, value in (make_vars or {}).items()]
+    argv.append("modules")
+    # C locale: ASCII quotes in gcc's messages.  Kbuild unexports LC_ALL,
+    # so the per-category variables are what reach gcc.
+    env = {**os.environ, "LANG": "C", "LC_CTYPE": "C", "LC_MESSAGES": "C"}
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    output = "\n".join(
+        line
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if not _MAKE_CHATTER_RE.match(line)
+    )
+    if proc.returncode != 0:
+        raise KbuildError(f"{what}: make exited {proc.returncode}:\n{output}")
+    return output
+
+
 def build_modules(
     headers_dir: Path,
     kmod_dir: Path,
@@ -479,10 +562,11 @@ def build_modules(
 ) -> list[Path]:
     """Build every module under ``kmod_dir`` with W=1 and copy the .ko files to ``out_dir``.
 
-    Each module is built in a fresh copy under ``<build_dir>/kmod/`` (default
-    build_dir ``<out_dir>/.build``), so the source tree stays free of build
-    output; kmod/'s siblings are linked beside the copy so relative paths in a
-    Kbuild file keep working.  ``modules`` limits the build to those names;
+    Each module is built in a copy under ``<build_dir>/kmod/`` (default build_dir
+    ``<out_dir>/.build``), so the source tree stays free of build output; the copy keeps
+    its objects between builds (:func:`sync_sources`), so an edit rebuilds what it touches;
+    kmod/'s siblings are linked beside the copy so relative paths in a Kbuild file keep
+    working.  ``modules`` limits the build to those names;
     ``make_vars`` adds make variables (e.g. ARCH/CROSS_COMPILE for a cross build).
     """
     headers_dir = Path(headers_dir).resolve()
@@ -526,34 +610,21 @@ def _build_locked(
     built: list[Path] = []
     for src in dirs:
         copy = work / kmod_dir.name / src.name
-        if copy.exists():
-            shutil.rmtree(copy)
-        shutil.copytree(src, copy, ignore=_build_ignore)
-        argv = [
-            "make",
-            f"-j{jobs or os.cpu_count() or 1}",
-            "-C",
-            str(headers_dir),
-            f"M={copy}",
-            "W=1",
-        ]
-        if extra_cflags:
-            argv.append("KCFLAGS=" + " ".join(extra_cflags))
-        argv += [f"{key}={value}" for key, value in (make_vars or {}).items()]
-        argv.append("modules")
+        sync_sources(src, copy)
         started = time.monotonic()
-        # C locale: ASCII quotes in gcc's messages.  Kbuild unexports LC_ALL,
-        # so the per-category variables are what reach gcc.
-        env = {**os.environ, "LANG": "C", "LC_CTYPE": "C", "LC_MESSAGES": "C"}
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
-        output = "\n".join(
-            line
-            for line in (proc.stdout + proc.stderr).splitlines()
-            if not _MAKE_CHATTER_RE.match(line)
-        )
-        if proc.returncode != 0:
-            raise KbuildError(f"{src.name}: make exited {proc.returncode}:\n{output}")
+        try:
+            output = make_modules(
+                headers_dir, copy, what=src.name, extra_cflags=extra_cflags, jobs=jobs,
+                make_vars=make_vars,
+            )  # fmt: skip
+        except KbuildError:
+            # The next build starts clean: objects kept from a failed build would not be
+            # compiled (nor warn) again.
+            shutil.rmtree(copy, ignore_errors=True)
+            raise
         warnings = find_warnings(output)
+        if warnings and warnings_as_errors:
+            shutil.rmtree(copy, ignore_errors=True)
         if warnings and warnings_as_errors:
             raise BuildWarningsError(src.name, warnings, output)
         for line in warnings:

@@ -5,20 +5,25 @@ its taint mask is noted; afterwards each node's messages since the marker are sc
 :mod:`obmm.tools.logscan` and the taint mask compared.  A WARN, oops, KASAN report... or a
 non-benign taint gained, or a node that died, is a failure text carrying the excerpt.
 
-One implementation for every user: the cluster suite's harness (tests/cluster/xharness.py)
-and `obmm-testbed run` (:mod:`obmm.testbed.run`).  The guard only needs a way to run a shell
-command on node *i* and to ask whether node *i* is alive.
+One implementation for every host-side user: every :class:`obmm.testbed.session.Session`
+has one (`obmm-testbed run`, the pytest plugin), and so does the cluster suite's harness.
+(Inside a guest, the guest suite's conftest watches ``/dev/kmsg`` itself with the same
+verdict, :func:`obmm.tools.logscan.scan` and :func:`~obmm.tools.logscan.new_taint`.)  It works
+on any :class:`~obmm.testbed.node.Node`.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from obmm.testbed.parallel import on_each
-from obmm.testbed.ssh import Result, SshError
+from obmm.testbed.ssh import SshError
 from obmm.tools import logscan
+
+if TYPE_CHECKING:
+    from obmm.testbed.node import Node
 
 MARKER = "obmm-cluster-test"
 TAINT_EXCERPT_CHARS = 3000
@@ -26,39 +31,25 @@ TAINT_EXCERPT_CHARS = 3000
 TAINT_SEPARATOR = "==obmm-kguard-taint=="
 
 
-class _NodeRunner(Protocol):
-    def __call__(self, node: int, command: str, *, timeout: float = ...) -> Result: ...
-
-
 class KernelLogGuard:
     """Kernel reports, new taint and dead nodes since :meth:`start`, one text per node."""
 
-    def __init__(
-        self,
-        nodes: int,
-        run: _NodeRunner,
-        alive: Callable[[int], bool],
-        console_tail: Callable[[int], str],
-        *,
-        marker: str = MARKER,
-    ) -> None:
-        self.nodes = nodes
-        self._run = run
-        self._alive = alive
-        self._console_tail = console_tail
+    def __init__(self, nodes: Sequence[Node], *, marker: str = MARKER) -> None:
+        self.nodes = list(nodes)
         self.marker = marker
         self.tag = ""
         self.before: dict[int, int] = {}
 
     def mark(self, tag: str, nodes: Sequence[int] | None = None) -> dict[int, int]:
         """Write a marker into every live node's kernel log; their taint masks."""
-        live = [i for i in (range(self.nodes) if nodes is None else nodes) if self._alive(i)]
+        wanted = range(len(self.nodes)) if nodes is None else nodes
+        live = [i for i in wanted if self.nodes[i].alive()]
 
         def one(i: int) -> int:
-            res = self._run(
-                i,
+            res = self.nodes[i].run(
                 f"echo '{self.marker}: {tag}' > /dev/kmsg; cat /proc/sys/kernel/tainted",
                 timeout=120,
+                bare=True,
             )
             return int(res.out.strip() or "0")
 
@@ -66,12 +57,13 @@ class KernelLogGuard:
 
     def new_kernel_log(self, node: int, tag: str) -> str:
         """The node's kernel log after the marker `tag` (all of it if the marker is gone)."""
-        text = self._run(node, "dmesg", timeout=60).out
+        text = self.nodes[node].run("dmesg", timeout=60, bare=True).out
         cut = text.rfind(f"{self.marker}: {tag}")
         return text[text.find("\n", cut) + 1 :] if cut >= 0 else text
 
     def taint(self, node: int) -> int:
-        return int(self._run(node, "cat /proc/sys/kernel/tainted", timeout=60).out.strip() or "0")
+        res = self.nodes[node].run("cat /proc/sys/kernel/tainted", timeout=60, bare=True)
+        return int(res.out.strip() or "0")
 
     def start(self, name: str) -> None:
         """Start watching every node's kernel log."""
@@ -82,8 +74,10 @@ class KernelLogGuard:
         """The node's kernel log after this guard's marker and its taint mask, in one round
         trip (or the error that prevented reading them)."""
         try:
-            res = self._run(
-                node, f"dmesg; echo {TAINT_SEPARATOR}; cat /proc/sys/kernel/tainted", timeout=60
+            res = self.nodes[node].run(
+                f"dmesg; echo {TAINT_SEPARATOR}; cat /proc/sys/kernel/tainted",
+                timeout=60,
+                bare=True,
             )
         except SshError as exc:
             return exc
@@ -95,12 +89,13 @@ class KernelLogGuard:
     def failures(self, *, allow_dead: bool = False) -> list[str]:
         """What went wrong in the kernels since :meth:`start`, one text per node."""
         failures = []
-        live = [i for i in self.before if self._alive(i)]
+        live = [i for i in self.before if self.nodes[i].alive()]
         logs = dict(zip(live, on_each(live, self._log_and_taint)))
         for i, taint_before in self.before.items():
             if i not in logs:
                 if not allow_dead:  # else: a node killed on purpose
-                    failures.append(f"node{i} died; console:\n{self._console_tail(i)}")
+                    name = self.nodes[i].name
+                    failures.append(f"{name} died; console:\n{self.nodes[i].console_tail()}")
                 continue
             got = logs[i]
             if isinstance(got, SshError):
@@ -110,8 +105,7 @@ class KernelLogGuard:
             reports = logscan.scan(text)
             if reports:
                 failures.append(f"node{i} kernel reports:\n{logscan.format_reports(reports)}")
-            gained = logscan.taint_letters(taint_after & ~taint_before)
-            bad = "".join(c for c in gained if c not in logscan.BENIGN_TAINT)
+            bad = logscan.new_taint(taint_before, taint_after)
             if bad:
                 failures.append(
                     f"node{i}: kernel taint gained {bad!r}\n{text[-TAINT_EXCERPT_CHARS:]}"

@@ -38,7 +38,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from obmm.testbed import image, kbuild, paths
+from obmm import envvars
+from obmm.testbed import kbuild, paths
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +178,8 @@ def private_apt_config(
     root = apt_root(cell, cache)
     native = native or kbuild.host_arch()
     archs = [native] if cell.arch == native else [native, cell.arch]
-    mirror = mirror or os.environ.get(image.DEBIAN_MIRROR_ENV) or DEFAULT_MIRROR
-    security = security or os.environ.get("OBMM_DEBIAN_SECURITY_MIRROR") or DEFAULT_SECURITY_MIRROR
+    mirror = mirror or envvars.DEBIAN_MIRROR.raw() or DEFAULT_MIRROR
+    security = security or envvars.DEBIAN_SECURITY_MIRROR.raw() or DEFAULT_SECURITY_MIRROR
     for sub in ("state/lists/partial", "cache/archives/partial", "sources.list.d", "preferences.d"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     (root / "state" / "status").touch()

@@ -7,7 +7,6 @@ and `render` are pure, so the host tests feed them a captured report.
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass, field
 
 # Guest side: one line per fact, "kind key=value ...", nothing but sysfs/procfs reads.
@@ -105,20 +104,18 @@ def render(name: str, rep: NodeReport) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from obmm.testbed.cluster import DEFAULT_NAME, ENV_NAME
+    from obmm.testbed.cluster import DEFAULT_NAME
+    from obmm.testbed.settings import add_arguments as add_settings
 
-    parser.add_argument(
-        "--name",
-        default=os.environ.get(ENV_NAME, DEFAULT_NAME),
-        help="cluster name (default: $OBMM_TESTBED_NAME or %(default)s)",
-    )
+    add_settings(parser, ["name"], defaults_text={"name": DEFAULT_NAME})
 
 
 def command(args: argparse.Namespace) -> int:
-    from obmm.testbed.cluster import Cluster
+    from obmm.testbed.cluster import DEFAULT_NAME, Cluster
     from obmm.testbed.parallel import on_each
+    from obmm.testbed.settings import from_args
 
-    cluster = Cluster.attach(args.name)
+    cluster = Cluster.attach(from_args(args).with_defaults(name=DEFAULT_NAME).name or DEFAULT_NAME)
 
     def report(index: int) -> str:
         with cluster.connect(index) as conn:

@@ -14,10 +14,10 @@ function               environment variable        default
                                                    ``$XDG_DATA_HOME/obmm-testbed/results``, else
                                                    ``~/.local/share/obmm-testbed/results``
 ``run_root()``         ``$OBMM_TESTBED_RUN_ROOT``  ``/dev/shm`` (per-cluster run dirs, on tmpfs)
-``guest_kernel()``     ``$OBMM_TESTBED_KERNEL``    ``debian`` (the image's own kernel); ``debug``:
-                                                   the debug kernel (obmm.testbed.debugkernel)
-``timeout_scale()``    ``$OBMM_TESTBED_TIMEOUT_    ``1``: the factor on the harness's boot and
-                       SCALE``                     per-test timeouts (slower debug kernels)
+``ub_upstream_dir()``  ``$OBMM_UB_UPSTREAM``       the pinned upstream UB driver tree, the
+                                                   nearest ``shared/upstream/<UB_UPSTREAM_PIN>``
+                                                   beside the root or above it (an input: it may
+                                                   be absent, and what uses it then skips)
 =====================  ==========================  =============================================
 
 Installed from the wheel (``make dist``), the package carries what a checkout has beside it:
@@ -26,7 +26,8 @@ suite and ``examples/c`` in the checkout's layout (setup.py copies them in), so 
 directory and nothing is written there: cache and results go to the user's directories.
 
 Every function reads the environment when called, so a test can point one at a temporary
-directory with ``monkeypatch.setenv``.  No other module reads these variables.
+directory with ``monkeypatch.setenv``.  The variables are defined in :mod:`obmm.envvars`; no
+other module reads them.  (The cluster's knobs are :mod:`obmm.testbed.settings`.)
 """
 
 from __future__ import annotations
@@ -35,15 +36,12 @@ import os
 from importlib import resources
 from pathlib import Path
 
-ENV_ROOT = "OBMM_TESTBED_ROOT"
-ENV_CACHE = "OBMM_TESTBED_CACHE"
-ENV_RESULTS = "OBMM_TESTBED_RESULTS"
-ENV_RUN_ROOT = "OBMM_TESTBED_RUN_ROOT"
-ENV_KERNEL = "OBMM_TESTBED_KERNEL"
+from obmm import envvars
+
 KERNEL_DEBIAN = "debian"
 KERNEL_DEBUG = "debug"
-ENV_TIMEOUT_SCALE = "OBMM_TESTBED_TIMEOUT_SCALE"
-DEFAULT_RUN_ROOT = "/dev/shm"
+#: The pinned copy of kunpengcompute/ub-os-component-dkms (GPL-2.0), kept outside the project.
+UB_UPSTREAM_PIN = "ub-os-component-dkms-65ba333"
 DATA_DIR = "_data"  # under the installed package: the checkout's files the testbed needs
 #: What a root has: the checkout and the package data alike.
 ROOT_MARKERS = ("qemu/topologies", "kmod", "uapi/ub/obmm.h")
@@ -74,7 +72,7 @@ def data_root() -> Path:
 
 def repo_root() -> Path:
     """The source tree: recipes in qemu/, module sources in kmod/, tests in tests/."""
-    override = os.environ.get(ENV_ROOT)
+    override = envvars.ROOT.raw()
     if override:
         return Path(override)
     return checkout_root() or data_root()
@@ -90,7 +88,7 @@ def kmod_dir() -> Path:
 
 def cache_dir() -> Path:
     """Images, kernel headers, apt lists, console logs, checkpatch: kept between runs."""
-    override = os.environ.get(ENV_CACHE)
+    override = envvars.CACHE.raw()
     if override:
         return Path(override)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -99,10 +97,10 @@ def cache_dir() -> Path:
 
 def results_dir() -> Path:
     """Built modules, junit files and other outputs of one run (CI uploads it)."""
-    override = os.environ.get(ENV_RESULTS)
+    override = envvars.RESULTS.raw()
     if override:
         return Path(override)
-    if os.environ.get(ENV_ROOT) or checkout_root() is not None:
+    if envvars.ROOT.raw() or checkout_root() is not None:
         return repo_root() / "results"
     # Installed: never into site-packages.
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
@@ -111,19 +109,19 @@ def results_dir() -> Path:
 
 def run_root() -> Path:
     """Parent of the per-cluster run dirs (RAM files, sockets): tmpfs, so RAM stays RAM."""
-    return Path(os.environ.get(ENV_RUN_ROOT) or DEFAULT_RUN_ROOT)
+    return Path(envvars.RUN_ROOT.get())
 
 
-def guest_kernel() -> str:
-    """Which kernel the guests boot: the image's (``debian``) or the debug build (``debug``)."""
-    return os.environ.get(ENV_KERNEL) or KERNEL_DEBIAN
-
-
-def timeout_scale() -> float:
-    """The factor on the harness's boot and per-test timeouts (>= 1; a KASAN guest is slower)."""
-    raw = os.environ.get(ENV_TIMEOUT_SCALE) or "1"
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_TIMEOUT_SCALE}={raw!r} is not a number") from None
-    return max(1.0, value)
+def ub_upstream_dir() -> Path:
+    """The upstream UB driver tree builds and checks use (ubcore, uburma, obmm): an input
+    given by path, never part of the project.  Default: the pinned copy in the nearest
+    ``shared/upstream/`` beside the root or above it; the path is returned even when absent."""
+    override = envvars.UB_UPSTREAM.raw()
+    if override:
+        return Path(override)
+    root = repo_root().resolve()
+    for parent in (root, *root.parents):
+        candidate = parent / "shared" / "upstream" / UB_UPSTREAM_PIN
+        if candidate.is_dir():
+            return candidate
+    return root.parent / "shared" / "upstream" / UB_UPSTREAM_PIN

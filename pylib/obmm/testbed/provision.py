@@ -5,30 +5,34 @@
 * :func:`build_guest_modules`: kmod/* built against the guest kernel's headers, each .ko
   pre-flighted on the host so a bad module fails here, not as an insmod error in the guest;
 * :func:`module_load_order` and :func:`insmod_command`: which module first, with which fabric
-  parameters;
-* :func:`prepare_node`: all of it on one node.
+  parameters and the user's (``--param``);
+* :func:`prepare`: all of it on every node (:func:`obmm.testbed.session.bring_up` calls it).
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import shlex
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from obmm import abi
 from obmm.testbed import bytecode, kmemleak, qemu
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image
 from obmm.testbed.parallel import on_each
-from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir
-from obmm.testbed.ssh import Connection
+from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir, repo_root
+from obmm.testbed.remote import GUEST_ROOT
+
+if TYPE_CHECKING:
+    from obmm.testbed.node import Node
 
 log = logging.getLogger(__name__)
 
-GUEST_ROOT = PurePosixPath("/opt/obmm-testbed")
 # The runner's deliberately failing self-tests: inside tests/guest (same path in the checkout and
 # in the guest) so the guest conftest's kernel-log scan applies; the suites ignore it.
 GUEST_SELFTEST = "tests/guest/_selftest"
@@ -136,20 +140,7 @@ def build_guest_modules(image: Image, out: Path, *, test_hooks: bool = False) ->
     return kos
 
 
-def prepare_nodes(
-    connect: Callable[[int], Connection],
-    topology: qemu.Topology,
-    root: Path,
-    modules: Sequence[Path],
-) -> None:
-    """:func:`prepare_node` on every node at once, with one payload archive for all."""
-    payload = payload_tar(root, modules)
-
-    def one(i: int) -> None:
-        with connect(i) as conn:
-            prepare_node(conn, i, topology, root, modules, payload=payload)
-
-    on_each(range(topology.nodes), one)
+DRIVER_STEMS = ("obmm_emu", "obmm")
 
 
 def module_load_order(kos: Iterable[Path]) -> list[Path]:
@@ -159,9 +150,14 @@ def module_load_order(kos: Iterable[Path]) -> list[Path]:
 
 
 def insmod_command(
-    ko: PurePosixPath, node: int, topology: qemu.Topology, params: Iterable[str]
+    ko: PurePosixPath,
+    node: int,
+    topology: qemu.Topology,
+    declared: Iterable[str],
+    params: Sequence[str] = (),
 ) -> str:
-    """insmod with the fabric parameters the module declares (see qemu/README.md)."""
+    """insmod with the fabric parameters the module declares (see qemu/README.md), then
+    `params` (NAME=VALUE, the user's: they win over the fabric's of the same name)."""
     wanted = {
         "node_id": str(node),
         "nr_nodes": str(topology.nodes),
@@ -169,37 +165,90 @@ def insmod_command(
         "pool_base": hex(topology.pool_base),
         "pool_size": hex(topology.pool_size),
     }
-    declared = set(params)
-    args = [f"{k}={v}" for k, v in wanted.items() if k in declared]
-    return " ".join(["insmod", str(ko), *args])
+    declared = set(declared)
+    args = {k: v for k, v in wanted.items() if k in declared}
+    for param in params:
+        name, _, value = param.partition("=")
+        args.pop(name, None)
+        args[name] = value
+    words = [shlex.quote(f"{k}={v}") for k, v in args.items()]
+    return " ".join(["insmod", shlex.quote(str(ko)), *words])
 
 
-def prepare_node(
-    conn: Connection,
-    node: int,
+def check_params(ko: Path, declared: Iterable[str], params: Sequence[str]) -> None:
+    """Refuse, before loading, a parameter the module does not declare."""
+    declared = sorted(set(declared))
+    unknown = [p.partition("=")[0] for p in params if p.partition("=")[0] not in declared]
+    if unknown:
+        raise ProvisionError(
+            f"{ko.stem} has no parameter {', '.join(unknown)} "
+            f"(its parameters: {', '.join(declared) or 'none'})"
+        )
+
+
+def prepare(
+    nodes: Sequence[Node],
     topology: qemu.Topology,
-    root: Path,
     modules: Sequence[Path],
     *,
-    payload: bytes | None = None,
+    params: Sequence[str] = (),
+    root: Path | None = None,
 ) -> None:
-    """Copy the package, tests and modules into a guest and load the modules."""
-    if payload is None:
-        payload = payload_tar(root, modules)
-    conn.run(
+    """The payload (one archive for all) and the modules, on every node at once; `params`
+    go to the driver module."""
+    payload = payload_tar(root or repo_root(), modules)
+
+    def one(node: Node) -> None:
+        unpack_payload(node, payload)
+        load_modules(node, topology, modules, params=params)
+
+    on_each(nodes, one)
+
+
+def push_payload(nodes: Sequence[Node], modules: Sequence[Path], root: Path | None = None) -> None:
+    """A fresh payload on every node, the modules loaded left as they are (attaching)."""
+    payload = payload_tar(root or repo_root(), modules)
+    on_each(nodes, lambda node: unpack_payload(node, payload))
+
+
+def unpack_payload(node: Node, payload: bytes) -> None:
+    """Replace the node's copy of the package, tests and modules (under GUEST_ROOT)."""
+    node.run(
         f"rm -rf {GUEST_ROOT} && mkdir -p {GUEST_ROOT} && tar -xzf - -C {GUEST_ROOT}"
         # The debug kernel: what boot left unreferenced is not the modules' (else a no-op).
         f" && {{ {kmemleak.BASELINE_CMD}; }}",
         timeout=kmemleak.SCAN_TIMEOUT_S,
         check=True,
         stdin=payload,
+        bare=True,
     )
+
+
+def unload_modules(node: Node, modules: Sequence[Path]) -> None:
+    """rmmod the loaded ones of `modules`, last loaded first (the driver, then the testhook);
+    a module still in use is a ProvisionError with rmmod's reason."""
+    for ko in reversed(modules):
+        cmd = f"[ ! -d /sys/module/{ko.stem} ] || rmmod {ko.stem}"
+        result = node.run(cmd, timeout=120, bare=True)
+        if not result.ok:
+            raise ProvisionError(f"{node.name}: rmmod {ko.stem} failed: {result.err.strip()}")
+
+
+def load_modules(
+    node: Node, topology: qemu.Topology, modules: Sequence[Path], *, params: Sequence[str] = ()
+) -> None:
+    """insmod each module (from the payload) with its fabric parameters; `params` go to the
+    driver module and must be ones it declares."""
     for ko in modules:
         remote = GUEST_ROOT / "kmod" / ko.name
-        params = conn.run(f"modinfo -F parm {remote} | cut -d: -f1", timeout=60, check=True)
-        cmd = insmod_command(remote, node, topology, params.out.split())
-        result = conn.run(cmd, timeout=120)
+        declared = node.run(
+            f"modinfo -F parm {remote} | cut -d: -f1", timeout=60, check=True, bare=True
+        ).out.split()
+        extra = list(params) if ko.stem in DRIVER_STEMS else []
+        check_params(ko, declared, extra)
+        cmd = insmod_command(remote, node.index, topology, declared, extra)
+        result = node.run(cmd, timeout=120, bare=True)
         if not result.ok:
-            dmesg = conn.run("dmesg | tail -n 30", timeout=30).out
-            raise ProvisionError(f"node{node}: `{cmd}` failed: {result.err.strip()}\n{dmesg}")
-        log.info("node%d: %s", node, cmd)
+            dmesg = node.run("dmesg | tail -n 30", timeout=30, bare=True).out
+            raise ProvisionError(f"{node.name}: `{cmd}` failed: {result.err.strip()}\n{dmesg}")
+        log.info("%s: %s", node.name, cmd)

@@ -14,11 +14,14 @@ Fixtures:
 * ``obmm_testbed`` (session): the :class:`Testbed` that boots clusters; ``.cluster()`` is the
   session's cluster without the per-test checks, for session- or module-scoped setup (building).
 
-Shape: ``@pytest.mark.obmm_cluster(nodes=2, memory_mib=1024, pool_mib=256)`` on a test (or a
-module's ``pytestmark``), else ``--obmm-nodes`` / ``--obmm-memory`` / ``--obmm-pool`` or the ini
-options ``obmm_nodes`` / ``obmm_memory_mib`` / ``obmm_pool_mib`` (default: 2 nodes, the
-``pair`` topology's memory).  One cluster per session: booted (restored from a snapshot when one
-fits) for the first test that needs it and reused; a test asking for another shape replaces it.
+Shape: ``@pytest.mark.obmm_cluster(nodes=2, memory_mib=1024, pool_mib=256, params=[...])`` on a
+test (or a module's ``pytestmark``), else the testbed's settings from ``--obmm-*`` options
+(``--obmm-nodes``, ``--obmm-memory``, ``--obmm-pool``, ``--obmm-param NAME=VALUE``, ...; every
+knob of :mod:`obmm.testbed.settings`), the ini options ``obmm_nodes`` / ``obmm_memory_mib`` /
+``obmm_pool_mib``, or the ``OBMM_TESTBED_*`` environment (default: 2 nodes, the ``pair``
+topology's memory).  One cluster per session: booted (restored from a snapshot when one fits)
+for the first test that needs it and reused; a test asking for other settings replaces it.
+``params`` are module parameters of the driver (``["ubc_index=1", "ubc_dev=00002"]``).
 ``@pytest.mark.obmm_cluster(kernel_guard=False)`` / ``leak_check=False`` (or the ini options
 ``obmm_kernel_guard`` / ``obmm_leak_check``, ``--obmm-no-kernel-guard`` /
 ``--obmm-no-leak-check``) turn a check off.
@@ -27,20 +30,24 @@ fits) for the first test that needs it and reused; a test asking for another sha
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from obmm.testbed import settings as settings_mod
 from obmm.testbed.errors import TestbedError
+from obmm.testbed.settings import Settings
 
 if TYPE_CHECKING:  # imported when a test uses a fixture: loading the plugin stays cheap
-    from obmm.testbed.usercluster import UserCluster, UserNode
+    from obmm.testbed.session import GuestNode
+    from obmm.testbed.usercluster import UserCluster
 
 MARKER = "obmm_cluster"
 DEFAULT_NODES = 2
-SHAPE_KEYS = ("nodes", "memory_mib", "pool_mib")
+SHAPE_KEYS = ("nodes", "memory_mib", "pool_mib", "params")
 CHECK_KEYS = ("kernel_guard", "leak_check")
+INI_SHAPE = {"nodes": "obmm_nodes", "memory_mib": "obmm_memory_mib", "pool_mib": "obmm_pool_mib"}
 
 
 class PluginError(TestbedError, ValueError):
@@ -49,13 +56,8 @@ class PluginError(TestbedError, ValueError):
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("obmm-testbed", "obmm-testbed clusters (the obmm_cluster fixture)")
-    group.addoption("--obmm-nodes", type=int, help="nodes of the session's cluster (default 2)")
-    group.addoption("--obmm-memory", type=int, metavar="MIB", help="RAM per node")
-    group.addoption("--obmm-pool", type=int, metavar="MIB", help="export pool per node")
-    group.addoption("--obmm-accel", choices=("auto", "kvm", "tcg"), help="accelerator")
-    group.addoption(
-        "--obmm-cold", action="store_true", help="boot cold even if a snapshot of the shape exists"
-    )
+    settings_mod.add_pytest_options(group)
+    group.addoption("--obmm-cold", action="store_true", help="boot cold even if a snapshot fits")
     group.addoption(
         "--obmm-no-kernel-guard", action="store_true", help="do not fail tests on kernel reports"
     )
@@ -71,7 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(nodes=2, memory_mib=None, pool_mib=None, kernel_guard=True, "
+        f"{MARKER}(nodes=2, memory_mib=None, pool_mib=None, params=(), kernel_guard=True, "
         "leak_check=True): the obmm-testbed cluster this test needs",
     )
 
@@ -88,51 +90,52 @@ class Testbed:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.current: UserCluster | None = None
-        self.shape: tuple[int, int | None, int | None] | None = None
+        self.settings: Settings | None = None
         self.boots = 0
 
-    def default_shape(self) -> tuple[int, int | None, int | None]:
-        opt = self.config.getoption
-        ini = self.config.getini
-        nodes = opt("--obmm-nodes") or _int_or_none(ini("obmm_nodes")) or DEFAULT_NODES
-        memory = opt("--obmm-memory") or _int_or_none(ini("obmm_memory_mib"))
-        pool = opt("--obmm-pool") or _int_or_none(ini("obmm_pool_mib"))
-        return int(nodes), memory, pool
+    def default_settings(self) -> Settings:
+        """The options over the environment over the ini file; 2 nodes unless told."""
+        ini: dict[str, Any] = {k: _int_or_none(self.config.getini(v)) for k, v in INI_SHAPE.items()}
+        ini["accel"] = self.config.getini("obmm_accel") or None
+        from_env = settings_mod.set_in_environment()
+        base = Settings.from_env().replace(**{k: v for k, v in ini.items() if k not in from_env})
+        settings = settings_mod.from_pytest(self.config, base)
+        if self.config.getoption("--obmm-cold"):
+            settings = settings.replace(snapshot="off")
+        return settings.with_defaults(nodes=DEFAULT_NODES)
 
     def cluster(
-        self, nodes: int | None = None, memory_mib: int | None = None, pool_mib: int | None = None
+        self,
+        nodes: int | None = None,
+        memory_mib: int | None = None,
+        pool_mib: int | None = None,
+        params: Sequence[str] | None = None,
     ) -> UserCluster:
-        """The cluster of this shape (the defaults for what is not given), booted if needed."""
-        d_nodes, d_memory, d_pool = self.default_shape()
-        shape = (
-            nodes if nodes is not None else d_nodes,
-            memory_mib if memory_mib is not None else d_memory,
-            pool_mib if pool_mib is not None else d_pool,
-        )
-        if self.current is not None and self.shape == shape:
+        """The cluster of these settings (the defaults for what is not given), booted if
+        needed."""
+        wanted = self.default_settings().replace(
+            nodes=nodes, memory_mib=memory_mib, pool_mib=pool_mib,
+            params=settings_mod.merge_params(params) if params is not None else None,
+        )  # fmt: skip
+        if self.current is not None and self.settings == wanted:
             return self.current
         from obmm.testbed.usercluster import boot
 
         self.close()
         self.boots += 1
-        name = f"pytest-{os.getpid()}-{self.boots}"
-        accel = self.config.getoption("--obmm-accel") or self.config.getini("obmm_accel") or None
+        named = wanted.replace(name=f"pytest-{os.getpid()}-{self.boots}")
         capman = self.config.pluginmanager.getplugin("capturemanager")
-        kwargs: dict[str, Any] = {
-            "nodes": shape[0], "memory_mib": shape[1], "pool_mib": shape[2], "name": name,
-            "accel": accel, "cold": bool(self.config.getoption("--obmm-cold")),
-        }  # fmt: skip
         if capman is not None:  # the boot's progress lines are the user's to see
             with capman.global_and_fixture_disabled():
-                self.current = boot(**kwargs)
+                self.current = boot(named)
         else:
-            self.current = boot(**kwargs)
-        self.shape = shape
+            self.current = boot(named)
+        self.settings = wanted
         return self.current
 
     def close(self) -> None:
         if self.current is not None:
-            current, self.current, self.shape = self.current, None, None
+            current, self.current, self.settings = self.current, None, None
             current.close()
 
 
@@ -148,7 +151,11 @@ def _marker_kwargs(request: pytest.FixtureRequest) -> dict[str, Any]:
             f"@pytest.mark.{MARKER}: unknown argument(s) {', '.join(sorted(unknown))}; "
             f"expected {', '.join(SHAPE_KEYS + CHECK_KEYS)}"
         )
-    return dict(marker.kwargs)
+    kwargs = dict(marker.kwargs)
+    params = kwargs.get("params")
+    if isinstance(params, str):
+        raise PluginError(f"@pytest.mark.{MARKER}: params is a list of NAME=VALUE strings")
+    return kwargs
 
 
 @pytest.fixture(scope="session")
@@ -179,6 +186,6 @@ def obmm_cluster(request: pytest.FixtureRequest, obmm_testbed: Testbed) -> Itera
 
 
 @pytest.fixture
-def obmm_nodes(obmm_cluster: UserCluster) -> list[UserNode]:
+def obmm_nodes(obmm_cluster: UserCluster) -> list[GuestNode]:
     """The nodes of ``obmm_cluster`` (node 0 first)."""
     return obmm_cluster.nodes

@@ -6,14 +6,11 @@ which tests exist, and yielding one :class:`GuestItem` per guest test, nested li
 node ids.  The first item that runs starts one guest pytest for all selected items; each item then
 waits for its own result (see :mod:`obmm.testbed.runner`).
 
-Configuration is by environment, so it works however the host pytest is invoked:
-
-* ``OBMM_TESTBED_TOPOLOGY``: a name under qemu/topologies/ or a path (default ``single``)
-* ``OBMM_TESTBED_ACCEL``: ``auto`` (default), ``kvm`` or ``tcg``
-* ``OBMM_TESTBED_NAME``: cluster name (default ``qemu-test-<pid>``, so runs never collide)
-* ``OBMM_GUEST_PATHS``: override a suite's guest paths (space separated), e.g. a self-test
-* ``OBMM_GUEST_TEST_TIMEOUT``: seconds one guest test may take (default 900, times
-  ``OBMM_TESTBED_TIMEOUT_SCALE``)
+Configuration is the testbed's settings (:mod:`obmm.testbed.settings`: ``OBMM_TESTBED_*``,
+e.g. ``OBMM_TESTBED_TOPOLOGY``, default ``single``; the name defaults to ``qemu-test-<pid>``
+so runs never collide), plus the suite's own variables (:mod:`obmm.envvars`, group ``suite``):
+``OBMM_GUEST_PATHS`` (guest tests to run instead of the suite's), ``OBMM_GUEST_TEST_TIMEOUT``
+and ``OBMM_TESTBED_ATTACH`` (run on a cluster that is up instead of booting one).
 """
 
 from __future__ import annotations
@@ -27,16 +24,11 @@ from typing import Any
 
 import pytest
 
-from obmm.testbed import accel
-from obmm.testbed.cluster import ENV_NAME, NodeDied, load_topology
-from obmm.testbed.node import SuiteSession
-from obmm.testbed.paths import repo_root, results_dir, timeout_scale
-from obmm.testbed.runner import (
-    DEFAULT_TEST_TIMEOUT_S,
-    GuestRun,
-    GuestSession,
-    GuestTestResult,
-)
+from obmm import envvars
+from obmm.testbed.cluster import NodeDied
+from obmm.testbed.guest_suite import GuestRun, GuestSession, GuestTestResult, SuiteSession
+from obmm.testbed.paths import repo_root, results_dir
+from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import GuestGone
 from obmm.tools import interrupts
 
@@ -49,14 +41,16 @@ def session_for(config: pytest.Config) -> SuiteSession:
     """The one guest session of this host pytest run (created on first use, booted lazily)."""
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
-        name = os.environ.get(ENV_NAME) or f"qemu-test-{os.getpid()}"
+        settings = Settings.from_env().with_defaults(name=f"qemu-test-{os.getpid()}")
+        assert settings.name is not None
         results = results_dir()
         session = GuestSession(
-            topology=load_topology(),
-            name=name,
-            logdir=results / "qemu" / name,
+            settings,
+            logdir=results / "qemu" / settings.name,
             results=results,
-            accel=os.environ.get(accel.ENV),
+            purpose="qemu",
+            default_topology="single",
+            attach=envvars.ATTACH.get(),
         )
         config.stash[SESSION_KEY] = session
         _point_latest(results / "qemu" / "latest", session.logdir)
@@ -118,9 +112,9 @@ class GuestSuiteFile(pytest.File):
 
     def spec(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(self.path.read_text())
-        override = os.environ.get("OBMM_GUEST_PATHS")
+        override = envvars.GUEST_PATHS.get()
         if override:
-            data["paths"] = override.split()
+            data["paths"] = list(override)
             data["ignore"] = []
         return data
 
@@ -207,8 +201,7 @@ class GuestItem(pytest.Item):
 
     def runtest(self) -> None:
         run = self._run()
-        timeout = float(os.environ.get("OBMM_GUEST_TEST_TIMEOUT", DEFAULT_TEST_TIMEOUT_S))
-        timeout *= timeout_scale()
+        timeout = float(envvars.GUEST_TEST_TIMEOUT.get()) * _timeout_scale(session_for(self.config))
         with run.lock:
             running_before = run.parser.current
         try:
@@ -265,6 +258,11 @@ def guest_session(request: pytest.FixtureRequest) -> GuestSession:
     with uncaptured(request.config):
         session.boot()
     return session
+
+
+def _timeout_scale(session: SuiteSession) -> float:
+    settings = getattr(session, "settings", None)
+    return settings.timeout_scale if isinstance(settings, Settings) else 1.0
 
 
 def source_root() -> Path:

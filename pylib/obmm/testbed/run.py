@@ -4,22 +4,26 @@
     obmm-testbed run --nodes 2 --node 0='./exporter' --node 1='./client' \\
         --service 0 --ready-line 'serving handle'
 
-Steps: build the modules and boot the cluster (:class:`obmm.testbed.cluster.Cluster`, fast init),
-prepare every node at once (:func:`obmm.testbed.provision.prepare_node`: package, uapi, the
-handle helpers, modules loaded), copy the directory (default: the current one, to the same path
-in the guests) as one tar archive to all nodes at once, mark every kernel log
-(:class:`obmm.testbed.kguard.KernelLogGuard`), run the commands with their output streamed line
-by line with a ``[nodeN] `` prefix, scan the kernel logs, tear everything down.
+Steps: bring the nodes up (:func:`obmm.testbed.session.bring_up`: image, modules, boot or
+restore, package and modules loaded with any ``--param``), copy the directory (default: the
+current one, to the same path in the guests) as one tar archive to all nodes at once, mark every
+kernel log (the session's :class:`obmm.testbed.kguard.KernelLogGuard`), run the commands with
+their output streamed line by line with a ``[nodeN] `` prefix, scan the kernel logs, tear
+everything down.
+
+The command after ``--``: one word is a shell command (``run -- 'make && ./t'``); several
+words are an argument vector, quoted word by word (``run -- sh -c 'test -c /dev/obmm'`` runs
+``sh`` with the two arguments ``-c`` and ``test -c /dev/obmm``).  ``--node N=CMD`` is a shell
+command.
 
 * A node's command can be a *service* (``--service N`` with ``--ready-port P`` or
   ``--ready-line TEXT``): it starts first, the other commands start once it is ready, and it is
   stopped (SIGTERM to its process group, then SIGKILL) when they have all ended.  Stopped that
   way its status does not count; ending on its own, early, it does.
 * Every command runs in its own process group under ``setsid`` in the copied directory, with
-  :data:`ENV_NODE_ID`, :data:`ENV_NODES`, :data:`ENV_NODE_CNA`, :data:`ENV_NODE_EID`,
-  :data:`ENV_NODE_ADDRS` (every node's fabric address, space separated, in node order),
-  :data:`ENV_NODE_ADDR`, :data:`ENV_CFLAGS` (``-I`` for ``ub/obmm.h`` and the handle helpers) and
-  ``PYTHONPATH`` (the ``obmm`` package) in its environment.
+  the node environment (:func:`obmm.testbed.remote.node_env`; :mod:`obmm.envvars` group
+  ``node``: node id and count, CNA, EID, every node's fabric address, ``OBMM_CFLAGS``) and
+  ``PYTHONPATH`` (the ``obmm`` package).
 * The exit status is the worst of the commands' (largest non-zero; :data:`EXIT_TIMEOUT` for a
   command stopped at the deadline, :data:`EXIT_GUEST_GONE` for a node that died); a kernel report
   on any node makes an otherwise green run exit :data:`EXIT_KERNEL_REPORT`, with the excerpt.
@@ -35,57 +39,47 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import logging
 import os
 import shlex
 import shutil
 import sys
-import tarfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO
 
-from obmm.identity import ENV_NODE_ID
-from obmm.testbed import qemu
+from obmm.testbed import settings as settings_mod
 from obmm.testbed.errors import EXIT_INTERRUPTED, TestbedError
-from obmm.testbed.kguard import KernelLogGuard
-from obmm.testbed.parallel import on_each
-from obmm.testbed.provision import GUEST_ROOT
-from obmm.testbed.runner import ENV_NODES
-from obmm.testbed.ssh import CommandTimeout, Connection, GuestGone, Result, SshError
+from obmm.testbed.node import Node
+from obmm.testbed.remote import (
+    STOP_GRACE_S,
+    command_line,
+    dir_archive,
+    stop_command,
+    unpack_on,
+    wait_port_command,
+    wrap_command,
+)
+from obmm.testbed.settings import Settings
+from obmm.testbed.ssh import CommandTimeout, GuestGone, SshError
 from obmm.tools import interrupts
 
 if TYPE_CHECKING:
-    from obmm.testbed.cluster import Cluster
+    from obmm.testbed.session import Session
 
 log = logging.getLogger(__name__)
-
-ENV_NODE_CNA = "OBMM_NODE_CNA"
-ENV_NODE_EID = "OBMM_NODE_EID"
-ENV_NODE_ADDRS = "OBMM_NODE_ADDRS"
-ENV_NODE_ADDR = "OBMM_NODE_ADDR"
-ENV_CFLAGS = "OBMM_CFLAGS"
 
 EXIT_KERNEL_REPORT = 1
 EXIT_TIMEOUT = 124  # like timeout(1)
 EXIT_GUEST_GONE = 255  # like ssh(1)
 DEFAULT_TIMEOUT_S = 600.0
-STOP_GRACE_S = 10.0
-READY_POLL_S = 0.2
-COPY_TIMEOUT_S = 300.0
+DEFAULT_NODES = 2
 DEFAULT_EXCLUDES = (".git", ".venv", "__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache")
 PREFIX = "obmm-testbed"
-#: The identity a node's controller publishes, read the way obmm.identity reads it.
-IDENTITY_COMMAND = (
-    "for d in /sys/devices/ub_bus_controller*/*/ubc; do "
-    '[ -e "$d/primary_cna" ] && cat "$d/primary_cna" "$d/eid" && break; done; true'
-)
 
 
 class RunError(TestbedError, ValueError):
@@ -110,7 +104,6 @@ class Plan:
     dest: PurePosixPath | None = None
     excludes: tuple[str, ...] = DEFAULT_EXCLUDES
     keep: bool = False
-    name: str = ""
 
     @property
     def workdir(self) -> PurePosixPath:
@@ -126,12 +119,15 @@ def parse_node_command(text: str) -> tuple[int, str]:
     return int(node), command
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The cluster's settings: flags over the environment; 2 nodes and run-<pid> by default."""
+    settings = settings_mod.from_args(args)
+    return settings.with_defaults(nodes=DEFAULT_NODES, name=f"run-{os.getpid()}")
+
+
+def make_plan(args: argparse.Namespace, nodes: int) -> Plan:
     """Check the options against each other; a Plan or a RunError naming the bad one."""
-    nodes = int(args.nodes)
-    if not 1 <= nodes <= qemu.MAX_NODES:
-        raise RunError(f"--nodes {nodes}: must be 1..{qemu.MAX_NODES}")
-    default = " ".join(args.command).strip()
+    default = command_line(args.command) if args.command else ""
     commands: dict[int, str] = {}
     for spec in args.node or []:
         i, cmd = parse_node_command(spec)
@@ -180,7 +176,6 @@ def make_plan(args: argparse.Namespace) -> Plan:
         dest=dest,
         excludes=tuple(args.exclude) if args.exclude is not None else DEFAULT_EXCLUDES,
         keep=bool(args.keep),
-        name=args.name or f"run-{os.getpid()}",
     )
 
 
@@ -237,71 +232,6 @@ def worst_status(statuses: Sequence[int]) -> int:
 # -- commands on a node -----------------------------------------------------------------------
 
 
-def node_env(
-    index: int, nodes: int, addrs: Sequence[str], identity: tuple[str, str]
-) -> dict[str, str]:
-    """The environment every command of node `index` gets."""
-    cna, eid = identity
-    return {
-        ENV_NODE_ID: str(index),
-        ENV_NODES: str(nodes),
-        ENV_NODE_CNA: cna,
-        ENV_NODE_EID: eid,
-        ENV_NODE_ADDRS: " ".join(addrs),
-        ENV_NODE_ADDR: addrs[index],
-        ENV_CFLAGS: f"-I{GUEST_ROOT / 'uapi'} -I{GUEST_ROOT / 'examples' / 'c'}",
-        "PYTHONPATH": str(GUEST_ROOT / "pylib"),
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-def wrap_command(command: str, env: Mapping[str, str], cwd: PurePosixPath, pidfile: str) -> str:
-    """`command` in its own process group (its leader's pid in `pidfile`), in `cwd`, with `env`;
-    the pidfile is removed when it ends and the command's status kept."""
-    env_s = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    inner = f'echo $$ > {shlex.quote(pidfile)} && exec sh -c "$1"'
-    return (
-        f"cd {shlex.quote(str(cwd))} && env {env_s} setsid -w sh -c {shlex.quote(inner)} "
-        f"obmm-run {shlex.quote(command)}; st=$?; rm -f {shlex.quote(pidfile)}; exit $st"
-    )
-
-
-def stop_command(pidfile: str, sig: str = "TERM") -> str:
-    """Signal the process group whose leader's pid is in `pidfile` (if it still runs)."""
-    p = shlex.quote(pidfile)
-    return f"[ -e {p} ] && kill -{sig} -$(cat {p}) 2>/dev/null; true"
-
-
-def wait_port_command(port: int, pidfile: str) -> str:
-    """Exit 0 once something listens on TCP `port` (any address), 1 if the service ended."""
-    p = shlex.quote(pidfile)
-    listening = (
-        'awk \'NR>1 && $4=="0A" {split($2,a,":"); print a[2]}\' /proc/net/tcp /proc/net/tcp6 '
-        f"2>/dev/null | grep -qx {port:04X}"
-    )
-    # The pidfile appears when the service starts and goes when it ends.
-    return (
-        f"seen=0; until {listening}; do "
-        f"if [ -e {p} ]; then seen=1; elif [ $seen = 1 ]; then exit 1; fi; "
-        f"sleep {READY_POLL_S}; done"
-    )
-
-
-class Conn(Protocol):
-    """What `run` needs of a node connection (obmm.testbed.ssh.Connection)."""
-
-    def run(
-        self,
-        command: str,
-        *,
-        timeout: float,
-        check: bool = ...,
-        stdin: bytes | None = ...,
-        on_stdout: Callable[[bytes], None] | None = ...,
-        on_stderr: Callable[[bytes], None] | None = ...,
-    ) -> Result: ...
-
-
 @dataclass
 class Outcome:
     """How one node's command ended."""
@@ -321,16 +251,14 @@ class Execution:
     def __init__(
         self,
         plan: Plan,
-        conns: Mapping[int, Conn],
-        envs: Mapping[int, Mapping[str, str]],
+        nodes: Mapping[int, Node],
         *,
         stdout: BinaryIO,
         stderr: BinaryIO,
         token: str | None = None,
     ) -> None:
         self.plan = plan
-        self.conns = conns
-        self.envs = envs
+        self.nodes = nodes
         self.stdout = stdout
         self.stderr = stderr
         self.token = token or uuid.uuid4().hex[:10]
@@ -364,18 +292,19 @@ class Execution:
         outcome = self.outcomes[node]
         outcome.started = True
         command = wrap_command(
-            self.plan.commands[node], self.envs[node], self.plan.workdir, self.pidfile(node)
+            self.plan.commands[node], self.nodes[node].env, self.plan.workdir, self.pidfile(node)
         )
         out = LinePrefixer(f"[node{node}] ", self.stdout, self.lock, self._on_line(node))
         err = LinePrefixer(f"[node{node}] ", self.stderr, self.lock, self._on_line(node))
 
         def body() -> None:
             try:
-                result = self.conns[node].run(
+                result = self.nodes[node].run(
                     command,
                     timeout=max(0.1, self.deadline - time.monotonic()),
                     on_stdout=out.feed,
                     on_stderr=err.feed,
+                    bare=True,
                 )
                 outcome.status = result.exit_status if result.exit_status >= 0 else EXIT_GUEST_GONE
             except CommandTimeout:
@@ -399,9 +328,10 @@ class Execution:
     def _wait_port(self, node: int, port: int) -> None:
         def body() -> None:
             try:
-                res = self.conns[node].run(
+                res = self.nodes[node].run(
                     wait_port_command(port, self.pidfile(node)),
                     timeout=max(0.1, self.deadline - time.monotonic()),
+                    bare=True,
                 )
             except SshError:
                 return
@@ -424,7 +354,7 @@ class Execution:
 
     def _signal(self, node: int, sig: str) -> None:
         with contextlib.suppress(SshError):
-            self.conns[node].run(stop_command(self.pidfile(node), sig), timeout=30)
+            self.nodes[node].run(stop_command(self.pidfile(node), sig), timeout=30, bare=True)
 
     def _stop(self, node: int) -> None:
         """SIGTERM to a command's process group, SIGKILL after the grace period."""
@@ -437,7 +367,7 @@ class Execution:
             outcome.done.wait(STOP_GRACE_S)
         # A command whose channel was closed at its deadline never removed its pidfile.
         with contextlib.suppress(SshError):
-            self.conns[node].run(f"rm -f {shlex.quote(self.pidfile(node))}", timeout=30)
+            self.nodes[node].run(f"rm -f {shlex.quote(self.pidfile(node))}", timeout=30, bare=True)
 
     def run(self) -> int:
         """Run everything; the worst exit status."""
@@ -492,57 +422,15 @@ class Execution:
         return worst_status(statuses)
 
 
-# -- the directory ----------------------------------------------------------------------------
-
-
-def dir_archive(src: Path, excludes: Sequence[str]) -> tuple[bytes, int]:
-    """`src` as an uncompressed tar (the guests unpack it at memory speed); and its file count."""
-    buf = io.BytesIO()
-    files = 0
-
-    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        nonlocal files
-        name = info.name.rsplit("/", 1)[-1]
-        if info.name != "." and any(fnmatch(name, pat) for pat in excludes):
-            return None
-        if info.isfile():
-            files += 1
-        return info
-
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        tar.add(src, arcname=".", filter=keep)
-    return buf.getvalue(), files
-
-
-def copy_to_nodes(conns: Mapping[int, Conn], data: bytes, dest: PurePosixPath) -> None:
-    """Unpack the archive at `dest` on every node at once (one thread per node)."""
-    command = f"mkdir -p {shlex.quote(str(dest))} && tar -xf - -C {shlex.quote(str(dest))}"
-
-    def one(i: int) -> None:
-        try:
-            conns[i].run(command, timeout=COPY_TIMEOUT_S, check=True, stdin=data)
-        except Exception as exc:
-            raise RunError(f"node{i}: copying the directory failed: {exc}") from exc
-
-    on_each(sorted(conns), one)
-
-
-def read_identity(conn: Conn) -> tuple[str, str]:
-    """(CNA, EID) as the node's UB controller publishes them; empty without a controller."""
-    words = conn.run(IDENTITY_COMMAND, timeout=60).out.split()
-    return (words[0], words[1]) if len(words) >= 2 else ("", "")
-
-
-# -- the command ------------------------------------------------------------------------------
+# -- the command ----------------------------------------------------------------------------
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, default=2, help="number of nodes (default %(default)s)")
     p.add_argument(
         "--node",
         action="append",
         metavar="N=CMD",
-        help="node N runs CMD instead of the command after -- (repeatable)",
+        help="node N runs the shell command CMD instead of the command after -- (repeatable)",
     )
     p.add_argument("--service", type=int, metavar="N", help="node N's command is a service")
     ready = p.add_mutually_exclusive_group()
@@ -567,116 +455,78 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"names not copied (repeatable; default {' '.join(DEFAULT_EXCLUDES)})",
     )
     p.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
-    p.add_argument("--name", help="cluster name (default run-<pid>)")
-    p.add_argument("--memory", type=int, metavar="MIB", help="RAM per node")
-    p.add_argument("--pool", type=int, metavar="MIB", help="export pool at the top of RAM")
-    p.add_argument("--accel", choices=("auto", "kvm", "tcg"), help="accelerator (default auto)")
-    p.add_argument("--recipe", help="image recipe (default: the default recipe)")
-    p.add_argument("--init", choices=qemu.INIT_MODES, help="node userland (default fast)")
     p.add_argument(
-        "--cold",
-        action="store_true",
-        help="boot even if a snapshot of this cluster shape exists (default: restore one)",
+        "--cold", action="store_true", help="boot even if a snapshot fits (--snapshot off)"
     )
-    p.add_argument("--boot-timeout", type=float, metavar="S", help="seconds to wait for SSH")
-    p.add_argument("command", nargs="*", help="the command every node runs (after --)")
-
-
-def _topology(plan: Plan, args: argparse.Namespace) -> qemu.Topology:
-    from obmm.testbed.cluster import load_topology
-
-    base = load_topology("pair" if plan.nodes > 1 else "single")
-    return qemu.Topology(
-        nodes=plan.nodes,
-        memory_mib=args.memory if args.memory is not None else base.memory_mib,
-        pool_mib=args.pool if args.pool is not None else base.pool_mib,
-        cpus=base.cpus,
-        description=f"obmm-testbed run, {plan.nodes} node(s)",
+    settings_mod.add_arguments(
+        p,
+        [k.field for k in settings_mod.KNOBS if k.field != "topology"],
+        defaults_text={"nodes": str(DEFAULT_NODES), "name": "run-<pid>"},
+    )
+    p.add_argument(
+        "command",
+        nargs="*",
+        help="what every node runs (after --): one word is a shell command, several an "
+        "argument vector",
     )
 
 
 def command(args: argparse.Namespace) -> int:
-    plan = make_plan(args)
+    settings = settings_from(args)
+    if args.cold:
+        settings = settings.replace(snapshot="off")
+    assert settings.nodes is not None
+    plan = make_plan(args, settings.nodes)
     try:
         with interrupts.sigterm_unwinds():
-            return _run(plan, args)
+            return _run(plan, settings)
     except KeyboardInterrupt as exc:
         why = exc or "Ctrl-C"
         print(f"obmm-testbed run: interrupted ({why}); the cluster is stopped", file=sys.stderr)
+        interrupts.exiting()
         return EXIT_INTERRUPTED
 
 
-def _run(plan: Plan, args: argparse.Namespace) -> int:
-    from obmm.testbed import accel as accel_mod
-    from obmm.testbed.cluster import Cluster, default_logdir
-    from obmm.testbed.image import DEFAULT_RECIPE, ensure_image, find_recipe
-    from obmm.testbed.paths import cache_dir, repo_root, results_dir
+def _run(plan: Plan, settings: Settings) -> int:
+    from obmm.testbed.cluster import default_logdir
     from obmm.testbed.progress import Progress
-    from obmm.testbed.provision import (
-        build_guest_modules,
-        module_load_order,
-        payload_tar,
-        prepare_node,
-    )
+    from obmm.testbed.session import bring_up
 
+    assert settings.name is not None
     t0 = time.monotonic()
-    progress = Progress(f"run {plan.name}")
-    topology = _topology(plan, args)
+    progress = Progress(f"run {settings.name}")
     archive: tuple[bytes, int] | None = None
     if plan.src is not None:
         archive = dir_archive(plan.src, plan.excludes)
-    image = ensure_image(find_recipe(args.recipe or DEFAULT_RECIPE), progress=progress)
-    kos = module_load_order(build_guest_modules(image, results_dir() / "kmod"))
-    accel = accel_mod.choose(args.accel, image.kernel, cache_dir())
-    logdir = default_logdir(plan.name)
-    cluster = Cluster.start(
-        image,
-        topology,
-        name=plan.name,
-        accel=accel,
-        init=args.init,
-        logdir=logdir,
+    logdir = default_logdir(settings.name)
+    session = bring_up(
+        settings,
+        purpose="run",
+        default_topology="single" if plan.nodes == 1 else "pair",
         detach=plan.keep,
-        timeout=args.boot_timeout,
+        logdir=logdir,
         progress=progress,
-        snapshot="off" if getattr(args, "cold", False) else None,
     )
     status = EXIT_GUEST_GONE
-    conns: dict[int, Conn] = {}
-    opened = []
     try:
-        for i in range(plan.nodes):
-            conn = cluster.connect(i)
-            opened.append(conn)
-            conns[i] = conn
-
-        payload = payload_tar(repo_root(), kos)
-        on_each(
-            range(plan.nodes),
-            lambda i: prepare_node(opened[i], i, topology, repo_root(), kos, payload=payload),
-        )
-        progress.line(f"modules loaded on {plan.nodes} node(s): {', '.join(k.name for k in kos)}")
         if plan.src is not None and plan.dest is not None and archive is not None:
             data, files = archive
             c0 = time.monotonic()
-            copy_to_nodes(conns, data, plan.dest)
+            unpack_on(session.nodes, data, plan.dest)
             progress.line(
                 f"copied {plan.src} ({files} files, {len(data) >> 10} KiB tar) to {plan.dest} "
                 f"on {plan.nodes} node(s) in {time.monotonic() - c0:.2f} s"
             )
-        addrs = [cluster.fabric_ip(i) for i in range(plan.nodes)]
-        envs = {
-            i: node_env(i, plan.nodes, addrs, read_identity(conns[i])) for i in range(plan.nodes)
-        }
-        guard = KernelLogGuard(
-            plan.nodes,
-            lambda i, cmd, timeout=60: opened[i].run(cmd, timeout=timeout, check=True),
-            lambda i: cluster.nodes[i].alive(),
-            lambda i: cluster.nodes[i].console_tail(),
-        )
-        guard.start(f"obmm-testbed run {plan.name}")
+        guard = session.guard
+        assert guard is not None
+        guard.start(f"obmm-testbed run {settings.name}")
         progress.line(f"running on {len(plan.commands)} node(s) (deadline {plan.timeout:.0f} s)")
-        execution = Execution(plan, conns, envs, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+        execution = Execution(
+            plan,
+            {n.index: n for n in session.nodes},
+            stdout=sys.stdout.buffer,
+            stderr=sys.stderr.buffer,
+        )
         r0 = time.monotonic()
         status = execution.run()
         failures = guard.failures()
@@ -688,27 +538,24 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
             f"whole run {time.monotonic() - t0:.1f} s"
         )
     finally:
-        # a second Ctrl-C or SIGTERM waits until the cluster is down
-        with interrupts.signals_deferred():
-            _teardown(plan, cluster, opened, logdir, status)
+        _teardown(plan, session, logdir, status)
     return status
 
 
-def _teardown(
-    plan: Plan, cluster: Cluster, opened: Sequence[Connection], logdir: Path, status: int
-) -> None:
-    """Close the connections and stop the cluster (or say how to reach a kept one)."""
-    for conn in opened:
-        conn.close()
+def _teardown(plan: Plan, session: Session, logdir: Path, status: int) -> None:
+    """Stop the cluster (or say how to reach a kept one)."""
+    name = session.name
     if plan.keep:
+        session.close_connections()
+        session.cluster.disown()
         print(
-            f"cluster {plan.name} kept: obmm-testbed ssh --name {plan.name} 0 "
-            f"[-- CMD]; obmm-testbed status --name {plan.name}; "
-            f"obmm-testbed down --name {plan.name}"
+            f"cluster {name} kept: obmm-testbed ssh --name {name} 0 "
+            f"[-- CMD]; obmm-testbed status --name {name}; "
+            f"obmm-testbed down --name {name}"
         )
+        return
+    session.stop()
+    if status == 0:
+        shutil.rmtree(logdir, ignore_errors=True)
     else:
-        cluster.stop()
-        if status == 0:
-            shutil.rmtree(logdir, ignore_errors=True)
-        else:
-            print(f"consoles kept in {logdir}", file=sys.stderr)
+        print(f"consoles kept in {logdir}", file=sys.stderr)

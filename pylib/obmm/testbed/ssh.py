@@ -152,11 +152,12 @@ class Connection:
 
     # -- connection -------------------------------------------------------------------------
 
-    def connect(self, deadline: float) -> None:
-        """Log in, retrying while sshd starts, until `deadline` (a time.monotonic() value)."""
+    def connect(self, deadline: float, *, first_attempt: float | None = None) -> None:
+        """Log in, retrying while sshd starts, until `deadline` (a time.monotonic() value).
+        `first_attempt`: the first try's bound, when sshd is known to listen already."""
         _quiet_paramiko()
         attempt = 0
-        bound = FIRST_ATTEMPT_TIMEOUT_S
+        bound = first_attempt or FIRST_ATTEMPT_TIMEOUT_S
         last_error: BaseException | None = None
         while True:
             attempt += 1

@@ -1,13 +1,13 @@
 """`obmm-testbed` subcommands for the stages that build or test outside a booted cluster:
-kmod, kmod-matrix, hw-test, hw-preflight; run (a cluster of its own, for your code) and doctor
-(can this host run it).  Each module keeps its options and its `command`; this only names
-them (``python -m`` on the module runs the same command, for debugging)."""
+kmod, kmod-matrix, hw-test, hw-preflight, patch-check; run (a cluster of its own, for your
+code) and doctor (can this host run it).  Each module keeps its options and its `command`;
+this only names them (``python -m`` on the module runs the same command, for debugging)."""
 
 from __future__ import annotations
 
 import argparse
 
-from obmm.testbed import doctor, kbuild, matrix, run
+from obmm.testbed import doctor, kbuild, matrix, patchstage, run
 from obmm.testbed.hw import stage as hwstage
 
 
@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     run.add_arguments(p)
     p.set_defaults(func=run.command)
+
+    patchstage.register(sub)
 
     p = sub.add_parser(
         "doctor", help="check the host: QEMU, compiler, KVM, memory, /dev/shm, cache"

@@ -32,21 +32,41 @@ def build_parser() -> argparse.ArgumentParser:
     # Each concern registers its own subcommands; a registrar adds parsers
     # whose defaults carry `func(args) -> int`.
     from obmm.bench import cli as bench_cli
-    from obmm.tools import abi_cli, handle_cli, patchcheck
+    from obmm.tools import abi_cli, handle_cli
 
     abi_cli.register(sub)
     handle_cli.register(sub)
     bench_cli.register(sub)
-    patchcheck.register(sub)
-    try:
-        from obmm.testbed import commands as testbed_commands
-        from obmm.testbed import stage_commands
-    except ImportError:  # the testbed needs paramiko; hosts that only use bindings may lack it
-        pass
-    else:
-        testbed_commands.register(sub)
-        stage_commands.register(sub)
+    # Always registered: a command whose optional dependency is missing says so when run.
+    from obmm.testbed import commands as testbed_commands
+    from obmm.testbed import stage_commands
+
+    testbed_commands.register(sub)
+    stage_commands.register(sub)
     return parser
+
+
+def _reap() -> None:
+    """What owners that died (SIGKILL, OOM) left behind goes first, whatever the command."""
+    from obmm.testbed.cluster import reap_dead_owners
+    from obmm.testbed.ownership import reap_scratch
+
+    for name in reap_dead_owners():
+        log.info("cluster %s: its owner died; its run directory was removed", name)
+    for path in reap_scratch():
+        log.info("%s: its owner died; removed", path)
+
+
+#: The pyproject extra that brings each optional package.
+EXTRAS = {"pytest": "test", "hypothesis": "test", "matplotlib": "bench"}
+
+
+def missing_dependency(exc: ModuleNotFoundError, command: str) -> str:
+    """One line naming the package a command needs and how to install it."""
+    package = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(package)
+    how = f"pip install 'obmm-testbed[{extra}]'" if extra else f"pip install {package}"
+    return f"obmm-testbed {command}: needs the Python package {package!r} ({how})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,7 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        if args.command not in ("gc", "doctor"):  # those two say what they removed
+            _reap()
         result = interrupts.run_unwinding("obmm-testbed", lambda: int(args.func(args)))
+    except ModuleNotFoundError as exc:
+        print(missing_dependency(exc, str(args.command)), file=sys.stderr)
+        return EXIT_TESTBED_ERROR
     except TestbedError as exc:
         detail = str(exc).strip().splitlines()[1:]
         if detail:

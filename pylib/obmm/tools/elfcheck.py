@@ -133,6 +133,13 @@ def modinfo(ko_path: str | os.PathLike[str]) -> dict[str, list[str]]:
         return read_modinfo(_open_elf(fh)) or {}
 
 
+def section_size(ko_path: str | os.PathLike[str], name: str) -> int | None:
+    """The size of section `name` of a .ko file, None if it has no such section."""
+    with open(ko_path, "rb") as fh:
+        section = _open_elf(fh).get_section_by_name(name)
+        return None if section is None else int(section["sh_size"])
+
+
 def _symbols(elf: Any) -> Iterable[Any]:
     symtab = elf.get_section_by_name(".symtab")
     if not isinstance(symtab, SymbolTableSection):

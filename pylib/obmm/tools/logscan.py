@@ -222,6 +222,13 @@ class _Block:
     header_index: int
 
 
+def new_taint(before: int, after: int) -> str:
+    """Letters of taint bits set since `before` that our own modules do not explain (the
+    verdict of every kernel-log guard, in a guest or over SSH)."""
+    gained = taint_letters(after & ~before)
+    return "".join(c for c in gained if c not in BENIGN_TAINT)
+
+
 def _allowed(lines: Sequence[str], block: _Block, allow: Sequence[AllowRule]) -> bool:
     heads = [_message(line) for line in lines[block.start : block.header_index + 1]]
     return any(re.search(rule.pattern, head) for rule in allow for head in heads)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from test_pair import DEST, built  # noqa: F401  (the project's build fixture)
 
-from obmm.testbed.usercluster import UserCluster, UserNode
+from obmm.testbed.node import Node
+from obmm.testbed.usercluster import UserCluster
 
 
-def test_a_kernel_warn_fails_this_test(obmm_nodes: list[UserNode]) -> None:
+def test_a_kernel_warn_fails_this_test(obmm_nodes: list[Node]) -> None:
     # A bad module call: obmm_testhook.ko WARNs on node 1.
     obmm_nodes[1].run("echo warn > /dev/obmm_testhook", check=True)
 
@@ -24,7 +25,7 @@ def test_a_leaked_export_fails_the_leak_check(built: UserCluster) -> None:  # no
     assert res.exit_status == 137
 
 
-def test_the_next_test_starts_clean(obmm_nodes: list[UserNode]) -> None:
+def test_the_next_test_starts_clean(obmm_nodes: list[Node]) -> None:
     for node in obmm_nodes:
         regions = node.run("ls /sys/devices/obmm | grep -c obmm_shmdev", check=False).out
         assert regions.strip() == "0", f"{node.name}: {regions}"

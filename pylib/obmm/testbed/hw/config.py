@@ -33,26 +33,26 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from obmm.decoder import ENV_SPEC as DECODER_ENV
+from obmm import envvars
 from obmm.testbed.errors import TestbedError
 
 POLICIES = ("strict", "accept-new", "off")
 SHIP_MODES = ("auto", "always", "never")
 
-ENV_CONFIG_FILE = "HW_CONFIG"
+ENV_CONFIG_FILE = envvars.HW_CONFIG.name
 ENV_KEYS: Mapping[str, str] = {
-    "hosts": "HW_HOSTS",
-    "ssh_key": "HW_SSH_KEY",
-    "known_hosts": "HW_KNOWN_HOSTS",
-    "host_key_policy": "HW_HOST_KEY_POLICY",
-    "decoder": DECODER_ENV,
-    "python": "HW_PYTHON",
-    "device": "HW_DEVICE",
-    "ship_deps": "HW_SHIP_DEPS",
-    "remote_tmp": "HW_REMOTE_TMP",
-    "connect_timeout": "HW_CONNECT_TIMEOUT",
-    "cluster": "HW_CLUSTER",
-    "fabric_addrs": "HW_FABRIC_ADDRS",
+    "hosts": envvars.HW_HOSTS.name,
+    "ssh_key": envvars.HW_SSH_KEY.name,
+    "known_hosts": envvars.HW_KNOWN_HOSTS.name,
+    "host_key_policy": envvars.HW_HOST_KEY_POLICY.name,
+    "decoder": envvars.DECODER.name,
+    "python": envvars.HW_PYTHON.name,
+    "device": envvars.HW_DEVICE.name,
+    "ship_deps": envvars.HW_SHIP_DEPS.name,
+    "remote_tmp": envvars.HW_REMOTE_TMP.name,
+    "connect_timeout": envvars.HW_CONNECT_TIMEOUT.name,
+    "cluster": envvars.HW_CLUSTER.name,
+    "fabric_addrs": envvars.HW_FABRIC_ADDRS.name,
 }
 
 

@@ -67,7 +67,7 @@ class HwConnection(ssh.Connection):
         self.host = host
         self.config = config
 
-    def connect(self, deadline: float) -> None:
+    def connect(self, deadline: float, *, first_attempt: float | None = None) -> None:
         ssh._quiet_paramiko()
         host, cfg = self.host, self.config
         timeout = max(1.0, deadline - time.monotonic())
@@ -247,7 +247,8 @@ def _kv(text: str) -> dict[str, list[str]]:
 
 
 CHECKS = ("ssh", "device", "module", "python", "decoder", "identity")
-# Where libobmm's vendor adaptor finds the controller (reference §3); a glob for sh.
+# Where libobmm's vendor adaptor finds the controller (docs/obmm-driver.md section 8.2); a glob
+# for sh.
 UBC_GLOB = "/sys/devices/ub_bus_controller*/*/ubc"
 
 

@@ -8,30 +8,30 @@ environment (``OBMM_HW_CONFIG_JSON``, ``OBMM_HW_HOST_INDEX``, ``OBMM_HW_RESULTS`
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from obmm import envvars
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.hw.config import HwConfig
 from obmm.testbed.pytest_qemu import SESSION_KEY
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    text = os.environ.get(hwstage.ENV_CONFIG)
+    text = envvars.HW_CONFIG_JSON.raw()
     if not text:
         raise pytest.UsageError(
-            f"obmm.testbed.hw.pytest_plugin needs ${hwstage.ENV_CONFIG}: run it through "
+            f"obmm.testbed.hw.pytest_plugin needs ${envvars.HW_CONFIG_JSON.name}: run it through "
             "`python -m obmm.testbed.hw.stage` (make hw-test)"
         )
-    ship = os.environ.get(hwstage.ENV_SHIP)
+    ship = envvars.HW_SHIP_DEPS_TAR.raw()
     session = hwstage.HwSession(
         HwConfig.from_json(text),
-        int(os.environ.get(hwstage.ENV_INDEX, "0")),
-        results=Path(os.environ.get(hwstage.ENV_RESULTS) or "results/hw"),
+        envvars.HW_HOST_INDEX.get() or 0,
+        results=Path(envvars.HW_RESULTS.raw() or "results/hw"),
         ship_tar=Path(ship) if ship else None,
-        run_id=os.environ.get(hwstage.ENV_RUN_ID, ""),
+        run_id=envvars.HW_RUN_ID.raw() or "",
     )
-    # HwSession is a SuiteSession (obmm.testbed.node), like the QEMU GuestSession.
+    # HwSession is a SuiteSession (obmm.testbed.guest_suite), like the QEMU GuestSession.
     config.stash[SESSION_KEY] = session

@@ -6,7 +6,8 @@
 1. **Pre-flight** (:mod:`obmm.testbed.hw.preflight`) of every host in parallel; the first failing
    check of a host ends the stage within seconds with its reason (exit status 2).
 2. **Guest suite** on each host in turn: a host-side pytest (``-p obmm.testbed.pytest_qemu -p
-   obmm.testbed.hw.pytest_plugin tests/hw/guest.guestsuite``) copies the package and ``tests/guest``
+   obmm.testbed.hw.pytest_plugin tests/qemu/guest.guestsuite``) copies the package and
+   ``tests/guest``
    (plus, if the host lacks pytest, a pure-Python pytest archive) to a fresh temp directory on
    the host, runs the guest pytest there with ``OBMM_TARGET=hardware`` and streams each result
    back as its own host test item (the QEMU stage's runner and reporting).  Nothing is built or
@@ -40,12 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from obmm.decoder import ENV_SPEC as DECODER_ENV
-from obmm.identity import ENV_NODE_ID
-from obmm.testbed import provision, runner
-from obmm.testbed.cluster import ENV_NAME, ClusterError
-from obmm.testbed.guest_plugin import EVENT_FD_ENV
-from obmm.testbed.hw.config import ENV_CONFIG_FILE, ConfigError, HwConfig, HwHost, load
+from obmm import envvars
+from obmm.testbed import guest_suite as runner
+from obmm.testbed import provision
+from obmm.testbed.cluster import ClusterError
+from obmm.testbed.errors import require_package
+from obmm.testbed.hw.config import ConfigError, HwConfig, HwHost, load
 from obmm.testbed.hw.preflight import (
     HwConnection,
     ShippedDeps,
@@ -54,16 +55,12 @@ from obmm.testbed.hw.preflight import (
     preflight,
 )
 from obmm.testbed.paths import repo_root, results_dir
+from obmm.testbed.remote import RemoteNode
 from obmm.testbed.ssh import Connection, SshError
 
 log = logging.getLogger(__name__)
 
-ENV_CONFIG = "OBMM_HW_CONFIG_JSON"
-ENV_INDEX = "OBMM_HW_HOST_INDEX"
-ENV_SHIP = "OBMM_HW_SHIP_DEPS_TAR"  # path of the pytest archive, when this host needs it
-ENV_RESULTS = "OBMM_HW_RESULTS"
-ENV_RUN_ID = "OBMM_HW_RUN_ID"
-SUITE_FILE = "tests/hw/guest.guestsuite"
+SUITE_FILE = "tests/qemu/guest.guestsuite"
 KMSG_MARKER = "obmm-hw-test: begin"
 EXIT_PREFLIGHT = 2
 EMULATOR_ONLY_REASON = "emulator_only"
@@ -75,7 +72,7 @@ EMULATOR_ONLY_REASON = "emulator_only"
 class HwSession:
     """One hardware host standing where pytest_qemu expects a booted QEMU cluster.
 
-    Duck-types :class:`obmm.testbed.runner.GuestSession` (``boot``, ``collect``, ``start``,
+    Duck-types :class:`obmm.testbed.guest_suite.GuestSession` (``boot``, ``collect``, ``start``,
     ``connect``, ``close``) so :mod:`obmm.testbed.pytest_qemu` turns each test run on the host
     into a host test item exactly as for a guest.
     """
@@ -145,13 +142,13 @@ class HwSession:
         env = {
             "PYTHONPATH": pythonpath,
             "PYTHONDONTWRITEBYTECODE": "1",
-            EVENT_FD_ENV: str(runner.EVENT_FD),
-            runner.ENV_TARGET: "hardware",
-            ENV_NODE_ID: str(self.index),
-            runner.ENV_NODES: str(len(self.config.hosts)),
+            envvars.EVENT_FD.name: str(runner.EVENT_FD),
+            envvars.TARGET.name: "hardware",
+            envvars.NODE_ID.name: str(self.index),
+            envvars.NODE_COUNT.name: str(len(self.config.hosts)),
         }
         if self.config.decoder:
-            env[DECODER_ENV] = self.config.decoder
+            env[envvars.DECODER.name] = self.config.decoder
         return runner.pytest_shell_command(root, env, args, junit=junit, python=self.config.python)
 
     def collect(
@@ -195,7 +192,7 @@ class HwSession:
                 junit = f"{self.workdir}/results/guest-junit.xml"
                 if conn.run(f"test -f {junit}", timeout=30).ok:
                     conn.get(junit, self.results / "guest-junit.xml")
-                if os.environ.get("HW_KEEP") != "1":
+                if envvars.HW_KEEP.get() != "1":
                     conn.run(f"rm -rf {self.workdir}", timeout=120)
         except SshError as exc:
             log.warning("%s: cleanup failed: %s", self.name, exc)
@@ -239,14 +236,18 @@ class HwRun(runner.GuestRun):
 # -- the cluster suite's view of the hosts --------------------------------------------------
 
 
-@dataclass
-class HwNode:
-    index: int
-    host: HwHost
+class HostNode(RemoteNode):
+    """A UB host as a node of the cluster suite (the :class:`~obmm.testbed.node.Node`
+    interface over the stage's SSH settings)."""
 
-    @property
-    def name(self) -> str:
-        return f"node{self.index}"
+    def __init__(self, index: int, host: HwHost, config: HwConfig) -> None:
+        super().__init__(index, f"node{index}", addr=config.fabric_addr(index))
+        self.host = host
+        self.config = config
+        self.set_env(node_env_for(config, index))
+
+    def connect(self, timeout: float = 30.0, *, node_only: bool = True) -> HwConnection:
+        return connect(self.host, self.config)
 
     def alive(self) -> bool:
         return True  # no process to watch: a host that stops answering fails its SSH calls
@@ -255,44 +256,42 @@ class HwNode:
         return f"({self.host.spec} is a hardware host: no console here; see its kernel log)"
 
 
+def node_env_for(config: HwConfig, index: int) -> dict[str, str]:
+    """Environment of the suite's processes on host `index`: its node number (what handles
+    carry and decoders resolve), the target, and the decoder hook."""
+    env = {envvars.NODE_ID.name: str(index), envvars.TARGET.name: "hardware"}
+    if config.decoder:
+        env[envvars.DECODER.name] = config.decoder
+    return env
+
+
 @dataclass
 class HwCluster:
-    """The hosts as ``tests/cluster`` sees a cluster: ``nodes``, ``connect(i)``, ``fabric_ip(i)``.
+    """The hosts as ``tests/cluster`` sees a cluster: ``nodes`` (:class:`HostNode`) and a name.
 
     ``tests/cluster/conftest.py`` builds it with :func:`cluster_from_env` when
-    ``$OBMM_HW_CONFIG_JSON`` is set; ``connect(i)`` honours the key, agent and known_hosts
-    settings of the stage.
+    ``$OBMM_HW_CONFIG_JSON`` is set; each node's connections honour the key, agent and
+    known_hosts settings of the stage.
     """
 
     config: HwConfig
-    nodes: list[HwNode] = field(default_factory=list)
+    nodes: list[HostNode] = field(default_factory=list)
     name: str = "hardware"
 
     def __post_init__(self) -> None:
         if not self.nodes:
-            self.nodes = [HwNode(i, h) for i, h in enumerate(self.config.hosts)]
-
-    def connect(self, index: int, timeout: float = 30.0, *, node_only: bool = False
-                ) -> HwConnection:  # fmt: skip
-        return connect(self.config.hosts[index], self.config)
-
-    def fabric_ip(self, index: int) -> str:
-        return self.config.fabric_addr(index)
+            self.nodes = [HostNode(i, h, self.config) for i, h in enumerate(self.config.hosts)]
 
     def node_env(self, index: int) -> dict[str, str]:
-        """Environment of the suite's processes on host `index`: its node number (what handles
-        carry and decoders resolve) and the decoder hook."""
-        env = {ENV_NODE_ID: str(index), runner.ENV_TARGET: "hardware"}
-        if self.config.decoder:
-            env[DECODER_ENV] = self.config.decoder
-        return env
+        return node_env_for(self.config, index)
 
-    def all_alive(self) -> bool:
-        return True
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.close()
 
 
 def cluster_from_env() -> HwCluster | None:
-    text = os.environ.get(ENV_CONFIG)
+    text = envvars.HW_CONFIG_JSON.raw()
     return HwCluster(HwConfig.from_json(text)) if text else None
 
 
@@ -361,16 +360,16 @@ def run_guest_suite(
     env = dict(os.environ)
     env.update(
         {
-            ENV_CONFIG: config.to_json(),
-            ENV_INDEX: str(index),
-            ENV_RESULTS: str(outdir),
-            ENV_RUN_ID: run_id,
+            envvars.HW_CONFIG_JSON.name: config.to_json(),
+            envvars.HW_HOST_INDEX.name: str(index),
+            envvars.HW_RESULTS.name: str(outdir),
+            envvars.HW_RUN_ID.name: run_id,
         }
     )
     if ship_tar is not None:
-        env[ENV_SHIP] = str(ship_tar)
+        env[envvars.HW_SHIP_DEPS_TAR.name] = str(ship_tar)
     else:
-        env.pop(ENV_SHIP, None)
+        env.pop(envvars.HW_SHIP_DEPS_TAR.name, None)
     plugins = ("-p", "obmm.testbed.pytest_qemu", "-p", "obmm.testbed.hw.pytest_plugin")
     suite = f"hw-{config.hosts[index].label}"
     return _host_pytest([*plugins, *pytest_args, SUITE_FILE], outdir, suite, env)
@@ -389,8 +388,12 @@ def run_cluster_suite(
 ) -> int:
     """The host-side cluster suite in hardware mode (its conftest reads ``$OBMM_HW_CONFIG_JSON``;
     it skips the ``emulator_only`` tests with the reason).  Returns pytest's exit code."""
-    env = dict(os.environ, **{ENV_CONFIG: config.to_json(), ENV_RUN_ID: run_id})
-    for var in ("OBMM_CLUSTER_ATTACH", ENV_NAME):
+    env = {
+        **os.environ,
+        envvars.HW_CONFIG_JSON.name: config.to_json(),
+        envvars.HW_RUN_ID.name: run_id,
+    }
+    for var in (envvars.ATTACH.name, envvars.NAME.name):
         env.pop(var, None)  # the hosts are the nodes; nothing is booted or attached
     return _host_pytest([*pytest_args, "tests/cluster"], outdir, "hw-cluster", env)
 
@@ -455,7 +458,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--qemu",
         metavar="NAME",
-        default=os.environ.get("HW_QEMU") or None,
+        default=envvars.HW_QEMU.raw(),
         help="use the running QEMU cluster NAME as the hardware (default $HW_QEMU)",
     )
     parser.add_argument("--preflight-only", action="store_true")
@@ -487,9 +490,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def command(args: argparse.Namespace) -> int:
     """Pre-flight, then the suites; the exit status of the stage.  A configuration that cannot
     be used raises ConfigError (or ClusterError for a missing --qemu stand-in)."""
+    require_package("pytest")  # the suites run under pytest on this machine
     env = dict(os.environ)
     if args.config:
-        env[ENV_CONFIG_FILE] = args.config
+        env[envvars.HW_CONFIG.name] = args.config
     overrides: dict[str, Any] = {
         k: getattr(args, k)
         for k in (

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from bytecode_probe import bytecode_imports
 
-from obmm.testbed import provision, qemu, runner
+from obmm.testbed import guest_suite, provision, qemu
 from obmm.testbed.paths import repo_root
 
 
@@ -25,7 +25,7 @@ def _phase(nodeid: str, when: str, outcome: str, **kw: object) -> bytes:
 
 
 def test_results_merge_phases_and_survive_split_lines() -> None:
-    p = runner.EventParser()
+    p = guest_suite.EventParser()
     stream = b"".join([
         _ev(event="collected", nodeids=["a", "b", "c"]),
         _ev(event="start", nodeid="a"),
@@ -50,7 +50,7 @@ def test_results_merge_phases_and_survive_split_lines() -> None:
 
 
 def test_skip_and_xfail_are_kept_apart() -> None:
-    p = runner.EventParser()
+    p = guest_suite.EventParser()
     p.feed(_phase("s", "setup", "skipped", longrepr="no device"))
     p.feed(_phase("x", "call", "skipped", wasxfail="known bug"))
     p.feed(_phase("xp", "call", "passed", wasxfail="fixed now"))
@@ -60,7 +60,7 @@ def test_skip_and_xfail_are_kept_apart() -> None:
 
 
 def test_collect_errors_and_garbage_lines() -> None:
-    p = runner.EventParser()
+    p = guest_suite.EventParser()
     p.feed(b"not json\n" + _ev(event="collect_error", nodeid="t.py", longrepr="ImportError"))
     p.feed(_ev(event="session_finish", exitstatus=2))
     assert p.collect_errors == {"t.py": "ImportError"}
@@ -70,7 +70,7 @@ def test_collect_errors_and_garbage_lines() -> None:
 
 def test_guest_command_maps_events_to_stdout_and_sets_node_env() -> None:
     topo = qemu.Topology(nodes=2)
-    cmd = runner.guest_pytest_command(
+    cmd = guest_suite.guest_pytest_command(
         ["tests/guest/t.py::test_it[a b]"], node=1, nodes=2, topology=topo, junit="/r/j.xml"
     )
     assert cmd.endswith("3>&1 1>&2")
@@ -150,7 +150,7 @@ def test_guest_plugin_streams_events_from_a_real_pytest(tmp_path: Path) -> None:
     )
     env = {"OBMM_EVENT_FD": "3", "PYTHONPATH": str(repo_root() / "pylib"), "PATH": "/usr/bin:/bin"}
     subprocess.run(["sh", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, check=False)
-    p = runner.EventParser()
+    p = guest_suite.EventParser()
     p.feed(events.read_bytes())
     outcomes = {n.split("::")[-1]: r.outcome for n, r in p.results.items()}
     assert outcomes == {"test_ok": "passed", "test_bad": "failed", "test_skip": "skipped"}

@@ -1,7 +1,7 @@
-"""Guest test runner: run pytest in a node of a prepared cluster and stream the results back.
+"""The guest suite: pytest run inside a node, each result streamed back as it happens.
 
-What goes into a node before the first test (payload, modules, insmod) is
-:mod:`obmm.testbed.provision`; this module only runs tests.
+The nodes come up through :func:`obmm.testbed.session.bring_up` (or attach to a running
+cluster, ``$OBMM_TESTBED_ATTACH``); this module only runs tests in them.
 
 Design (why it is shaped like this):
 
@@ -28,22 +28,16 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, Protocol
 
-from obmm.identity import ENV_NODE_ID
-from obmm.testbed import qemu
+from obmm import envvars
+from obmm.testbed import provision, qemu
 from obmm.testbed.cluster import Cluster, NodeDied
 from obmm.testbed.errors import TestbedError
-from obmm.testbed.guest_plugin import EVENT_FD_ENV
-from obmm.testbed.image import ensure_image
-from obmm.testbed.paths import cache_dir, repo_root
 from obmm.testbed.progress import Progress
-from obmm.testbed.provision import (
-    GUEST_ROOT,
-    build_guest_modules,
-    module_load_order,
-    prepare_nodes,
-)
+from obmm.testbed.remote import GUEST_ROOT
+from obmm.testbed.session import Session, attach, bring_up
+from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import CommandTimeout, Connection, GuestGone, SshError
 
 log = logging.getLogger(__name__)
@@ -54,12 +48,6 @@ PING_AFTER_S = 30.0
 PING_TIMEOUT_S = 20.0
 DEFAULT_TEST_TIMEOUT_S = 900.0
 GRACE_AFTER_EOF_S = 5.0
-# What a node's pytest learns from its environment (tests/guest/conftest.py reads it), beside
-# identity.ENV_NODE_ID and guest_plugin.EVENT_FD_ENV.
-ENV_NODES = "OBMM_NODES"
-ENV_TARGET = "OBMM_TARGET"  # qemu or hardware
-ENV_POOL_BASE = "OBMM_POOL_BASE"
-ENV_POOL_SIZE = "OBMM_POOL_SIZE"
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "error", "not run")
 
 
@@ -167,19 +155,41 @@ def guest_pytest_command(
     nodes: int,
     topology: qemu.Topology,
     junit: str | None = None,
+    driver: str = "emu",
 ) -> str:
     """The shell command that runs pytest in a guest with the event stream on stdout."""
     env = {
         "PYTHONPATH": str(GUEST_ROOT / "pylib"),
         "PYTHONDONTWRITEBYTECODE": "1",
-        EVENT_FD_ENV: str(EVENT_FD),
-        ENV_NODE_ID: str(node),
-        ENV_NODES: str(nodes),
-        ENV_POOL_BASE: str(topology.pool_base),
-        ENV_POOL_SIZE: str(topology.pool_size),
-        ENV_TARGET: "qemu",
+        envvars.EVENT_FD.name: str(EVENT_FD),
+        envvars.NODE_ID.name: str(node),
+        envvars.NODE_COUNT.name: str(nodes),
+        envvars.POOL_BASE.name: str(topology.pool_base),
+        envvars.POOL_SIZE.name: str(topology.pool_size),
+        envvars.TARGET.name: "qemu",
+        envvars.NODE_DRIVER.name: driver,
     }
     return pytest_shell_command(GUEST_ROOT, env, args, junit=junit)
+
+
+def guest_pytest_human_command(
+    args: Sequence[str], *, node: int, nodes: int, topology: qemu.Topology, driver: str = "emu"
+) -> str:
+    """pytest in a guest for a person at a terminal (`obmm-testbed dev`): the suite's
+    environment, its output as pytest prints it, no event stream."""
+    env = {
+        "PYTHONPATH": str(GUEST_ROOT / "pylib"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        envvars.NODE_ID.name: str(node),
+        envvars.NODE_COUNT.name: str(nodes),
+        envvars.POOL_BASE.name: str(topology.pool_base),
+        envvars.POOL_SIZE.name: str(topology.pool_size),
+        envvars.TARGET.name: "qemu",
+        envvars.NODE_DRIVER.name: driver,
+    }
+    env_s = " ".join(f"{k}={_q(v)}" for k, v in env.items())
+    argv = ["python3", "-m", "pytest", "-p", "no:cacheprovider", *args]
+    return f"cd {GUEST_ROOT} && env {env_s} {' '.join(_q(a) for a in argv)}"
 
 
 def pytest_shell_command(
@@ -207,100 +217,132 @@ def _q(s: str) -> str:
     return "'" + s.replace("'", "'\\''") + "'"
 
 
+class SuiteSession(Protocol):
+    """Where the guest suite runs: the QEMU :class:`GuestSession` or the hardware stage's
+    ``HwSession`` (:mod:`obmm.testbed.pytest_qemu` drives either)."""
+
+    def boot(self) -> object: ...
+
+    def connect(self, node: int = 0) -> Connection: ...
+
+    def collect(
+        self, paths: Sequence[str], ignore: Sequence[str] = (), node: int = 0
+    ) -> EventParser: ...
+
+    def start(
+        self,
+        nodeids: Sequence[str],
+        *,
+        node: int = 0,
+        junit: str | None = None,
+        suite_timeout: float = ...,
+    ) -> GuestRun: ...
+
+    def close(self) -> None: ...
+
+
 class GuestSession:
-    """A booted, prepared cluster plus the means to run guest pytest on it."""
+    """The nodes a suite runs on (brought up on first use) and the means to run guest pytest.
+
+    `settings` must name the cluster; `attach` (a cluster name) uses a running cluster
+    instead, with a fresh payload and its modules as they are."""
 
     def __init__(
         self,
+        settings: Settings,
         *,
-        topology: qemu.Topology,
-        name: str,
         logdir: Path,
         results: Path,
-        accel: str | None = None,
+        purpose: str = "qemu",
+        default_topology: str = "single",
+        attach: str | None = None,
     ) -> None:
-        self.topology = topology
-        self.name = name
+        self.settings = settings
+        self.name = settings.name or ""
         self.logdir = logdir
         self.results = results
-        self.accel_request = accel
-        self.cluster: Cluster | None = None
-        self.modules: list[Path] = []
+        self.purpose = purpose
+        self.default_topology = default_topology
+        self.attach_to = attach
+        self.session: Session | None = None
         self.boot_error: BaseException | None = None
-        self.timings: dict[str, float] = {}
         # collect() results by (paths, ignore, node): a guest collection is a Python start-up.
         self._collections: dict[tuple[tuple[str, ...], tuple[str, ...], int], EventParser] = {}
 
+    @property
+    def cluster(self) -> Cluster | None:
+        return self.session.cluster if self.session is not None else None
+
+    @property
+    def topology(self) -> qemu.Topology:
+        return self.boot().topology
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.session.timings if self.session is not None else {}
+
     # -- set-up -----------------------------------------------------------------------------
 
-    def boot(self) -> Cluster:
-        """Image, modules, cluster, payload, insmod: everything before the first test."""
-        if self.cluster is not None:
-            return self.cluster
+    def boot(self) -> Session:
+        """Everything before the first test (:func:`obmm.testbed.session.bring_up`)."""
+        if self.session is not None:
+            return self.session
         if self.boot_error is not None:
             raise RunnerError(f"the cluster failed to start earlier: {self.boot_error}")
         try:
-            return self._boot()
+            if self.attach_to:
+                self.session = attach(self.settings, self.attach_to)
+                kos = provision.module_load_order(
+                    provision.build_guest_modules(
+                        self.session.cluster.image, self.results / "kmod", test_hooks=True
+                    )
+                )
+                provision.push_payload(self.session.nodes, kos)
+            else:
+                self.session = bring_up(
+                    self.settings,
+                    purpose=self.purpose,
+                    default_topology=self.default_topology,
+                    logdir=self.logdir,
+                    progress=Progress(f"{self.purpose} {self.name}"),
+                    test_hooks=True,
+                )
         except BaseException as exc:
             self.boot_error = exc
             self.close()
             raise
-
-    def _boot(self) -> Cluster:
-        from obmm.testbed import accel as accel_mod
-
-        progress = Progress(f"qemu {self.name}")
-        t0 = time.monotonic()
-        image = ensure_image(progress=progress)
-        t1 = time.monotonic()
-        self.timings["image"] = t1 - t0
-        progress.line(f"image {image.directory} (kernel {image.kernel_release})")
-        self.modules = module_load_order(
-            build_guest_modules(image, self.results / "kmod", test_hooks=True)
-        )
-        progress.line("modules: " + (", ".join(k.name for k in self.modules) or "none"))
-        t2 = time.monotonic()
-        self.timings["kmod"] = t2 - t1
-        accel = accel_mod.choose(self.accel_request, image.kernel, cache_dir())
-        self.cluster = Cluster.start(
-            image, self.topology, name=self.name, accel=accel, logdir=self.logdir, progress=progress
-        )
-        t3 = time.monotonic()
-        self.timings["boot"] = t3 - t2
-        prepare_nodes(self.cluster.connect, self.topology, repo_root(), self.modules)
-        self.timings["prepare"] = time.monotonic() - t3
-        progress.line(
-            f"ready: {self.topology.nodes} node(s), modules loaded; "
-            + ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
-        )
-        return self.cluster
+        return self.session
 
     def close(self) -> None:
         self._collections.clear()
-        if self.cluster is not None:
-            self.cluster.stop()
-            self.cluster = None
+        if self.session is not None:
+            session, self.session = self.session, None
+            session.stop()
 
     # -- running ----------------------------------------------------------------------------
 
     def connect(self, node: int = 0) -> Connection:
-        return self.boot().connect(node)
+        return self.boot().nodes[node].connect()
 
     def collect(
         self, paths: Sequence[str], ignore: Sequence[str] = (), node: int = 0
     ) -> EventParser:
         """The guest's view of which tests exist (and which files failed to import), with their
         markers; collected once per (paths, ignore, node) for the life of the cluster."""
-        cluster = self.boot()
+        session = self.boot()
         key = (tuple(paths), tuple(ignore), node)
         cached = self._collections.get(key)
         if cached is not None:
             return cached
         args = ["--collect-only", "-q", *[f"--ignore={p}" for p in ignore], *paths]
         cmd = guest_pytest_command(
-            args, node=node, nodes=self.topology.nodes, topology=self.topology
+            args,
+            node=node,
+            nodes=session.topology.nodes,
+            topology=session.topology,
+            driver=session.settings.driver,
         )
-        with cluster.connect(node) as conn:
+        with session.nodes[node].connect() as conn:
             parser = collect_over(conn, cmd, "guest", timeout=300)
         self._collections[key] = parser
         return parser
@@ -363,7 +405,8 @@ class GuestRun:
         self.session = session
         self.ping_after_s = ping_after_s
         self.ping_timeout_s = ping_timeout_s
-        self.cluster = session.boot()
+        booted = session.boot()
+        self.cluster = booted.cluster
         self.nodeids = nodeids
         self.node = node
         self.parser = EventParser()
@@ -371,9 +414,14 @@ class GuestRun:
         self.done = threading.Event()
         self.lock = threading.Lock()
         self.stderr_log = session.logdir / f"node{node}.guest-pytest.log"
-        self.conn = self.cluster.connect(node)
+        self.conn = booted.nodes[node].connect()
         cmd = guest_pytest_command(
-            nodeids, node=node, nodes=session.topology.nodes, topology=session.topology, junit=junit
+            nodeids,
+            node=node,
+            nodes=booted.topology.nodes,
+            topology=booted.topology,
+            junit=junit,
+            driver=booted.settings.driver,
         )
         self.exit_status: int | None = None
         self.fatal: BaseException | None = None

@@ -1,12 +1,8 @@
 """Drive the measurements on nodes, independent of how commands reach them.
 
-The caller supplies two callables (SSH to QEMU guests, SSH to real UB hosts, or a local
-subprocess):
-
-    run(node: int, argv: Sequence[str]) -> (returncode, stdout, stderr)
-    copy(node: int, local: Path, remote: str) -> None
-
-and `run_cluster_bench(run, copy, nodes, env)` compiles memprobe.c on the nodes, measures
+The caller supplies the nodes (:class:`obmm.testbed.node.Node`: QEMU guests, real UB hosts, or
+this machine, :class:`obmm.bench.local.LocalNode`), and `run_cluster_bench(nodes, env)`
+compiles memprobe.c on the nodes, measures
 local memory (the baseline), the control path, a loopback import and (with two nodes or more)
 a cross-node import where node 1 reads node 0's export, cacheable and O_SYNC, and returns a
 `Run`.
@@ -29,15 +25,15 @@ import json
 import logging
 import os
 import shlex
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from obmm.bench import controlpath
+from obmm.bench.local import LocalNode
 from obmm.bench.probe import (
     CFLAGS,
     INTERLEAVED_TESTS,
@@ -54,10 +50,11 @@ from obmm.bench.probe import (
 from obmm.bench.results import Environment, Figure, Run, cpu_model_from_cpuinfo, now_iso
 from obmm.testbed.errors import TestbedError
 
+if TYPE_CHECKING:
+    from obmm.testbed.node import Node
+
 log = logging.getLogger(__name__)
 
-RunFn = Callable[[int, Sequence[str]], tuple[int, str, str]]
-CopyFn = Callable[[int, Path, str], None]
 SayFn = Callable[[str], None]
 
 GRANULE = 2 << 20
@@ -69,39 +66,6 @@ REMOTE_TESTS = "verify,engram,read,write"
 
 GUEST_PYTHON = ("env", "PYTHONPATH=/opt/obmm-testbed/pylib", "python3")
 COMMAND_TIMEOUT_S = 900.0
-
-
-class ResultLike(Protocol):
-    """What a connection's run() returns (obmm.testbed.ssh.Result has these)."""
-
-    @property
-    def exit_status(self) -> int: ...
-    @property
-    def out(self) -> str: ...
-    @property
-    def err(self) -> str: ...
-
-
-class ConnectionLike(Protocol):
-    """A connection to one node (obmm.testbed.ssh.Connection has this shape)."""
-
-    def run(self, command: str, *, timeout: float) -> ResultLike: ...
-    def put(self, local: Path, remote: str) -> None: ...
-
-
-def callables_for(
-    connections: dict[int, ConnectionLike], timeout: float = COMMAND_TIMEOUT_S
-) -> tuple[RunFn, CopyFn]:
-    """run/copy callables over per-node connections (node index -> connection)."""
-
-    def run(node: int, argv: Sequence[str]) -> tuple[int, str, str]:
-        res = connections[node].run(shlex.join(argv), timeout=timeout)
-        return res.exit_status, res.out, res.err
-
-    def copy(node: int, local: Path, remote: str) -> None:
-        connections[node].put(local, remote)
-
-    return run, copy
 
 
 class BenchError(TestbedError, RuntimeError):
@@ -142,17 +106,20 @@ def _round_granule(n: int) -> int:
 
 
 class Nodes:
-    """The run/copy callables with error handling and a log of each command."""
+    """The nodes, with error handling and a log of each command."""
 
-    def __init__(self, run: RunFn, copy: CopyFn, config: BenchConfig, say: SayFn) -> None:
-        self._run = run
-        self._copy = copy
+    def __init__(self, nodes: Sequence[Node], config: BenchConfig, say: SayFn) -> None:
+        self.nodes = list(nodes)
         self.config = config
         self.say = say
 
     def run(self, node: int, argv: Sequence[str]) -> tuple[int, str, str]:
         log.debug("node %d: %s", node, shlex.join(argv))
-        return self._run(node, argv)
+        res = self.nodes[node].run(shlex.join(argv), timeout=COMMAND_TIMEOUT_S, bare=True)
+        return res.exit_status, res.out, res.err
+
+    def _copy(self, node: int, local: Path, remote: str) -> None:
+        self.nodes[node].put(local, remote)
 
     def check(self, node: int, argv: Sequence[str]) -> str:
         rc, out, err = self.run(node, argv)
@@ -396,14 +363,12 @@ def _all_interleaved(
 
 
 def run_cluster_bench(
-    run: RunFn,
-    copy: CopyFn,
-    nodes: int,
+    node_list: Sequence[Node],
     env: Environment,
     config: BenchConfig | None = None,
     say: SayFn | None = None,
 ) -> Run:
-    """Every data-path, Engram and control-path figure on a cluster of `nodes` nodes.
+    """Every data-path, Engram and control-path figure on the nodes of a cluster.
 
     `env` is completed with node 0's kernel and CPU (the host's go to env.extra).
     Raises BenchError only when memprobe cannot be built; everything else that fails becomes a
@@ -411,7 +376,8 @@ def run_cluster_bench(
     """
     cfg = config or BenchConfig()
     say = say or log.info
-    n = Nodes(run, copy, cfg, say)
+    n = Nodes(node_list, cfg, say)
+    nodes = len(node_list)
     used = [0, 1] if nodes >= 2 else [0]
     for node in used:
         say(f"building memprobe on node {node}")
@@ -456,12 +422,6 @@ def run_cluster_bench(
     return result
 
 
-def local_run(_node: int, argv: Sequence[str]) -> tuple[int, str, str]:
-    """A RunFn for this machine."""
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=3600)
-    return proc.returncode, proc.stdout, proc.stderr
-
-
 def run_local_bench(
     env: Environment,
     settings: ProbeSettings | None = None,
@@ -486,10 +446,7 @@ def run_local_bench(
         binary = compile_local(Path(tmp))
         cfg.workdir = str(binary.parent)
 
-        def copy(_node: int, local: Path, remote: str) -> None:
-            Path(remote).write_bytes(local.read_bytes())
-
-        n = Nodes(local_run, copy, cfg, say)
+        n = Nodes([LocalNode()], cfg, say)
         result.add(n.probe(0, ["--local", str(region)], "local", ALL_TESTS, baseline=None))
         fd, path = tempfile.mkstemp(prefix="obmm-bench-", dir=shm)
         os.close(fd)

@@ -1,6 +1,6 @@
-"""The runner against a fake cluster: nodes are this host, OBMM regions are files.
+"""The measurements against a fake cluster: nodes are this host, OBMM regions are files.
 
-The fake `run` executes memprobe and gcc for real, answers the `obmm.bench.regions` and
+The fake nodes' `run` executes memprobe and gcc for real, answers the `obmm.bench.regions` and
 `obmm.bench.controlpath` helpers from a table of regions, and points `/dev/obmm_shmdev<id>` of
 an import at its export's file, so what node 1 reads is what node 0 filled.
 """
@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
 from obmm.bench import controlpath
+from obmm.bench.local import LocalNode
+from obmm.bench.measure import BenchConfig, BenchError, run_cluster_bench, run_local_bench
 from obmm.bench.probe import ProbeSettings
 from obmm.bench.report import write_run
 from obmm.bench.results import Environment
-from obmm.bench.runner import BenchConfig, BenchError, run_cluster_bench, run_local_bench
+from obmm.testbed.ssh import Result
 
 pytestmark = pytest.mark.needs_gcc
 
@@ -51,6 +55,9 @@ class FakeCluster:
         self.exports: dict[int, Path] = {}
         self.imports: dict[int, int] = {}  # import id -> export id
         self.log: list[tuple[int, list[str]]] = []
+
+    def nodes(self, count: int) -> list[FakeNode]:
+        return [FakeNode(self, i) for i in range(count)]
 
     def copy(self, node: int, local: Path, remote: str) -> None:
         Path(remote).parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +125,21 @@ class FakeCluster:
         return proc.returncode, proc.stdout, proc.stderr
 
 
+class FakeNode(LocalNode):
+    """A node of the fake cluster: its commands go to FakeCluster.run (argv), files to copy."""
+
+    def __init__(self, cluster: FakeCluster, index: int) -> None:
+        super().__init__(index)
+        self.cluster = cluster
+
+    def run(self, command: str, **kw: Any) -> Result:
+        rc, out, err = self.cluster.run(self.index, shlex.split(command))
+        return Result(command, rc, out.encode(), err.encode(), 0.0)
+
+    def put(self, local: Path, remote: str | PurePosixPath, *, timeout: float = 300.0) -> None:
+        self.cluster.copy(self.index, local, str(remote))
+
+
 def env() -> Environment:
     return Environment.collect_host(accelerator="tcg", node_count=2)
 
@@ -131,7 +153,7 @@ def config(tmp_path: Path) -> BenchConfig:
 
 def test_two_nodes_every_source(tmp_path: Path, config: BenchConfig) -> None:
     fake = FakeCluster(tmp_path)
-    run = run_cluster_bench(fake.run, fake.copy, 2, env(), config, say=lambda _m: None)
+    run = run_cluster_bench(fake.nodes(2), env(), config, say=lambda _m: None)
     names = {f.name for f in run.figures if f.ok}
     for src in ("local", "loopback", "loopback-sync", "cross-node", "cross-node-sync"):
         assert f"data.chase.{src}.256KiB" in names, src
@@ -179,7 +201,7 @@ def test_two_nodes_every_source(tmp_path: Path, config: BenchConfig) -> None:
 def test_one_node_records_why_cross_node_is_missing(tmp_path: Path, config: BenchConfig) -> None:
     config.sync = False
     fake = FakeCluster(tmp_path)
-    run = run_cluster_bench(fake.run, fake.copy, 1, env(), config, say=lambda _m: None)
+    run = run_cluster_bench(fake.nodes(1), env(), config, say=lambda _m: None)
     cross = run.figure("data.cross-node")
     assert cross is not None
     assert cross.skipped == "one node: cross-node import needs a second node"
@@ -191,7 +213,7 @@ def test_one_node_records_why_cross_node_is_missing(tmp_path: Path, config: Benc
 
 def test_failed_import_is_recorded_and_cleaned_up(tmp_path: Path, config: BenchConfig) -> None:
     fake = FakeCluster(tmp_path, fail_import=True)
-    run = run_cluster_bench(fake.run, fake.copy, 2, env(), config, say=lambda _m: None)
+    run = run_cluster_bench(fake.nodes(2), env(), config, say=lambda _m: None)
     for src in ("loopback", "loopback-sync", "cross-node", "cross-node-sync"):
         fig = run.figure(f"data.{src}")
         assert fig is not None and fig.skipped is not None
@@ -203,7 +225,7 @@ def test_failed_import_is_recorded_and_cleaned_up(tmp_path: Path, config: BenchC
 def test_region_capped_by_the_pool(tmp_path: Path, config: BenchConfig) -> None:
     config.sync = False
     fake = FakeCluster(tmp_path, pool=3 << 20)
-    run = run_cluster_bench(fake.run, fake.copy, 1, env(), config, say=lambda _m: None)
+    run = run_cluster_bench(fake.nodes(1), env(), config, say=lambda _m: None)
     assert f"data-path region capped to the free pool: {2 << 20} bytes" in run.notes
     local = [a for n, a in fake.log if "--local" in a]
     assert local[0][local[0].index("--local") + 1] == str(2 << 20)
@@ -213,7 +235,7 @@ def test_compile_failure_is_fatal(tmp_path: Path, config: BenchConfig) -> None:
     config.cc = "false"
     fake = FakeCluster(tmp_path)
     with pytest.raises(BenchError, match="exited 1"):
-        run_cluster_bench(fake.run, fake.copy, 1, env(), config, say=lambda _m: None)
+        run_cluster_bench(fake.nodes(1), env(), config, say=lambda _m: None)
 
 
 def test_local_only_run(tmp_path: Path) -> None:
