@@ -51,12 +51,14 @@ dist: setup-python
 	$(PY) -m build --wheel --outdir dist .
 	@ls -l dist/*.whl
 
-# make test: lint and the host suite beside the image and module builds (the host suite leaves
-# about a third of the machine idle, and mmdebstrap mostly one core), then qemu-test, then
-# testbed-test beside hw-proof.  A failing part stops the run after its side-by-side step.
+# make test: lint and the host suite beside the image and module builds, then patch-check (the
+# host suite leaves about a third of the machine idle, and mmdebstrap mostly one core), then
+# qemu-test, then testbed-test beside hw-proof.  A failing part stops the run after its
+# side-by-side step.
 test: setup-python
 	@$(SIDE_BY_SIDE) 'host=$(MAKE) --no-print-directory lint host-test' \
-		'build=$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse'
+		'build=$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse' \
+		'build+=$(MAKE) --no-print-directory patch-check'
 	@$(MAKE) --no-print-directory qemu-test
 	@$(MAKE) --no-print-directory testbed-and-hw-proof
 

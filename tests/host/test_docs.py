@@ -203,3 +203,51 @@ def test_checker_reports_references_into_the_shared_reference(tmp_path: Path) ->
 )  # fmt: skip
 def test_slug_follows_github(heading: str, anchor: str) -> None:
     assert slug(heading) == anchor
+
+
+# The README is documentation, not a log: the two commands open it, the architecture follows
+# within the first screen, and no dated measurement is left in its prose (figures come from
+# `make bench`). A date, a clock time or "measured here" is what a diary entry looks like.
+FIRST_SCREEN_LINES = 60
+DIARY = re.compile(
+    r"\b20\d\d-\d\d-\d\d\b|\b\d{1,2}:\d\d\b(?! *[|`])|[Mm]easured here|on this machine"
+    r"|[Ee]arlier that day|that night|this session"
+)
+
+
+def readme_shape_problems(text: str) -> list[str]:
+    lines = text.splitlines()
+    problems = []
+    opening = "\n".join(lines[:12])
+    for command in ("make setup", "make test"):
+        if command not in opening:
+            problems.append(f"`{command}` is not in the README's first lines")
+    headings = [i for i, line in enumerate(lines) if line.startswith("## Architecture")]
+    if not headings or headings[0] >= FIRST_SCREEN_LINES:
+        problems.append(f"no '## Architecture' within the first {FIRST_SCREEN_LINES} lines")
+    in_fence = False
+    for number, line in enumerate(lines, 1):
+        if FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        match = None if in_fence else DIARY.search(CODE_SPAN.sub("", line))
+        if match:
+            problems.append(f"README.md:{number}: dated narrative {match.group(0)!r}")
+    return problems
+
+
+def test_readme_is_documentation_not_a_diary() -> None:
+    assert readme_shape_problems((REPO / "README.md").read_text()) == []
+
+
+def test_readme_shape_check_finds_a_diary() -> None:
+    diary = (
+        "# x\n\nsome words\n\n## Usage\n\nMeasured here on 2026-12-01 at 19:00: 435 s.\n"
+        "```\nat 10:00 in a code block is fine\n```\n"
+    )
+    assert readme_shape_problems(diary) == [
+        "`make setup` is not in the README's first lines",
+        "`make test` is not in the README's first lines",
+        "no '## Architecture' within the first 60 lines",
+        "README.md:7: dated narrative 'Measured here'",
+    ]
