@@ -563,6 +563,7 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	enum obmm_mmap_mode mode;
 	struct obmm_vmap *vm;
 	pgprot_t prot;
+	u8 state;
 	int ret;
 
 	if (!(vma->vm_flags & VM_MAYSHARE))
@@ -627,11 +628,10 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	}
 
 	/* Its entries' access; cacheable ones are counted as the real driver. */
+	state = obmm_mem_state_of(vma->vm_flags, mode == OBMM_MMAP_MODE_CACHEABLE);
 	vm = obmm_vmap_new(r, offset >> obmm_granu_shift(granu),
 			   len >> obmm_granu_shift(granu), obmm_granu_shift(granu),
-			   obmm_mem_state_of(vma->vm_flags,
-					     mode == OBMM_MMAP_MODE_CACHEABLE),
-			   mode == OBMM_MMAP_MODE_CACHEABLE);
+			   state, mode == OBMM_MMAP_MODE_CACHEABLE);
 	if (IS_ERR(vm)) {
 		ret = PTR_ERR(vm);
 		goto out;
@@ -649,6 +649,15 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 			    r->id, ERR_PTR(ret));
 		goto out;
 	}
+	/*
+	 * PROT_NONE: no page-table entry at all.  Once an UPDATE_RANGE gives
+	 * another part of the VMA access, the core would take these for NUMA
+	 * hinting entries and make them accessible; without them a touch
+	 * reaches .fault, which refuses it.
+	 */
+	if (!obmm_state_reader(state) &&
+	    !(OBMM_PMD_HUGE && granu == OBMM_MMAP_GRANU_PMD))
+		zap_vma_ptes(vma, vma->vm_start, len);
 	/* Only a counted mapping gets the close hook. */
 	vma->vm_private_data = vm;
 	vma->vm_ops = &obmm_vm_ops;

@@ -156,3 +156,42 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
         assert xc.run(i, "ls -d /tmp/obmm-xnode.* 2>/dev/null; true").out == ""
         assert _modules(xc, i) == modules_before[i]
     assert (Path(results) / "cluster" / "skipped.txt").read_text().count("\n") == len(emulator_only)
+
+
+@pytest.mark.hw_proof
+def test_scheme7_bench_runs_on_the_hardware_stage_hosts(
+    cluster: Session, xc: ClusterHarness, window_table: str, tmp_path: Path
+) -> None:
+    """`bench --scheme7 --hw` goes through the stage's configuration, pre-flight and decoder
+    hook like the suites: node 0 exports and fills, node 1 imports through the site's window
+    table and runs the seed's client, cacheable and O_SYNC, each beside local memory; the
+    package is gone from the hosts afterwards and no region is left."""
+    argv = [sys.executable, "-m", "obmm.bench", "--scheme7", "--hw", "--hw-qemu", cluster.name,
+            "--quick", "--out", str(tmp_path), "--name", "r", "--no-plots"]  # fmt: skip
+    env = dict(_clean_env(), OBMM_DECODER=f"file:{window_table}", HW_CONNECT_TIMEOUT="90")
+    proc = subprocess.run(
+        argv,
+        cwd=repo_root(),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=STAGE_TIMEOUT_S,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-8000:]
+    doc = json.loads((tmp_path / "r" / "results.json").read_text())
+    figs = {f["name"]: f for f in doc["figures"]}
+    for src in ("cross-node", "cross-node-sync"):
+        for bench in ("bench1.row", "bench2.batch32", "bench3.128tok"):
+            fig = figs[f"scheme7.{bench}.{src}"]
+            assert fig["skipped"] is None and len(fig["samples"]) == 50, (bench, src)
+            assert fig["baseline"] == f"scheme7.{bench}.{src}-local"
+            assert fig["paired_ratio"] is not None
+    ports = ",".join(f"root@127.0.0.1:{n.ssh_port}" for n in cluster.cluster.nodes[:2])
+    assert doc["environment"]["extra"]["hw_hosts"] == ports
+    assert cluster.name in doc["environment"]["extra"]["hw_stand_in"]
+    for i in range(2):
+        assert xc.run(i, "ls -d /tmp/obmm-bench.* 2>/dev/null; true").out == ""
+        regions = xc.py_json(i, "import json, os; print(json.dumps(sorted(os.listdir('/dev'))))")
+        assert not [r for r in regions if r.startswith("obmm_shmdev")], regions

@@ -116,3 +116,26 @@ def test_main_exit_status_and_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     # the other way round, the better run's figures regress
     assert compare.main([str(better), str(old), "--threshold", "0.05"]) == 1
     assert compare.main([str(old), str(tmp_path / "missing")]) == 2
+
+
+def test_side_by_side_puts_each_runs_median_and_own_ratio_in_one_table(tmp_path: Path) -> None:
+    qemu = make_run("aaa", 12.0, 18.0)
+    hw = make_run("bbb", 40.0, 10.0)
+    hw.env.accelerator = "hardware"
+    hw.env.extra["hw_hosts"] = "root@ub1,root@ub2"
+    hw.figures = [f for f in hw.figures if f.name != "data.read.cross-node"]
+    text = compare.side_by_side([qemu, hw], prefix="data.")
+    lines = text.splitlines()
+    assert lines[0].split() == [
+        "figure", "kvm", "h", "(aaa)", "x", "baseline",
+        "hardware", "root@ub1,root@ub2", "(bbb)", "x", "baseline",
+    ]  # fmt: skip
+    row = next(ln for ln in lines if ln.startswith("data.load.cross-node"))
+    assert row.split() == ["data.load.cross-node", "12", "ns", "x1.20", "40", "ns", "x4.00"]
+    row = next(ln for ln in lines if ln.startswith("data.read.cross-node"))
+    assert row.split()[-2:] == ["-", "-"]  # not in the hardware run
+    assert not any(ln.startswith("control.") for ln in lines)  # --prefix
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_run(qemu, a.parent, name="a", plots=False)
+    write_run(hw, b.parent, name="b", plots=False)
+    assert compare.main([str(a), str(b), "--side-by-side"]) == 0  # never a verdict

@@ -213,7 +213,8 @@ def test_parse_sizes() -> None:
     ]
 
 
-def test_pool_free_and_node_id(tmp_path: Path) -> None:
+def test_pool_free_and_node_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OBMM_NODE_ID", raising=False)
     assert regions.pool_free(tmp_path / "missing") is None
     for name, total, used in (("obmm-0", 0x4000000, 0x400000), ("obmm-1", 0x200000, 0)):
         d = tmp_path / name
@@ -224,6 +225,10 @@ def test_pool_free_and_node_id(tmp_path: Path) -> None:
     (tmp_path / "node_id").write_text("3\n")
     assert regions.node_id(tmp_path / "node_id") == 3
     assert regions.node_id(tmp_path / "nope") == 0
+    # a hardware host: no obmm_emu, its number from the stage's environment
+    monkeypatch.setenv("OBMM_NODE_ID", "1")
+    assert regions.node_id(tmp_path / "nope") == 1
+    assert regions.node_id(tmp_path / "node_id") == 3  # the emulator's own wins
 
 
 def test_baseline_larger_than_available_memory_is_skipped_not_populated(

@@ -8,6 +8,7 @@ an import at its export's file, so what node 1 reads is what node 0 filled.
 from __future__ import annotations
 
 import json
+import mmap
 import re
 import shlex
 import shutil
@@ -18,9 +19,16 @@ from typing import Any
 
 import pytest
 
-from obmm.bench import controlpath
+from obmm.bench import controlpath, scheme7
 from obmm.bench.local import LocalNode
-from obmm.bench.measure import BenchConfig, BenchError, run_cluster_bench, run_local_bench
+from obmm.bench.measure import (
+    BenchConfig,
+    BenchError,
+    clock_check,
+    run_cluster_bench,
+    run_local_bench,
+    run_scheme7_bench,
+)
 from obmm.bench.probe import ProbeSettings
 from obmm.bench.report import write_run
 from obmm.bench.results import Environment
@@ -43,6 +51,8 @@ TINY = ProbeSettings(
     interleave_samples=3,
     interleave_chase_loads=5000,
     interleave_best_of=2,
+    interleave_engram_iters=4,
+    interleave_engram_small_rows=20,
 )
 
 
@@ -99,6 +109,31 @@ class FakeCluster:
             return self._json({"released": int(args[1])})
         raise AssertionError(args)
 
+    def _scheme7(self, node: int, args: list[str]) -> tuple[int, str, str]:
+        """The node-side scheme-7 steps on the region's file (its shmdev stands for it)."""
+        cmd, mem_id = args[0], int(args[1])
+        rows, dim = (int(args[args.index(o) + 1]) for o in ("--rows", "--dim"))
+        path = Path(self._path_of(mem_id))
+        size = scheme7.table_bytes(rows, dim)
+        if cmd == "fill":
+            with path.open("r+b") as f:
+                f.truncate(max(size, path.stat().st_size))
+                with mmap.mmap(f.fileno(), size) as m:
+                    scheme7.fill(memoryview(m), rows, dim)
+            return self._json({"kind": "scheme7-fill", "bytes": size})
+        with path.open("r+b") as f, mmap.mmap(f.fileno(), size) as m:
+            view = memoryview(m)
+            try:
+                iters = int(args[args.index("--iters") + 1])
+                results = scheme7.measure(view, rows, dim, iters, seed=1)
+            except ValueError as exc:
+                return 1, json.dumps({"error": str(exc)}) + "\n", ""
+            finally:
+                view.release()
+        source = args[args.index("--source") + 1]
+        figs = scheme7.figures(source, results, "sync" if "--sync" in args else "cacheable")
+        return self._json({"kind": "scheme7", "figures": [f.to_dict() for f in figs]})
+
     def _path_of(self, mem_id: int) -> str:
         return str(self.exports[self.imports.get(mem_id, mem_id)])
 
@@ -107,6 +142,8 @@ class FakeCluster:
         self.log.append((node, argv))
         if argv[:3] == ["python3", "-m", "obmm.bench.regions"]:
             return self._regions(node, argv[3:])
+        if argv[:3] == ["python3", "-m", "obmm.bench.scheme7"]:
+            return self._scheme7(node, argv[3:])
         if argv[:3] == ["python3", "-m", "obmm.bench.controlpath"]:
             res = controlpath.SizeResult(2 << 20)
             for op in (*controlpath.OPS, *controlpath.BASE_OPS):
@@ -159,23 +196,40 @@ def test_two_nodes_every_source(tmp_path: Path, config: BenchConfig) -> None:
         assert f"data.chase.{src}.256KiB" in names, src
         assert f"data.load.{src}" in names, src
         assert f"data.read.{src}" in names
-        assert f"engram.prefetch.{src}.128tok" in names
-    # an import's latency figures pair with local memory measured in the same process
+    # Engram is measured only beside local memory in the same process: no figure of it is
+    # compared with local memory measured by another process (or another node)
+    assert not any(n.startswith("engram.") and ".local." in n for n in names)
+    # an import's Engram, chase and load figures pair with local memory measured in the same
+    # process, sample by sample
     for src in ("loopback", "loopback-sync", "cross-node", "cross-node-sync"):
-        for test in ("chase.{}.256KiB", "load.{}"):
-            page = run.figure("data." + test.format(src))
-            pmd = run.figure("data." + test.format(f"{src}-pmd"))
-            assert page is not None and pmd is not None
-            assert page.baseline == "data." + test.format(f"{src}-local")
-            assert pmd.baseline == "data." + test.format(f"{src}-local-thp")
-            assert run.ratio(page) is not None and run.ratio(pmd) is not None
+        for fmt in ("data.chase.{}.256KiB", "data.load.{}", "engram.prefetch.{}.128tok"):
+            page = run.figure(fmt.format(src))
+            pmd = run.figure(fmt.format(f"{src}-pmd"))
+            thp = run.figure(fmt.format(f"{src}-local-thp"))
+            assert page is not None and pmd is not None and thp is not None, fmt.format(src)
+            assert page.baseline == fmt.format(f"{src}-local")
+            assert pmd.baseline == fmt.format(f"{src}-local-thp")
+            assert thp.baseline == fmt.format(f"{src}-local")
+            for fig in (page, pmd, thp):
+                assert run.ratio(fig) is not None
+                paired = run.paired_ratios(fig)
+                assert paired is not None and len(paired) == len(fig.samples)
+        # the same copies from small tables, beside the same baselines; no fault while timed
+        for sfx, base in (("", "-local"), ("-pmd", "-local-thp")):
+            fig = run.figure(f"engram.small_tables.{src}{sfx}.128tok")
+            assert fig is not None and fig.ok, src + sfx
+            assert fig.baseline == f"engram.small_tables.{src}{base}.128tok"
+            assert run.paired_ratios(fig) is not None
+        prefetch = run.figure(f"engram.prefetch.{src}.128tok")
+        assert prefetch is not None and prefetch.params["faults"] == 0
     assert "control.export.2MiB" in names
     # every paired figure has its baseline in the same run
     for fig in run.figures:
         if fig.ok and fig.baseline:
             assert run.figure(fig.baseline) is not None, fig.name
     cross = run.figure("engram.prefetch.cross-node.128tok")
-    assert cross is not None and run.ratio(cross) is not None
+    assert cross is not None and len(cross.samples) == TINY.interleave_engram_iters
+    assert run.figure("engram.prefetch.cross-node-sync.128tok") is not None
     # memprobe was built on both nodes; node 0 filled, node 1 measured the cross-node import
     assert {n for n, a in fake.log if a[0] == "gcc"} == {0, 1}
     probes = [(n, a) for n, a in fake.log if a[0].endswith("/memprobe")]
@@ -249,3 +303,58 @@ def test_local_only_run(tmp_path: Path) -> None:
     loop = run.figure("data.loopback")
     assert loop is not None and loop.skipped == "host-only run (--local-only): no VM"
     assert list(tmp_path.iterdir()) == []  # the shared file is removed
+
+
+def test_clock_check_flags_a_node_whose_clock_runs_off_the_host() -> None:
+    """A node that calibrated its TSC wrong keeps a wrong clock: every time it measures is off
+    by that factor.  The rate is the node's uptime over the host's time between two reads."""
+    start = {0: (100.0, 50.0), 1: (100.0, 60.0), 2: None}
+    end = {0: (120.0, 70.1), 1: (120.0, 206.0), 2: (120.0, 1.0)}
+    note, warnings = clock_check(start, end)
+    assert note == "node clocks against the host's over 20 s: node 0 x1.005, node 1 x7.300"
+    assert len(warnings) == 1 and warnings[0].startswith("node 1's clock ran at x7.30")
+    # too short a span says nothing (SSH round trips)
+    note, warnings = clock_check({0: (0.0, 0.0)}, {0: (2.0, 9.0)})
+    assert note.endswith("not measured") and warnings == []
+
+
+def test_cluster_run_notes_each_node_clock(tmp_path: Path, config: BenchConfig) -> None:
+    config.sync = False
+    fake = FakeCluster(tmp_path)
+    run = run_cluster_bench(fake.nodes(1), env(), config, say=lambda _m: None)
+    uptimes = [a for _n, a in fake.log if a == ["cat", "/proc/uptime"]]
+    assert len(uptimes) == 2  # read at the start and at the end
+    assert any(n.startswith("node clocks against the host's") for n in run.notes)
+
+
+def test_scheme7_node_0_fills_node_1_reads_cacheable_and_o_sync(
+    tmp_path: Path, config: BenchConfig
+) -> None:
+    config.scheme7_rows, config.scheme7_dim, config.scheme7_iters = 100, 16, 2
+    fake = FakeCluster(tmp_path)
+    run = run_scheme7_bench(fake.nodes(2), env(), config, say=lambda _m: None)
+    for src in ("cross-node", "cross-node-sync"):
+        for bench in ("bench1.row", "bench2.batch256", "bench3.128tok"):
+            fig = run.figure(f"scheme7.{bench}.{src}")
+            assert fig is not None and fig.ok, (bench, src)
+            assert fig.baseline == f"scheme7.{bench}.{src}-local"
+            assert run.paired_ratios(fig) is not None
+    steps = [(n, a[3:5]) for n, a in fake.log if a[:3] == ["python3", "-m", "obmm.bench.scheme7"]]
+    assert [(n, a[0]) for n, a in steps] == [(0, "fill"), (1, "client"), (1, "client")]
+    clients = [a for n, a in fake.log if a[3:4] == ["client"]]
+    assert "--sync" not in clients[0] and "--sync" in clients[1]
+    assert fake.exports == {} and fake.imports == {}  # released
+    assert any(n.startswith("scheme7: 100 x 16 fp32 table") for n in run.notes)
+
+
+def test_scheme7_unfilled_table_is_a_skipped_figure_with_the_reason(
+    tmp_path: Path, config: BenchConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that finds no table (the fill did not reach the import) records why."""
+    config.scheme7_rows, config.scheme7_dim, config.scheme7_iters, config.sync = 100, 16, 2, False
+    monkeypatch.setattr(scheme7, "fill", lambda buf, rows, dim: None)
+    fake = FakeCluster(tmp_path)
+    run = run_scheme7_bench(fake.nodes(2), env(), config, say=lambda _m: None)
+    fig = run.figure("scheme7.cross-node")
+    assert fig is not None and fig.skipped is not None and "row 42" in fig.skipped
+    assert fake.exports == {} and fake.imports == {}

@@ -288,6 +288,61 @@ def test_interleave_takes_samples_in_turn(memprobe: Path, tmp_path: Path) -> Non
     assert figs["data.load.c"].baseline == "data.load.a"
 
 
+def test_interleave_engram_same_tables_every_source(memprobe: Path, tmp_path: Path) -> None:
+    """--interleave with engram: the process writes the tables into every source (a file
+    shows what it wrote), checks each, and gives every source one sample per round, each the
+    fastest of --best-of prefetches; the figures pair sample by sample with the baseline."""
+    f = tmp_path / "f"
+    spec = f"a=anon,b=anon-thp,c=file:{f}"
+    proc = run(
+        memprobe,
+        *("--interleave", spec, "--length", "2M", "--tests", "engram"),
+        *("--engram-rows", str(ROWS), "--engram-iters", "6", "--best-of", "3"),
+        *("--engram-small-rows", "10"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(ln) for ln in proc.stdout.splitlines()]
+    verify = [ln for ln in lines if ln["kind"] == "verify"]
+    assert [(v["source"], v["ok"]) for v in verify] == [("a", True), ("b", True), ("c", True)]
+    samples = [ln for ln in lines if ln["kind"] == "sample"]
+    assert [s["test"] for s in samples] == ["engram"] * 18 + ["engram-small"] * 18
+    assert [s["source"] for s in samples] == ["a", "b", "c"] * 12
+    # no page fault while timed: every page of every source was mapped before
+    info = {k: v for ln in lines if ln["kind"] == "info" for k, v in ln.items()}
+    assert info["engram_faults"] == 0 and info["engram-small_faults"] == 0
+    assert all(s["value"] > 0 and s["rows_per_s"] > 0 for s in samples)
+    env = next(ln for ln in lines if ln["kind"] == "env")
+    assert env["best_of"] == 3
+    # the file holds the pattern the process wrote: float i = i * 0.001, row 42 of table 3
+    data = f.read_bytes()
+    off = (3 * ROWS + 42) * ENGRAM_ROW_BYTES
+    got = struct.unpack_from(f"<{FLOATS_PER_ROW}f", data, off)
+    first = (3 * ROWS + 42) * FLOATS_PER_ROW
+    want = [struct.unpack("<f", struct.pack("<f", (first + i) * 0.001))[0] for i in range(3)]
+    assert list(got[:3]) == want
+    outs = parse_output(proc.stdout).by_source()
+    figs = {
+        x.name: x for x in figures_from_probe(outs["c"], "c", baseline_source="a", interleaved=True)
+    }
+    fig = figs["engram.prefetch.c.128tok"]
+    assert fig.baseline == "engram.prefetch.a.128tok"
+    assert fig.params["interleaved"] is True and len(fig.samples) == 6
+    assert fig.params["faults"] == 0
+    assert "fastest of 3 prefetches" in fig.note
+    small = figs["engram.small_tables.c.128tok"]
+    assert small.baseline == "engram.small_tables.a.128tok" and len(small.samples) == 6
+    assert "the first 10 rows of each table" in small.note
+
+
+def test_interleave_sync_kinds_need_a_path(memprobe: Path, tmp_path: Path) -> None:
+    """shmdev-sync / shmdev-pmd-sync are kinds of their own (O_SYNC for that source only)."""
+    for kind in ("shmdev-sync", "shmdev-pmd-sync"):
+        proc = run(memprobe, "--interleave", f"a={kind}", "--length", "2M")
+        assert proc.returncode == 1, kind
+        proc = run(memprobe, "--interleave", f"a={kind}:{tmp_path / 'none'}", "--length", "2M")
+        assert proc.returncode == 2 and "No such file" in proc.stderr, kind
+
+
 @pytest.mark.parametrize(
     "spec", ["a", "a=bogus", "=anon", "a=shmdev", "a=anon:/x", ",".join(["a=anon"] * 7)]
 )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from obmm.bench import cluster_hook
+from obmm.bench.results import HOST_PAGES_KEY, Environment, Run
 from obmm.testbed.settings import Settings
 
 
@@ -127,3 +129,19 @@ def test_restore_figures_time_restores_against_the_cold_fast_boot(
     FakeCluster.restored_from = None
     with pytest.raises(RuntimeError, match="booted cold"):
         cluster_hook.restore_figures(Settings(), [2], 1, lambda _m: None)
+
+
+def test_the_host_page_size_of_the_nodes_memory_is_noted() -> None:
+    """How the host maps a process's memory (here this one's), as the bench notes it for the
+    nodes' QEMU processes: kB on 2 MiB pages of all they map."""
+    run = Run(env=Environment.collect_host())
+    cluster_hook.note_host_pages(run, [os.getpid()])
+    pmd, _, rest = run.env.extra[HOST_PAGES_KEY].partition(" of ")
+    assert int(pmd) >= 0 and rest.endswith(" kB") and int(rest.split()[0]) > 0
+    assert run.notes == [
+        f"host: the nodes' QEMU processes map {run.env.extra[HOST_PAGES_KEY]} with 2 MiB pages "
+        "(the rest with 4 KiB pages)"
+    ]
+    gone = Run(env=Environment.collect_host())
+    cluster_hook.note_host_pages(gone, [2**22 + 7])  # no such process: nothing claimed
+    assert gone.notes == [] and HOST_PAGES_KEY not in gone.env.extra

@@ -19,6 +19,7 @@ from obmm.bench.results import (
     ParamValue,
     Run,
     cpu_model_from_cpuinfo,
+    engram_section,
     fmt_value,
     percentile,
     size_label,
@@ -42,6 +43,10 @@ def env() -> Environment:
 
 def noisy(center: float, n: int, rng: random.Random) -> list[float]:
     return [center * (1 + rng.uniform(-0.1, 0.3)) for _ in range(n)]
+
+
+# an import's Engram prefetch time over its local baseline's, round by round
+ENGRAM_FACTORS = {"loopback": 1.0, "cross-node": 1.02, "cross-node-sync": 1.3}
 
 
 def synthetic_run() -> Run:
@@ -88,16 +93,32 @@ def synthetic_run() -> Run:
                 params={**params, "test": "load", "param": 4},
             )
         )
-        run.figures.append(
-            Figure(
-                name=f"engram.prefetch.{src}.128tok",
-                group="engram",
-                unit="ms",
-                samples=noisy(0.3 * factor, 50, rng),
-                baseline=bname("engram.prefetch", ".128tok"),
-                params={**params, "test": "engram", "param": 128},
+    # Engram: interleaved runs, each import beside local memory of both page sizes
+    for kind, factor in ENGRAM_FACTORS.items():
+        local = noisy(0.3, 40, rng)
+        thp = [v * 0.97 for v in local]
+        for source, base, samples in (
+            (f"{kind}-local", None, local),
+            (f"{kind}-local-thp", f"{kind}-local", thp),
+            (kind, f"{kind}-local", [v * factor for v in local]),
+            (f"{kind}-pmd", f"{kind}-local-thp", [v * factor for v in thp]),
+        ):
+            run.figures.append(
+                Figure(
+                    name=f"engram.prefetch.{source}.128tok",
+                    group="engram",
+                    unit="ms",
+                    samples=samples,
+                    baseline=f"engram.prefetch.{base}.128tok" if base else None,
+                    params={
+                        "source": source,
+                        "sync": kind.endswith("sync"),
+                        "test": "engram",
+                        "param": 128,
+                        "interleaved": True,
+                    },
+                )
             )
-        )
     results = []
     for size in controlpath.SIZES[:5]:
         res = controlpath.SizeResult(size)
@@ -204,15 +225,15 @@ def test_summary_table_has_ratio_and_published_section() -> None:
     text = summary_markdown(run)
     assert (
         "| figure | min | median | max | p99 | n | baseline | baseline min / median / max "
-        "| ratio |" in text
+        "| ratio | ratio per round min / median / max |" in text
     )
-    cross = run.figure("engram.prefetch.cross-node.128tok")
+    cross = run.figure("data.chase.cross-node.64MiB")
     assert cross is not None
     ratio = run.ratio(cross)
     assert ratio is not None
-    row = next(ln for ln in text.splitlines() if ln.startswith("| engram.prefetch.cross-node."))
-    assert row.endswith(f"| x{ratio:.2f} |")
-    assert "| engram.prefetch.local.128tok |" in row
+    row = next(ln for ln in text.splitlines() if ln.startswith("| data.chase.cross-node.64MiB"))
+    assert row.endswith(f"| x{ratio:.2f} | - |")  # not interleaved: no per-round ratio
+    assert "| data.chase.local.64MiB |" in row
     # the published figures are in their own, labelled section after this run's table
     assert text.index("## This run") < text.index(f"## {PUBLISHED_LABEL}")
     published = text[text.index(f"## {PUBLISHED_LABEL}") :]
@@ -260,3 +281,184 @@ def test_load_rejects_other_schema(tmp_path: Path) -> None:
     (tmp_path / "results.json").write_text(json.dumps({"schema": 99}))
     with pytest.raises(ValueError, match="schema"):
         Run.load(tmp_path)
+
+
+def test_engram_section_pairs_rounds_and_judges_each_variant() -> None:
+    """Every interleaved Engram variant against its same-process baseline: min / median / max
+    of both, the ratio of medians, the per-round ratios' min / median / max and the verdict."""
+    run = synthetic_run()
+    text = summary_markdown(run)
+    section = text[text.index("## Engram prefetch, side by side") : text.index("## This run")]
+    rows = {ln.split(" | ")[0][2:]: ln for ln in section.splitlines() if ln.startswith("| engram")}
+    assert len(rows) == 3 * len(ENGRAM_FACTORS)  # the 4 K local baseline has no row
+    for kind, factor in ENGRAM_FACTORS.items():
+        page = run.figure(f"engram.prefetch.{kind}.128tok")
+        base = run.figure(f"engram.prefetch.{kind}-local.128tok")
+        assert page is not None and base is not None
+        paired = run.paired_ratios(page)
+        assert paired == pytest.approx([factor] * 40)
+        row = rows[page.name]
+        assert f"| {base.name} |" in row
+        assert f"{fmt_value(page.minimum, 'ms')} / {fmt_value(page.median, 'ms')} / " in row
+        assert f"x{factor:.2f} / x{factor:.2f} / x{factor:.2f}" in row
+        assert row.endswith("| yes |" if factor <= 1.05 else "| **no** |")
+        pmd_row = rows[f"engram.prefetch.{kind}-pmd.128tok"]
+        assert f"| engram.prefetch.{kind}-local-thp.128tok |" in pmd_row
+        assert rows[f"engram.prefetch.{kind}-local-thp.128tok"].endswith("| (page size) |")
+    assert (
+        "Above x1.05 in this run: engram.prefetch.cross-node-sync.128tok, "
+        "engram.prefetch.cross-node-sync-pmd.128tok." in section
+    )
+    # no small-table figures in this run: nothing to tell where the time goes
+    assert (
+        "- engram.prefetch.cross-node-sync.128tok: x1.30; this run has no small-table figure"
+        in section
+    )
+    # what the run's own figures say: page size, and O_SYNC against cacheable
+    assert "- Page size: local memory with 2 MiB pages against 4 KiB pages" in section
+    assert "x0.97 (beside cross-node)" in section
+    assert "cross-node x1.02 cacheable, x1.30 O_SYNC" in section
+    # the JSON carries the per-round ratios too
+    doc = run.to_dict()
+    by_name = {f["name"]: f for f in doc["figures"]}
+    assert by_name["engram.prefetch.cross-node.128tok"]["paired_ratio"] == pytest.approx(
+        {"min": 1.02, "median": 1.02, "max": 1.02}
+    )
+    assert by_name["data.chase.cross-node.64MiB"]["paired_ratio"] is None
+
+
+def test_paired_ratios_need_the_same_rounds() -> None:
+    """Only figures measured interleaved with their baseline, with as many samples, pair."""
+    inter: dict[str, ParamValue] = {"interleaved": True}
+    run = Run(env=env())
+    run.add(
+        [
+            Figure("engram.prefetch.a-local.128tok", "engram", "ms", [1.0, 2.0], params=inter),
+            Figure(
+                "engram.prefetch.a.128tok",
+                "engram",
+                "ms",
+                [1.5, 2.0],
+                baseline="engram.prefetch.a-local.128tok",
+                params=inter,
+            ),
+            Figure(
+                "engram.prefetch.b.128tok",
+                "engram",
+                "ms",
+                [1.5],
+                baseline="engram.prefetch.a-local.128tok",
+                params=inter,
+            ),
+            Figure(
+                "engram.prefetch.c.128tok",
+                "engram",
+                "ms",
+                [1.5, 2.0],
+                baseline="engram.prefetch.a-local.128tok",
+            ),
+        ]
+    )
+    a, b, c = (run.figure(f"engram.prefetch.{x}.128tok") for x in "abc")
+    assert a is not None and b is not None and c is not None
+    assert run.paired_ratios(a) == [1.5, 1.0]
+    assert run.paired_ratio_stats(a) == {"min": 1.0, "median": 1.25, "max": 1.5}
+    assert run.paired_ratios(b) is None  # a sample short
+    assert run.paired_ratios(c) is None  # not interleaved
+
+
+def test_warnings_lead_the_summary_and_survive_the_json(tmp_path: Path) -> None:
+    run = synthetic_run()
+    run.warnings.append("node 1's clock ran at x7.30 of the host's")
+    outdir = write_run(run, tmp_path, name="w", plots=False)
+    text = (outdir / "summary.md").read_text()
+    assert text.index("## Warnings") < text.index("## Headline")
+    assert "- **node 1's clock ran at x7.30 of the host's**" in text
+    assert Run.load(outdir).warnings == run.warnings
+
+
+@pytest.mark.parametrize(
+    ("small_factor", "faults", "says"),
+    [
+        (1.0, 0, "the extra time comes with the pages a prefetch touches"),
+        (1.2, 0, "not explained by this run's figures"),
+        (1.0, 3, "not explained by this run's figures"),
+    ],
+)
+def test_a_variant_over_the_limit_is_explained_by_its_small_table_figure(
+    small_factor: float, faults: int, says: str
+) -> None:
+    """A variant above x1.05 whose copies from small tables (same process) are within it and
+    which took no fault while timed: the summary says the time comes with the pages touched."""
+    run = Run(env=env())
+    inter: dict[str, ParamValue] = {"interleaved": True, "test": "engram", "faults": faults}
+    for kind, factor in (("engram.prefetch", 1.07), ("engram.small_tables", small_factor)):
+        run.add(
+            [
+                Figure(f"{kind}.x-local-thp.128tok", "engram", "ms", [1.0, 1.1], params=inter),
+                Figure(
+                    f"{kind}.x-pmd.128tok",
+                    "engram",
+                    "ms",
+                    [factor, 1.1 * factor],
+                    baseline=f"{kind}.x-local-thp.128tok",
+                    params={**inter, "source": "x-pmd"},
+                ),
+            ]
+        )
+    section = "\n".join(engram_section(run))
+    row = next(ln for ln in section.splitlines() if ln.startswith("| engram.prefetch.x-pmd"))
+    assert row.endswith(f"| x1.07 | x1.07 / x1.07 / x1.07 | x{small_factor:.2f} | **no** |")
+    line = next(ln for ln in section.splitlines() if ln.startswith("- engram.prefetch.x-pmd"))
+    assert line.startswith(
+        f"- engram.prefetch.x-pmd.128tok: x1.07 from the whole tables, x{small_factor:.2f} from "
+        f"small tables (same process), {faults} page faults while timed: "
+    )
+    assert says in line
+
+
+def test_a_variant_over_the_limit_only_by_its_medians_says_so() -> None:
+    """Medians x1.30 apart while round k's two samples (taken back to back) are x1.04 apart at
+    the median: the summary says the gap came with the host's load, not with each prefetch."""
+    run = Run(env=env())
+    inter: dict[str, ParamValue] = {"interleaved": True, "test": "engram", "faults": 0}
+    for kind in ("engram.prefetch", "engram.small_tables"):
+        run.add(
+            [
+                Figure(f"{kind}.x-local.128tok", "engram", "ms", [1.0, 1.0, 1.25], params=inter),
+                Figure(
+                    f"{kind}.x.128tok",
+                    "engram",
+                    "ms",
+                    [1.0, 1.3, 1.3],
+                    baseline=f"{kind}.x-local.128tok",
+                    params={**inter, "source": "x"},
+                ),
+            ]
+        )
+    section = "\n".join(engram_section(run))
+    line = next(ln for ln in section.splitlines() if ln.startswith("- engram.prefetch.x.128tok"))
+    assert line.startswith("- engram.prefetch.x.128tok: x1.30 from the whole tables, x1.30 from")
+    assert "round by round the median ratio is x1.04, within the limit" in line
+    # when the rounds agree with the medians, nothing of the kind is said
+    section = "\n".join(engram_section(_run_with_pairs([1.0, 1.1], [1.07, 1.177])))
+    assert "round by round" not in section
+
+
+def _run_with_pairs(base: list[float], samples: list[float]) -> Run:
+    run = Run(env=env())
+    inter: dict[str, ParamValue] = {"interleaved": True, "test": "engram", "faults": 0}
+    run.add(
+        [
+            Figure("engram.prefetch.x-local.128tok", "engram", "ms", base, params=inter),
+            Figure(
+                "engram.prefetch.x.128tok",
+                "engram",
+                "ms",
+                samples,
+                baseline="engram.prefetch.x-local.128tok",
+                params={**inter, "source": "x"},
+            ),
+        ]
+    )
+    return run

@@ -2,7 +2,9 @@
 
     obmm-testbed bench --local-only [--out bench-results] [--full]   # host smoke run, no VM
     obmm-testbed bench [--nodes 2] [--quick]                         # needs a cluster hook
+    obmm-testbed bench --scheme7 [--quick] [--hw [--hosts ...]]      # the seed's client
     obmm-testbed bench-compare OLD NEW [--threshold 0.10] [--by-ratio]
+    obmm-testbed bench-compare QEMU_RUN HW_RUN --side-by-side [--prefix scheme7.]
 
 The cluster mode is `obmm.bench.cluster_hook.cluster_bench` (it boots the clusters, builds
 run/copy callables and calls `obmm.bench.measure.run_cluster_bench`); `obmm-testbed bench` and
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from obmm.bench import cluster_hook, compare
-from obmm.bench.measure import BenchConfig, run_local_bench
+from obmm.bench.measure import BenchConfig, BenchError, run_local_bench
 from obmm.bench.probe import ProbeSettings
 from obmm.bench.report import write_run
 from obmm.bench.results import Environment
@@ -32,6 +34,10 @@ def _print_summary(outdir: Path) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.hw and not args.scheme7:
+        raise BenchError("bench --hw runs only the scheme-7 benchmark: add --scheme7")
+    if args.local_only and args.scheme7:
+        raise BenchError("bench --scheme7 needs nodes with /dev/obmm: drop --local-only")
     if args.local_only:
         settings = ProbeSettings() if args.full else ProbeSettings.quick()
         if args.max_seconds is not None:
@@ -52,7 +58,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     argv = [str(args.old), str(args.new), "--threshold", str(args.threshold)]
-    return compare.main(argv + (["--by-ratio"] if args.by_ratio else []))
+    argv += ["--by-ratio"] if args.by_ratio else []
+    argv += ["--side-by-side", "--prefix", args.prefix] if args.side_by_side else []
+    return compare.main(argv)
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,6 +100,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("new", type=Path)
     c.add_argument("--threshold", type=float, default=0.10)
     c.add_argument("--by-ratio", action="store_true")
+    c.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="one table, each run's median and ratio to its own baseline, no verdict "
+        "(runs on different machines: the QEMU pair beside real UB hosts)",
+    )
+    c.add_argument("--prefix", default="", help="--side-by-side: only figures named so")
     c.set_defaults(func=_cmd_compare)
 
 

@@ -12,25 +12,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
+import shlex
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from obmm import envvars
 from obmm.bench.measure import (
     GUEST_PYTHON,
     BenchConfig,
+    BenchError,
+    SayFn,
     make_testbed_figure,
     run_cluster_bench,
+    run_scheme7_bench,
 )
-from obmm.bench.results import Environment, Figure, Run
+from obmm.bench.results import HOST_PAGES_KEY, Environment, Figure, Run
 from obmm.bench.suite_timing import SUITES, run_once, suite_figures
 from obmm.testbed import settings as settings_mod
 
 if TYPE_CHECKING:
+    from obmm.testbed.node import Node
+    from obmm.testbed.progress import Progress
     from obmm.testbed.settings import Settings
+
+    BenchFn = Callable[[Sequence[Node], Environment, BenchConfig, SayFn], Run]
+
+log = logging.getLogger(__name__)
 
 BOOT_SIZES = {1: "single", 2: "pair", 4: "quad"}  # the test suites' topologies
 BENCH_TOPOLOGY = "bench-pair"
@@ -344,12 +356,13 @@ def inner_loop_figures(
 
 
 def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
+    if getattr(args, "scheme7", False):
+        return scheme7_bench(args, config)
     from obmm.testbed import accel as accel_mod
     from obmm.testbed.image import ensure_image, find_recipe
     from obmm.testbed.ownership import scratch_dir
     from obmm.testbed.paths import cache_dir, repo_root, results_dir
     from obmm.testbed.progress import Progress
-    from obmm.testbed.session import bring_up
 
     progress = Progress("bench")
     say = progress.line
@@ -406,17 +419,134 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
         testbed += tcg_parallel_figures(settings, tcg_samples, say)
     if int(getattr(args, "inner_loop_samples", 3)) > 0:
         testbed += inner_loop_figures(settings, int(args.inner_loop_samples), say)
-    # The measurements get their own pair with a 1 GiB export pool per node (the test topology
-    # has 256 MiB), so the control path reaches the 1 GiB size.
-    say(f"bringing up the benchmark pair ({BENCH_TOPOLOGY}: 1 GiB pool per node)")
-    data = settings.replace(topology=BENCH_TOPOLOGY, name="bench-data")
-    with bring_up(data, purpose="bench", progress=progress) as session:
-        config.python = GUEST_PYTHON
-        run = run_cluster_bench(session.nodes, env, config, say=say)
+    run = on_bench_pair(settings, env, config, run_cluster_bench, progress)
     measured = {f.name for f in testbed}
     recorded = [f for f in _qemu_test_figures(QEMU_TEST_TIMINGS) if f.name not in measured]
     run.add(testbed + recorded)
     return run
+
+
+def on_bench_pair(
+    settings: Settings, env: Environment, config: BenchConfig, bench: BenchFn, progress: Progress
+) -> Run:
+    """`bench` on the benchmark pair, brought up (booted or restored, modules loaded) and down.
+
+    The measurements get their own pair with a 1 GiB export pool per node (the test topology
+    has 256 MiB), so the control path reaches the 1 GiB size.
+    """
+    from obmm.testbed.session import bring_up
+
+    say = progress.line
+    say(f"bringing up the benchmark pair ({BENCH_TOPOLOGY}: 1 GiB pool per node)")
+    data = settings.replace(topology=BENCH_TOPOLOGY, name="bench-data")
+    with bring_up(data, purpose="bench", progress=progress) as session:
+        config.python = GUEST_PYTHON
+        run = bench(session.nodes, env, config, say)
+        note_host_pages(run, [node.qemu_pid for node in session.nodes])
+        return run
+
+
+def note_host_pages(run: Run, pids: list[int]) -> None:
+    """How the host maps the QEMU processes' memory (their nodes' RAM files and windows):
+    kB mapped with 2 MiB pages of all they map, into env.extra and a note.  With 4 KiB host
+    pages, a guest prefetch that misses the TLBs costs more below the guest (the summary's
+    Engram section says so where a variant is over its limit)."""
+    rss = pmd = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            return
+        fields = {
+            k.strip(): v.split()[0]
+            for k, _, v in (ln.partition(":") for ln in text.splitlines()[1:])
+        }
+        rss += int(fields.get("Rss", 0))
+        pmd += int(fields.get("ShmemPmdMapped", 0)) + int(fields.get("FilePmdMapped", 0))
+    run.env.extra[HOST_PAGES_KEY] = f"{pmd} of {rss} kB"
+    run.notes.append(
+        f"host: the nodes' QEMU processes map {pmd} of {rss} kB with 2 MiB pages "
+        "(the rest with 4 KiB pages)"
+    )
+
+
+def scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
+    """`obmm-testbed bench --scheme7`: the seed's client benchmark on the benchmark pair, or
+    (`--hw`) on the hardware stage's hosts."""
+    if getattr(args, "hw", False):
+        return hardware_scheme7_bench(args, config)
+    from obmm.testbed import accel as accel_mod
+    from obmm.testbed.image import ensure_image, find_recipe
+    from obmm.testbed.paths import cache_dir
+    from obmm.testbed.progress import Progress
+
+    progress = Progress("bench")
+    settings = settings_mod.Settings.from_env(**{f: getattr(args, f, None) for f in FIELDS})
+    image = ensure_image(find_recipe(settings.recipe), progress=progress, kernel=settings.kernel)
+    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu)
+    env = Environment.collect_host(accelerator=accel, node_count=2)
+    return on_bench_pair(settings.replace(accel=accel), env, config, run_scheme7_bench, progress)
+
+
+def hardware_scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
+    """The scheme-7 bench on the first two hosts of the hardware stage's configuration
+    (HW_HOSTS / HW_CONFIG / --hosts ...; `--hw-qemu NAME`: a running cluster stands in): its
+    pre-flight, the package copied to a fresh directory on each host (removed afterwards),
+    host i running as node i with the stage's decoder hook."""
+    from obmm.testbed.hw import config as hw_config
+    from obmm.testbed.hw import preflight, stage
+    from obmm.testbed.paths import repo_root, results_dir
+    from obmm.testbed.progress import Progress
+    from obmm.testbed.provision import payload_tar
+    from obmm.testbed.ssh import SshError
+
+    say = Progress("bench").line
+    environ = dict(os.environ)
+    if args.hw_config:
+        environ[hw_config.ENV_CONFIG_FILE] = args.hw_config
+    overrides: dict[str, Any] = {"hosts": args.hw_hosts, "ssh_key": args.hw_key}
+    if args.hw_qemu:
+        base = stage.qemu_stand_in(args.hw_qemu, results_dir() / "hw")
+        overrides = {**base, **{k: v for k, v in overrides.items() if v}}
+    cfg = hw_config.load(environ, overrides)
+    hosts = cfg.hosts[:2]
+    reports = preflight.preflight(cfg)
+    failed = [r for r in reports if not r.ok]
+    if failed:
+        raise BenchError(f"hardware pre-flight failed: {failed[0].failure}")
+    say(f"scheme7 on {', '.join(h.spec for h in hosts)}")
+    payload = payload_tar(repo_root())
+    nodes = [stage.HostNode(i, host, cfg) for i, host in enumerate(hosts)]
+    workdirs: dict[int, str] = {}
+    try:
+        for i, conn in enumerate(nodes):
+            made = conn.run(
+                f"mktemp -d {shlex.quote(cfg.remote_tmp)}/obmm-bench.XXXXXX",
+                timeout=60,
+                check=True,
+                bare=True,
+            )
+            workdirs[i] = made.out.strip()
+            conn.run(f"tar -xzf - -C {shlex.quote(workdirs[i])}", timeout=300, check=True,
+                     stdin=payload, bare=True)  # fmt: skip
+            # the bench runs its commands bare: the node's environment goes on its Python line
+            config.node_env[i] = {"PYTHONPATH": f"{workdirs[i]}/pylib", **conn.env}
+        config.python = (cfg.python,)
+        accelerator = "tcg" if args.hw_qemu else "hardware"
+        env = Environment.collect_host(accelerator=accelerator, node_count=len(hosts))
+        env.extra["hw_hosts"] = ",".join(h.spec for h in hosts)
+        if args.hw_qemu:
+            env.extra["hw_stand_in"] = f"QEMU cluster {args.hw_qemu} standing in for hardware"
+        return run_scheme7_bench(nodes, env, config, say)
+    finally:
+        for i, conn in enumerate(nodes):
+            try:
+                if i in workdirs:
+                    conn.run(f"rm -rf {shlex.quote(workdirs[i])}", timeout=120, bare=True)
+            except SshError as exc:
+                log.warning("host %d: %s left behind: %s", i, workdirs[i], exc)
+            finally:
+                conn.close()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -469,6 +599,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="runs of the parallel-TCG cost workload per variant under TCG (default 3; 0: skip)",
     )
     settings_mod.add_arguments(p, FIELDS)
+    p.add_argument(
+        "--scheme7",
+        action="store_true",
+        help="only the seed's scheme-7 client benchmark (Bench 1-3 over the Python API): "
+        "node 0 exports and fills the table, node 1 imports and copies rows from it and from "
+        "local memory in turn",
+    )
+    p.add_argument(
+        "--hw",
+        action="store_true",
+        help="with --scheme7: on the hardware stage's hosts (HW_HOSTS / HW_CONFIG or the "
+        "options below) instead of the QEMU pair",
+    )
+    p.add_argument("--hosts", dest="hw_hosts", help="--hw: user@host[:port],... ($HW_HOSTS)")
+    p.add_argument("--config", dest="hw_config", help="--hw: hardware config file ($HW_CONFIG)")
+    p.add_argument("--key", dest="hw_key", help="--hw: SSH private key ($HW_SSH_KEY)")
+    p.add_argument(
+        "--hw-qemu",
+        dest="hw_qemu",
+        metavar="NAME",
+        help="--hw: a running `obmm-testbed up --kmod` cluster stands in for the hosts",
+    )
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 """Two result folders side by side, regressions flagged.
 
     python -m obmm.bench.compare OLD NEW [--threshold 0.10] [--by-ratio]
+    python -m obmm.bench.compare A B --side-by-side [--prefix scheme7.]
 
 OLD and NEW are `bench-results/<timestamp>/` folders (or their results.json).  Figures are
 matched by name and compared on the median (`--by-ratio`: on the ratio to the baseline of the
 same run, which is what stays comparable between machines).  Direction-aware: a latency or time
 that grew, or a bandwidth / rate that shrank, by more than the threshold is a regression.
 Exit status 1 when any regression is flagged, 0 otherwise, 2 on bad input.
+`--side-by-side` prints one table of both runs instead (each run's median and its ratio to
+that run's own baseline, no verdict), for runs on different machines: the scheme-7 benchmark on
+the QEMU pair beside the same on real UB hosts.
 """
 
 from __future__ import annotations
@@ -116,6 +120,40 @@ def render(rows: Sequence[Row], old_label: str, new_label: str) -> str:
     return "\n".join(lines)
 
 
+def run_label(run: Run) -> str:
+    """Where a run was measured, for a column header: accelerator, hosts or host, revision."""
+    env = run.env
+    where = env.extra.get("hw_hosts") or env.host
+    return f"{env.accelerator} {where} ({env.git_revision})"
+
+
+def side_by_side(runs: Sequence[Run], *, prefix: str = "") -> str:
+    """One table of several runs (a QEMU run beside one on real hosts, say): every figure any
+    run has (names starting with `prefix`), each run's median and its ratio to that run's own
+    baseline.  No verdicts: the runs may come from different machines."""
+    names: list[str] = []
+    for run in runs:
+        names += [f.name for f in run.figures if f.name.startswith(prefix) and f.name not in names]
+    header = ["figure"]
+    for run in runs:
+        header += [run_label(run), "x baseline"]
+    table = [header]
+    for name in names:
+        row = [name]
+        for run in runs:
+            fig = run.figure(name)
+            if fig is None or not fig.ok:
+                row += ["-" if fig is None else "not measured", "-"]
+                continue
+            ratio = run.ratio(fig)
+            row += [fmt_value(fig.median, fig.unit), "-" if ratio is None else f"x{ratio:.2f}"]
+        table.append(row)
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m obmm.bench.compare",
@@ -124,6 +162,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("old", type=Path)
     p.add_argument("new", type=Path)
+    p.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="one table of both runs (median and ratio to its own baseline each), no verdict: "
+        "for runs on different machines, e.g. the QEMU pair and real UB hosts",
+    )
+    p.add_argument("--prefix", default="", help="--side-by-side: only figures named so")
     p.add_argument(
         "--threshold", type=float, default=0.10, help="relative change that counts (0.10 = 10%%)"
     )
@@ -140,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"cannot read results: {exc}", file=sys.stderr)
         return 2
+    if args.side_by_side:
+        print(side_by_side([old, new], prefix=args.prefix))
+        return 0
     rows = compare_runs(old, new, threshold=args.threshold, by_ratio=args.by_ratio)
     print(render(rows, f"old ({old.env.git_revision})", f"new ({new.env.git_revision})"))
     bad = [r for r in rows if r.verdict == REGRESSION]

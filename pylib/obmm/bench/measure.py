@@ -26,13 +26,14 @@ import logging
 import os
 import shlex
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from obmm.bench import controlpath
+from obmm.bench import controlpath, scheme7
 from obmm.bench.local import LocalNode
 from obmm.bench.probe import (
     CFLAGS,
@@ -59,12 +60,15 @@ SayFn = Callable[[str], None]
 
 GRANULE = 2 << 20
 VERIFY_FAILED = 3
-ALL_TESTS = "verify,engram,load,chase,read,write,clock"
-# load and chase of imports: the interleaved runs (_interleaved_figures)
-REMOTE_TESTS = "verify,engram,read,write"
+# Engram, load and chase: the interleaved runs (_interleaved_figures), where every source has
+# its local baselines beside it in the same process
+LOCAL_TESTS = "verify,load,chase,read,write,clock"
+REMOTE_TESTS = "verify,read,write"
 
 
 GUEST_PYTHON = ("env", "PYTHONPATH=/opt/obmm-testbed/pylib", "python3")
+CLOCK_TOLERANCE = 0.02  # a node clock further off the host's than this is reported
+CLOCK_MIN_SPAN_S = 10.0  # shorter spans say nothing of a clock's rate over SSH
 COMMAND_TIMEOUT_S = 900.0
 
 
@@ -86,6 +90,10 @@ class BenchConfig:
     control_sizes: tuple[int, ...] = controlpath.SIZES
     control_reps: int = 10
     control_max_seconds: float = 20.0
+    scheme7_rows: int = scheme7.ROWS
+    scheme7_dim: int = scheme7.DIM
+    scheme7_iters: int = scheme7.ITERS
+    node_env: dict[int, dict[str, str]] = field(default_factory=dict)  # on hardware hosts
 
     @classmethod
     def quick(cls) -> BenchConfig:
@@ -94,6 +102,7 @@ class BenchConfig:
             control_sizes=(2 << 20, 8 << 20, 32 << 20, 128 << 20),
             control_reps=5,
             control_max_seconds=5.0,
+            scheme7_iters=50,
         )
 
     @property
@@ -127,9 +136,18 @@ class Nodes:
             raise BenchError(f"node {node}: {shlex.join(argv)} exited {rc}: {err.strip()[-500:]}")
         return out
 
+    def python_argv(self, node: int) -> list[str]:
+        """The node's Python command, with the node's environment (config.node_env) first."""
+        env = self.config.node_env.get(node, {})
+        return (
+            ["env", *(f"{k}={v}" for k, v in env.items()), *self.config.python]
+            if env
+            else [*self.config.python]
+        )
+
     def python_json(self, node: int, module: str, *args: str) -> dict[str, Any]:
         """Run `python -m module args` on the node; its last stdout line is a JSON object."""
-        rc, out, err = self.run(node, [*self.config.python, "-m", module, *args])
+        rc, out, err = self.run(node, [*self.python_argv(node), "-m", module, *args])
         lines = [ln for ln in out.splitlines() if ln.strip()]
         try:
             doc: dict[str, Any] = json.loads(lines[-1]) if lines else {}
@@ -268,7 +286,7 @@ def _import_sources(
 
 
 def _latency_failure(sources: dict[str, str | None], reason: str) -> list[Figure]:
-    """Skipped figures for the latency sources of an interleaved run that could not be measured
+    """Skipped figures for the sources of an interleaved run that could not be measured
     (named apart from the source's own `data.<source>` failure)."""
     return [
         Figure(
@@ -278,20 +296,57 @@ def _latency_failure(sources: dict[str, str | None], reason: str) -> list[Figure
     ]
 
 
+def measure_interleaved(
+    nodes: Nodes,
+    node: int,
+    kinds: dict[str, str],
+    sources: dict[str, str | None],
+    size: int,
+    *,
+    sync: bool = False,
+) -> list[Figure]:
+    """One `memprobe --interleave` run on `node`: every source of `kinds` (label -> memprobe
+    KIND[:PATH]) mapped side by side, `size` bytes each; figures of each of `sources` against
+    its baseline there.  A failure becomes skipped figures."""
+    cfg = nodes.config
+    spec = ",".join(f"{label}={kind}" for label, kind in kinds.items())
+    argv = [cfg.binary, "--interleave", spec, "--length", str(size)]
+    argv += [*cfg.probe.interleave_args(), "--tests", INTERLEAVED_TESTS]
+    argv += ["--sync"] if sync else []
+    nodes.say(f"memprobe interleaved {', '.join(kinds)} on node {node}")
+    rc, out, err = nodes.run(node, argv)
+    try:
+        parsed = parse_output(out)
+    except ValueError as exc:
+        parsed = None
+        err = f"memprobe output unreadable: {exc}"
+    if parsed is None or rc != 0 or parsed.done is None:
+        why = f"memprobe exited {rc} on node {node}: {err.strip()[-300:]}"
+        return _latency_failure(sources, why)
+    outs = parsed.by_source()
+    figs: list[Figure] = []
+    for source, base in sources.items():
+        if source in outs:
+            figs += figures_from_probe(outs[source], source, baseline_source=base, interleaved=True)
+        else:
+            figs += _latency_failure({source: None}, "memprobe printed no sample of it")
+    return figs
+
+
 def _interleaved_figures(
     nodes: Nodes, exporter: int, importer: int, name: str, free: int | None, *, sync: bool
 ) -> list[Figure]:
-    """Load and chase of import `name` (page and PMD granule) and of the importer's local
-    memory, interleaved in one memprobe process on the importer."""
+    """Engram, load and chase of import `name` (page and PMD granule) and of the importer's
+    local memory (4 KiB and 2 MiB pages), interleaved in one memprobe process on the importer."""
     cfg = nodes.config
-    size = _round_granule(max(cfg.probe.chase_sizes))
+    size = _round_granule(cfg.probe.interleave_bytes())
     if free is not None and 2 * size > free:
         size = free // 2 // GRANULE * GRANULE
     sources = interleaved_sources(name)
     if size < GRANULE:
         return _latency_failure(sources, "the export pool has no 2 x 2 MiB free")
     page, pmd = name, f"{name}{PMD_SUFFIX}"
-    figs: list[Figure] = []
+    local, thp = (s for s in sources if s not in (page, pmd))
     try:
         with (
             nodes.exported(exporter, size) as exp_page,
@@ -299,38 +354,57 @@ def _interleaved_figures(
             nodes.imported(importer, exp_page) as imp_page,
             nodes.imported(importer, exp_pmd) as imp_pmd,
         ):
-            local, thp = (s for s, base in sources.items() if s not in (page, pmd))
-            spec = ",".join(
-                [
-                    f"{local}=anon",
-                    f"{thp}=anon-thp",
-                    f"{page}=shmdev:/dev/obmm_shmdev{imp_page['mem_id']}",
-                    f"{pmd}=shmdev-pmd:/dev/obmm_shmdev{imp_pmd['mem_id']}",
-                ]
-            )
-            argv = [cfg.binary, "--interleave", spec, "--length", str(size)]
-            argv += [*cfg.probe.interleave_args(), "--tests", INTERLEAVED_TESTS]
-            argv += ["--sync"] if sync else []
-            nodes.say(f"memprobe interleaved {', '.join(sources)} on node {importer}")
-            rc, out, err = nodes.run(importer, argv)
-            try:
-                parsed = parse_output(out)
-            except ValueError as exc:
-                parsed = None
-                err = f"memprobe output unreadable: {exc}"
-            if parsed is None or rc != 0 or parsed.done is None:
-                why = f"memprobe exited {rc} on node {importer}: {err.strip()[-300:]}"
-                return _latency_failure(sources, why)
-            outs = parsed.by_source()
-            for source, base in sources.items():
-                if source in outs:
-                    figs += figures_from_probe(outs[source], source, baseline_source=base)
-                else:
-                    figs += _latency_failure({source: None}, "memprobe printed no sample of it")
+            kinds = {
+                local: "anon",
+                thp: "anon-thp",
+                page: f"shmdev:/dev/obmm_shmdev{imp_page['mem_id']}",
+                pmd: f"shmdev-pmd:/dev/obmm_shmdev{imp_pmd['mem_id']}",
+            }
+            return measure_interleaved(nodes, importer, kinds, sources, size, sync=sync)
     except BenchError as exc:
-        done = {str(f.params.get("source")) for f in figs}
-        figs += _latency_failure({s: None for s in sources if s not in done}, str(exc))
-    return figs
+        return _latency_failure(sources, str(exc))
+
+
+def _uptime(nodes: Nodes, node: int) -> tuple[float, float] | None:
+    """(host monotonic time, the node's /proc/uptime) read together, or None."""
+    before = time.monotonic()
+    rc, out, _ = nodes.run(node, ["cat", "/proc/uptime"])
+    host = (before + time.monotonic()) / 2
+    try:
+        return (host, float(out.split()[0])) if rc == 0 else None
+    except (ValueError, IndexError):
+        return None
+
+
+def clock_check(
+    start: dict[int, tuple[float, float] | None], end: dict[int, tuple[float, float] | None]
+) -> tuple[str, list[str]]:
+    """A note with the rate of each node's clock against the host's between two readings, and
+    a warning for each node whose clock was off by more than CLOCK_TOLERANCE.
+
+    A guest kernel that calibrated its TSC wrong at boot (under TCG, the PIT loop of a vCPU
+    starved by a loaded host: "tsc: PIT calibration deviates from HPET ... Using PIT
+    calibration value") keeps the wrong rate: every time it measures is off by that factor,
+    while ratios within one process still hold.
+    """
+    rates: dict[int, float] = {}
+    span = 0.0
+    for node, a in start.items():
+        b = end.get(node)
+        if a is not None and b is not None and b[0] - a[0] >= CLOCK_MIN_SPAN_S:
+            rates[node] = (b[1] - a[1]) / (b[0] - a[0])
+            span = max(span, b[0] - a[0])
+    note = f"node clocks against the host's over {span:.0f} s: " + (
+        ", ".join(f"node {n} x{r:.3f}" for n, r in sorted(rates.items())) or "not measured"
+    )
+    warnings = [
+        f"node {n}'s clock ran at x{r:.2f} of the host's: every time measured there is off "
+        f"by that factor (ratios within one process still hold); its kernel calibrated the "
+        f"TSC wrong at boot (see `dmesg | grep -i tsc` on it)"
+        for n, r in sorted(rates.items())
+        if abs(r - 1.0) > CLOCK_TOLERANCE
+    ]
+    return note, warnings
 
 
 def _control_figures(nodes: Nodes, node: int) -> list[Figure]:
@@ -382,6 +456,7 @@ def run_cluster_bench(
     for node in used:
         say(f"building memprobe on node {node}")
         n.install_probe(node)
+    clocks = {node: _uptime(n, node) for node in used}
     guest = node_environment(n, 0)
     env.extra.setdefault("host_kernel", env.kernel)
     env.extra.setdefault("host_cpu_model", env.cpu_model)
@@ -399,7 +474,7 @@ def run_cluster_bench(
         result.notes.append(f"data-path region capped to the free pool: {region} bytes")
     result.notes.append(f"data-path region {region} bytes on every source")
 
-    result.add(n.probe(0, ["--local", str(region)], "local", ALL_TESTS, baseline=None))
+    result.add(n.probe(0, ["--local", str(region)], "local", LOCAL_TESTS, baseline=None))
     if cfg.control:
         result.add(_control_figures(n, 0))
     if region < GRANULE:
@@ -418,6 +493,91 @@ def run_cluster_bench(
             result.add(probe_failure_figures("cross-node", reason))
             if cfg.sync:
                 result.add(probe_failure_figures("cross-node-sync", reason))
+    note, warnings = clock_check(clocks, {node: _uptime(n, node) for node in used})
+    result.notes.append(note)
+    result.warnings += warnings
+    for warning in warnings:
+        log.warning("%s", warning)
+    env.finished = now_iso()
+    return result
+
+
+def _scheme7_failure(source: str, reason: str) -> Figure:
+    """One skipped figure standing for a scheme-7 client run that could not be measured."""
+    return Figure(
+        name=f"scheme7.{source}",
+        group="scheme7",
+        unit="-",
+        skipped=reason,
+        params={"source": source},
+    )
+
+
+def run_scheme7_bench(
+    node_list: Sequence[Node],
+    env: Environment,
+    config: BenchConfig | None = None,
+    say: SayFn | None = None,
+) -> Run:
+    """The seed's scheme-7 client (Bench 1-3, `obmm.bench.scheme7`) over the Python API.
+
+    Node 0 exports the table and fills it through its shmdev, like the seed's server; node 1
+    (node 0 itself with one node: a loopback import) imports it and runs the client, once
+    cacheable and once O_SYNC (config.sync), each sample also taken from a copy of the table
+    in local memory of the client's process.  The same on QEMU nodes and on real UB hosts, so
+    the two runs' results.json can be put side by side (`obmm-testbed bench-compare`).
+    """
+    cfg = config or BenchConfig()
+    say = say or log.info
+    n = Nodes(node_list, cfg, say)
+    nodes = len(node_list)
+    used = [0, 1] if nodes >= 2 else [0]
+    clocks = {node: _uptime(n, node) for node in used}
+    guest = node_environment(n, 0)
+    env.extra.setdefault("host_kernel", env.kernel)
+    env.extra.setdefault("host_cpu_model", env.cpu_model)
+    env.kernel, env.cpu_model, env.node_count = guest["kernel"], guest["cpu_model"], nodes
+    result = Run(env=env)
+    importer = used[-1]
+    name = "cross-node" if importer else "loopback"
+    table = scheme7.table_bytes(cfg.scheme7_rows, cfg.scheme7_dim)
+    shape = ["--rows", str(cfg.scheme7_rows), "--dim", str(cfg.scheme7_dim)]
+    variants: list[tuple[str, list[str]]] = [(name, [])]
+    variants += [(f"{name}-sync", ["--sync"])] if cfg.sync else []
+    try:
+        with n.exported(0, _round_granule(table)) as exp:
+            say(f"scheme7: filling the {table}-byte table on node 0")
+            n.python_json(0, "obmm.bench.scheme7", "fill", str(exp["mem_id"]), *shape)
+            with n.imported(importer, exp) as imp:
+                for source, extra in variants:
+                    say(f"scheme7: client {source} on node {importer}")
+                    try:
+                        doc = n.python_json(
+                            importer,
+                            "obmm.bench.scheme7",
+                            "client",
+                            str(imp["mem_id"]),
+                            "--source",
+                            source,
+                            "--iters",
+                            str(cfg.scheme7_iters),
+                            *shape,
+                            *extra,
+                        )
+                        result.add(Figure.from_dict(f) for f in doc.get("figures", []))
+                    except BenchError as exc:
+                        result.add([_scheme7_failure(source, str(exc))])
+    except BenchError as exc:
+        done = {str(f.params.get("source")) for f in result.figures}
+        result.add(_scheme7_failure(s, str(exc)) for s, _ in variants if s not in done)
+    result.notes.append(
+        f"scheme7: {cfg.scheme7_rows} x {cfg.scheme7_dim} fp32 table ({table} bytes), "
+        f"{cfg.scheme7_iters} samples per bench; node 0 exports and fills, node {importer} "
+        "imports and copies; local: the same table in local memory of the client's process"
+    )
+    note, warnings = clock_check(clocks, {node: _uptime(n, node) for node in used})
+    result.notes.append(note)
+    result.warnings += warnings
     env.finished = now_iso()
     return result
 
@@ -447,7 +607,7 @@ def run_local_bench(
         cfg.workdir = str(binary.parent)
 
         n = Nodes([LocalNode()], cfg, say)
-        result.add(n.probe(0, ["--local", str(region)], "local", ALL_TESTS, baseline=None))
+        result.add(n.probe(0, ["--local", str(region)], "local", LOCAL_TESTS, baseline=None))
         fd, path = tempfile.mkstemp(prefix="obmm-bench-", dir=shm)
         os.close(fd)
         try:
@@ -456,6 +616,12 @@ def run_local_bench(
                     0, ["--file", path, "--length", str(region), "--fill"], "file", REMOTE_TESTS
                 )
             )
+            # the file beside anonymous memory of both page sizes, in one process
+            sources = interleaved_sources("file", pmd=False)
+            local, thp = (s for s in sources if s != "file")
+            kinds = {local: "anon", thp: "anon-thp", "file": f"file:{path}"}
+            size = _round_granule(settings.interleave_bytes())
+            result.add(measure_interleaved(n, 0, kinds, sources, size))
         finally:
             os.unlink(path)
     if Path("/dev/obmm").exists():

@@ -7,12 +7,13 @@
  * --file PATH (a regular file mapped MAP_SHARED, for host tests).
  *
  * --interleave LABEL=KIND[:PATH],... maps several sources of --length bytes
- * in this one process and runs the load and chase tests on them in turn,
- * sample by sample, rotating which goes first: every source is measured
- * under the same conditions (what else runs on the host then), so their
- * ratios are not skewed by when each ran.  KIND: anon (4 KiB pages), anon-thp
- * (2 MiB pages), shmdev, shmdev-pmd (the PMD mmap flag), file.  Samples then
- * carry "source":LABEL.
+ * in this one process, each at a 2 MiB boundary, and runs the Engram, load
+ * and chase tests on them in turn, sample by sample, rotating which goes
+ * first: every source is measured under the same conditions (what else runs
+ * on the host then), so their ratios are not skewed by when each ran.  KIND:
+ * anon (4 KiB pages), anon-thp (2 MiB pages), shmdev, shmdev-pmd (the PMD
+ * mmap flag), shmdev-sync and shmdev-pmd-sync (O_SYNC whatever --sync says),
+ * file.  Samples then carry "source":LABEL.
  *
  * Output: one JSON object per line.  Every timed sample is printed:
  *   {"kind":"sample","test":T,"param":P,"unit":U,"value":V}
@@ -29,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -103,7 +105,8 @@ struct opts {
 	double max_seconds;
 	uint64_t seed;
 	char *interleave;	/* --interleave list, parsed into sources */
-	int best_of;		/* interleaved chase: a sample is the fastest of this many */
+	int best_of;		/* interleaved chase, Engram: a sample is the fastest of this many */
+	size_t engram_small_rows;	/* interleaved: Engram again from this many rows (0: no) */
 };
 
 struct region {
@@ -276,9 +279,13 @@ static void print_usage(FILE *f)
 		"  --engram-tokens L tokens per prefetch, e.g. 32,128 (128)\n"
 		"  --engram-iters N  timed prefetches after %d warm-up ones (%d)\n"
 		"  --max-seconds S   time budget shared by the tests (%.0f)\n"
-		"  --interleave L    LABEL=KIND[:PATH],... load and chase on each in turn\n"
-		"                    (KIND anon, anon-thp, shmdev, shmdev-pmd, file)\n"
-		"  --best-of N       interleaved chase: a sample is the fastest of N timed runs (1)\n"
+		"  --interleave L    LABEL=KIND[:PATH],... Engram, load and chase on each in turn\n"
+		"                    (KIND anon, anon-thp, shmdev, shmdev-pmd, shmdev-sync,\n"
+		"                    shmdev-pmd-sync, file)\n"
+		"  --best-of N       interleaved chase and Engram: a sample is the fastest of N\n"
+		"                    timed runs (1)\n"
+		"  --engram-small-rows N  interleaved: Engram again from the first N rows of\n"
+		"                    each table (test engram-small; 0, the default: not)\n"
 		"  --seed N          random seed (1)\n",
 		DEF_CHASE_LOADS, DEF_SAMPLES, DEF_LOAD_SAMPLES, ENGRAM_ROWS,
 		ENGRAM_WARMUP, ENGRAM_ITERS, DEF_MAX_SECONDS);
@@ -289,7 +296,7 @@ enum {
 	OPT_FILL, OPT_TESTS, OPT_CHASE_SIZES, OPT_CHASE_LOADS, OPT_BW_SIZE,
 	OPT_SAMPLES, OPT_LOAD_SAMPLES, OPT_ENGRAM_ROWS, OPT_ENGRAM_TOKENS,
 	OPT_ENGRAM_ITERS, OPT_MAX_SECONDS, OPT_SEED, OPT_INTERLEAVE, OPT_BEST_OF,
-	OPT_HELP,
+	OPT_ENGRAM_SMALL_ROWS, OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -313,6 +320,7 @@ static const struct option long_opts[] = {
 	{ "seed", required_argument, NULL, OPT_SEED },
 	{ "interleave", required_argument, NULL, OPT_INTERLEAVE },
 	{ "best-of", required_argument, NULL, OPT_BEST_OF },
+	{ "engram-small-rows", required_argument, NULL, OPT_ENGRAM_SMALL_ROWS },
 	{ "help", no_argument, NULL, OPT_HELP },
 	{ NULL, 0, NULL, 0 },
 };
@@ -405,6 +413,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_BEST_OF:
 			bad = parse_int(optarg, &o->best_of) || o->best_of < 1;
+			break;
+		case OPT_ENGRAM_SMALL_ROWS:
+			bad = parse_size(optarg, &o->engram_small_rows);
 			break;
 		case 'h':
 		case OPT_HELP:
@@ -544,7 +555,8 @@ static void engram_fill(const struct region *r, const struct engram *e)
 	barrier_mem();
 }
 
-static int engram_verify(const struct region *r, const struct engram *e)
+/* The probe rows of every table against the pattern; `source` labels the line (or NULL). */
+static int engram_verify(const struct region *r, const struct engram *e, const char *source)
 {
 	size_t probe[4] = { 0, ENGRAM_PROBE_ROW % e->rows, e->rows / 2, e->rows - 1 };
 	size_t t, k, col, checked = 0;
@@ -559,15 +571,44 @@ static int engram_verify(const struct region *r, const struct engram *e)
 				memcpy(&got, p + col * sizeof(got), sizeof(got));
 				want = engram_value(t, probe[k], col, e);
 				if (memcmp(&got, &want, sizeof(got))) {
-					printf("{\"kind\":\"verify\",\"ok\":false,\"table\":%zu,\"row\":%zu,\"col\":%zu,\"got\":%.9g,\"want\":%.9g}\n",
-					       t, probe[k], col, (double)got, (double)want);
+					printf("{\"kind\":\"verify\",%s%s%s\"ok\":false,\"table\":%zu,\"row\":%zu,\"col\":%zu,\"got\":%.9g,\"want\":%.9g}\n",
+					       source ? "\"source\":\"" : "", source ? source : "",
+					       source ? "\"," : "", t, probe[k], col, (double)got,
+					       (double)want);
 					return -1;
 				}
 			}
 			checked++;
 		}
-	printf("{\"kind\":\"verify\",\"ok\":true,\"rows_checked\":%zu,\"rows_per_table\":%zu}\n", checked, e->rows);
+	printf("{\"kind\":\"verify\",%s%s%s\"ok\":true,\"rows_checked\":%zu,\"rows_per_table\":%zu}\n",
+	       source ? "\"source\":\"" : "", source ? source : "", source ? "\"," : "",
+	       checked, e->rows);
 	return 0;
+}
+
+/* One random row per table per token, like an N-gram hash would: offsets into the tables. */
+static void engram_pick(const struct engram *e, size_t tokens, size_t *src_off)
+{
+	size_t tok, t;
+
+	for (tok = 0; tok < tokens; tok++)
+		for (t = 0; t < ENGRAM_TABLES; t++)
+			src_off[tok * ENGRAM_TABLES + t] = t * e->table_bytes +
+				rng_below(e->rows) * ENGRAM_ROW_BYTES;
+	barrier_mem();
+}
+
+/* One prefetch: every picked row memcpy'd from `base` into dst; returns ns. */
+static double engram_copy(unsigned char *dst, const unsigned char *base,
+			  const size_t *src_off, size_t nreads)
+{
+	double t0 = now_ns();
+	size_t i;
+
+	for (i = 0; i < nreads; i++)
+		memcpy(dst + i * ENGRAM_ROW_BYTES, base + src_off[i], ENGRAM_ROW_BYTES);
+	barrier_mem();
+	return now_ns() - t0;
 }
 
 static int engram_bench(const struct opts *o, const struct region *r,
@@ -578,7 +619,6 @@ static int engram_bench(const struct opts *o, const struct region *r,
 	size_t *src_off;
 	struct budget b;
 	uint64_t check = 0;
-	size_t i, tok, t;
 	int it, total = ENGRAM_WARMUP + o->engram_iters;
 
 	dst = malloc(nreads * ENGRAM_ROW_BYTES);
@@ -592,24 +632,12 @@ static int engram_bench(const struct opts *o, const struct region *r,
 	memset(dst, 0, nreads * ENGRAM_ROW_BYTES);
 	budget_start(&b, seconds);
 	for (it = 0; it < total; it++) {
-		double t0, t1;
+		double ns;
 
-		/* One random row per table per token, like an N-gram hash would. */
-		for (tok = 0; tok < tokens; tok++)
-			for (t = 0; t < ENGRAM_TABLES; t++)
-				src_off[tok * ENGRAM_TABLES + t] = t * e->table_bytes +
-					rng_below(e->rows) * ENGRAM_ROW_BYTES;
-		barrier_mem();
-		t0 = now_ns();
-		for (i = 0; i < nreads; i++)
-			memcpy(dst + i * ENGRAM_ROW_BYTES, r->base + src_off[i],
-			       ENGRAM_ROW_BYTES);
-		barrier_mem();
-		t1 = now_ns();
+		engram_pick(e, tokens, src_off);
+		ns = engram_copy(dst, r->base, src_off, nreads);
 		check += dst[(size_t)it % nreads * ENGRAM_ROW_BYTES];
 		if (it >= ENGRAM_WARMUP) {
-			double ns = t1 - t0;
-
 			printf("{\"kind\":\"sample\",\"test\":\"engram\",\"param\":%zu,\"unit\":\"ms\",\"value\":%.9g,\"rows_per_s\":%.9g}\n",
 			       tokens, ns / NSEC_PER_MSEC, (double)nreads * NSEC_PER_SEC / ns);
 		}
@@ -822,15 +850,36 @@ struct source {
 	char *label;
 	char *kind;
 	char *path;
+	unsigned int flags;	/* SRC_* of its kind */
 	struct region r;
-	unsigned char *mapping;	/* what munmap() gets (anon-thp: the unaligned base) */
-	size_t mapped;
+};
+
+enum {
+	SRC_ANON = BIT(0),	/* anonymous memory, no path */
+	SRC_HUGE = BIT(1),	/* anon: 2 MiB pages (THP); shmdev: the PMD mmap flag */
+	SRC_SHMDEV = BIT(2),	/* an OBMM region: O_SYNC under --sync */
+	SRC_SYNC = BIT(3),	/* shmdev opened O_SYNC whatever --sync says */
+	SRC_FILE = BIT(4),	/* a regular file, MAP_SHARED */
+};
+
+static const struct {
+	const char *name;
+	unsigned int flags;
+} source_kinds[] = {
+	{ "anon", SRC_ANON },
+	{ "anon-thp", SRC_ANON | SRC_HUGE },
+	{ "shmdev", SRC_SHMDEV },
+	{ "shmdev-pmd", SRC_SHMDEV | SRC_HUGE },
+	{ "shmdev-sync", SRC_SHMDEV | SRC_SYNC },
+	{ "shmdev-pmd-sync", SRC_SHMDEV | SRC_HUGE | SRC_SYNC },
+	{ "file", SRC_FILE },
 };
 
 /* LABEL=KIND[:PATH],... into src[]; the list is split in place. */
 static int parse_sources(char *list, struct source *src, int max)
 {
 	char *save = NULL, *item;
+	size_t k;
 	int n = 0;
 
 	for (item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
@@ -847,35 +896,57 @@ static int parse_sources(char *list, struct source *src, int max)
 			*colon = '\0';
 			src[n].path = colon + 1;
 		}
-		if (strcmp(src[n].kind, "anon") && strcmp(src[n].kind, "anon-thp") &&
-		    strcmp(src[n].kind, "shmdev") && strcmp(src[n].kind, "shmdev-pmd") &&
-		    strcmp(src[n].kind, "file"))
+		for (k = 0; k < ARRAY_SIZE(source_kinds); k++)
+			if (!strcmp(src[n].kind, source_kinds[k].name))
+				break;
+		if (k == ARRAY_SIZE(source_kinds))
 			return -1;
-		if (!strncmp(src[n].kind, "anon", 4) != !src[n].path)
+		src[n].flags = source_kinds[k].flags;
+		if (!(src[n].flags & SRC_ANON) != !!src[n].path)
 			return -1;
 		n++;
 	}
 	return n;
 }
 
-static int map_anon(struct source *s, size_t length, int huge)
+/*
+ * Address space for `length` bytes at a 2 MiB boundary, reserved PROT_NONE:
+ * every source is then mapped at the same alignment, so row k of table t
+ * (or a chase node) crosses the same line and page boundaries in each.
+ */
+static void *reserve_aligned(size_t length)
 {
-	size_t extra = huge ? SZ_2M : 0;
-	uintptr_t base;
+	unsigned char *p = mmap(NULL, length + SZ_2M, PROT_NONE,
+				MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	uintptr_t lo, base, end;
 
-	s->mapped = length + extra;
-	s->mapping = mmap(NULL, s->mapped, PROT_READ | PROT_WRITE,
-			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (s->mapping == MAP_FAILED) {
+	if (p == MAP_FAILED)
+		return NULL;
+	lo = (uintptr_t)p;
+	base = (lo + SZ_2M - 1) & ~(uintptr_t)(SZ_2M - 1);
+	end = lo + length + SZ_2M;
+	if (base > lo)
+		munmap(p, base - lo);
+	if (end > base + length)
+		munmap((void *)(base + length), end - (base + length));
+	return (void *)base;
+}
+
+static int map_anon(struct source *s, size_t length)
+{
+	void *base = reserve_aligned(length);
+	int huge = !!(s->flags & SRC_HUGE);
+
+	if (!base || mmap(base, length, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
 		perror("memprobe: mmap anonymous");
+		if (base)
+			munmap(base, length);
 		return -1;
 	}
-	base = ((uintptr_t)s->mapping + extra - 1) & ~(uintptr_t)(extra ? extra - 1 : 0);
-	if (!huge)
-		base = (uintptr_t)s->mapping;
 	/* Page size chosen explicitly: the guest's THP default is not ours. */
-	madvise((void *)base, length, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-	s->r.base = (unsigned char *)base;
+	madvise(base, length, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+	s->r.base = base;
 	s->r.length = length;
 	s->r.fd = -1;
 	memset(s->r.base, 0, length);
@@ -886,43 +957,52 @@ static int map_source(const struct opts *o, struct source *s)
 {
 	int flags = O_RDWR | O_CLOEXEC;
 	off_t off = 0;
+	void *base;
 
-	if (!strcmp(s->kind, "anon") || !strcmp(s->kind, "anon-thp"))
-		return map_anon(s, o->length, !strcmp(s->kind, "anon-thp"));
-	if (o->sync && strcmp(s->kind, "file"))
+	if (s->flags & SRC_ANON)
+		return map_anon(s, o->length);
+	if ((s->flags & SRC_SHMDEV) && (o->sync || (s->flags & SRC_SYNC)))
 		flags |= O_SYNC;
-	if (!strcmp(s->kind, "file"))
+	if (s->flags & SRC_FILE)
 		flags |= O_CREAT;
 	s->r.fd = open(s->path, flags, 0600);
 	if (s->r.fd < 0) {
 		fprintf(stderr, "memprobe: open %s: %s\n", s->path, strerror(errno));
 		return -1;
 	}
-	if (!strcmp(s->kind, "file") && ftruncate(s->r.fd, (off_t)o->length)) {
+	if ((s->flags & SRC_FILE) && ftruncate(s->r.fd, (off_t)o->length)) {
 		perror("memprobe: ftruncate");
-		close(s->r.fd);
-		return -1;
+		goto err_close;
 	}
-	if (!strcmp(s->kind, "shmdev-pmd"))
+	if ((s->flags & SRC_SHMDEV) && (s->flags & SRC_HUGE))
 		off = (off_t)MMAP_FLAG_PMD;
 	s->r.length = o->length;
-	s->mapped = o->length;
-	s->mapping = mmap(NULL, o->length, PROT_READ | PROT_WRITE, MAP_SHARED, s->r.fd, off);
-	if (s->mapping == MAP_FAILED) {
+	base = reserve_aligned(o->length);
+	if (!base) {
+		perror("memprobe: reserving address space");
+		goto err_close;
+	}
+	s->r.base = mmap(base, o->length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+			 s->r.fd, off);
+	if (s->r.base == MAP_FAILED) {
 		fprintf(stderr, "memprobe: mmap %s (%s) length %zu: %s\n", s->path, s->kind,
 			o->length, strerror(errno));
-		close(s->r.fd);
-		return -1;
+		munmap(base, o->length);
+		goto err_close;
 	}
-	s->r.base = s->mapping;
 	/* Fault every page in now (a PMD mapping maps on first touch). */
 	memset(s->r.base, 0, o->length);
 	return 0;
+
+err_close:
+	close(s->r.fd);
+	s->r.fd = -1;
+	return -1;
 }
 
 static void unmap_source(struct source *s)
 {
-	munmap(s->mapping, s->mapped);
+	munmap(s->r.base, s->r.length);
 	if (s->r.fd >= 0)
 		close(s->r.fd);
 }
@@ -998,8 +1078,15 @@ static int interleave_chase(const struct opts *o, struct source *src, int n,
 	for (s = 0; s < o->samples; s++) {
 		size_t place = ((size_t)s % places) * ws;
 
-		for (x = 0; x < n && (places > 1 || !s); x++)
+		/*
+		 * The set built last is partly still in the host's caches when
+		 * the round starts (a 16 MiB set chased 4x faster there under
+		 * TCG): the source built last takes turns like the one run first.
+		 */
+		for (k = 0; k < (size_t)n && (places > 1 || !s); k++) {
+			x = (int)((k + (size_t)s + 1) % (size_t)n);
 			p[x] = chase_build(src[x].r.base + place, perm, nodes);
+		}
 		double best[MAX_SOURCES] = { 0 }, t;
 		int r;
 
@@ -1062,6 +1149,107 @@ static void interleave_load(const struct opts *o, struct source *src, int n, dou
 	sink_u64(acc);
 }
 
+/*
+ * Every source gets the same tables: the pattern is written into the first
+ * one and copied to the others by this process, so each page of each
+ * source has been written once, from here, before any timing; then each
+ * source's probe rows are checked.  Returns a bit per source that failed.
+ */
+static unsigned int interleave_engram_fill(struct source *src, int n, const struct engram *e)
+{
+	size_t bytes = (size_t)ENGRAM_TABLES * e->table_bytes;
+	unsigned int bad = 0;
+	int x;
+
+	engram_fill(&src[0].r, e);
+	for (x = 1; x < n; x++)
+		memcpy(src[x].r.base, src[0].r.base, bytes);
+	barrier_mem();
+	for (x = 0; x < n; x++)
+		if (engram_verify(&src[x].r, e, src[x].label))
+			bad |= BIT(x);
+	return bad;
+}
+
+/*
+ * Prefetches in turn: every step picks one set of rows and copies it from
+ * every source into the same destination buffer, the sources taking turns
+ * to go first; after ENGRAM_WARMUP untimed steps, a sample of each source is
+ * its fastest prefetch of --best-of steps.  So the sources are compared on
+ * the same rows, with the same buffer, under the same conditions of the host
+ * (their best-of windows coincide: a prefetch the vCPU was descheduled in,
+ * on a host whose cores other work shares, does not decide a figure), and
+ * sample k of two sources pair up.
+ */
+static int interleave_engram(const struct opts *o, struct source *src, int n,
+			     const struct engram *e, size_t tokens, unsigned int bad,
+			     const char *test, double seconds)
+{
+	size_t nreads = tokens * ENGRAM_TABLES, bytes = nreads * ENGRAM_ROW_BYTES;
+	double best[MAX_SOURCES], t;
+	unsigned char *dst = NULL;
+	uint64_t check = 0;
+	struct rusage before, after;
+	size_t *src_off;
+	struct budget b;
+	int s, r, k, x;
+
+	src_off = malloc(nreads * sizeof(*src_off));
+	if (!src_off || posix_memalign((void **)&dst, SZ_2M, bytes)) {
+		free(src_off);
+		fprintf(stderr, "memprobe: out of memory for Engram buffers\n");
+		return -1;
+	}
+	memset(dst, 0, bytes);
+	for (x = 0; x < n; x++)
+		if (bad & BIT(x))
+			printf("{\"kind\":\"skip\",\"source\":\"%s\",\"test\":\"%s\",\"param\":%zu,\"reason\":\"verification failed\"}\n",
+			       src[x].label, test, tokens);
+	for (r = 0; r < ENGRAM_WARMUP; r++) {
+		engram_pick(e, tokens, src_off);
+		for (k = 0; k < n; k++) {
+			x = (k + r) % n;
+			if (!(bad & BIT(x)))
+				engram_copy(dst, src[x].r.base, src_off, nreads);
+		}
+	}
+	getrusage(RUSAGE_SELF, &before);
+	budget_start(&b, seconds);
+	for (s = 0; s < o->engram_iters; s++) {
+		for (r = 0; r < o->best_of; r++) {
+			engram_pick(e, tokens, src_off);
+			for (k = 0; k < n; k++) {
+				x = (k + s + r) % n;
+				if (bad & BIT(x))
+					continue;
+				t = engram_copy(dst, src[x].r.base, src_off, nreads);
+				check += dst[(size_t)(s + r) % nreads * ENGRAM_ROW_BYTES];
+				if (!r || t < best[x])
+					best[x] = t;
+			}
+		}
+		for (x = 0; x < n; x++)
+			if (!(bad & BIT(x)))
+				printf("{\"kind\":\"sample\",\"source\":\"%s\",\"test\":\"%s\",\"param\":%zu,\"unit\":\"ms\",\"value\":%.9g,\"rows_per_s\":%.9g}\n",
+				       src[x].label, test, tokens, best[x] / NSEC_PER_MSEC,
+				       (double)nreads * NSEC_PER_SEC / best[x]);
+		if (s + 1 < o->engram_iters && budget_over(&b)) {
+			for (x = 0; x < n; x++)
+				printf("{\"kind\":\"truncated\",\"source\":\"%s\",\"test\":\"%s\",\"param\":%zu,\"samples\":%d,\"wanted\":%d,\"reason\":\"max-seconds\"}\n",
+				       src[x].label, test, tokens, s + 1, o->engram_iters);
+			break;
+		}
+	}
+	getrusage(RUSAGE_SELF, &after);
+	/* A fault while timing would put the driver on the path of a prefetch. */
+	printf("{\"kind\":\"info\",\"%s_faults\":%ld}\n", test,
+	       (after.ru_minflt - before.ru_minflt) + (after.ru_majflt - before.ru_majflt));
+	sink_u64(check);
+	free(dst);
+	free(src_off);
+	return 0;
+}
+
 static int interleave_main(struct opts *o, double start)
 {
 	struct source src[MAX_SOURCES];
@@ -1081,11 +1269,49 @@ static int interleave_main(struct opts *o, double start)
 			return EXIT_SETUP;
 		}
 	}
-	printf("{\"kind\":\"env\",\"source\":\"interleave\",\"sources\":%d,\"sync\":%s,\"length\":%zu,\"page_size\":%ld,\"clock_overhead_ns\":%.3f,\"seed\":%llu}\n",
+	printf("{\"kind\":\"env\",\"source\":\"interleave\",\"sources\":%d,\"sync\":%s,\"length\":%zu,\"page_size\":%ld,\"clock_overhead_ns\":%.3f,\"seed\":%llu,\"best_of\":%d,\"engram_small_rows\":%zu}\n",
 	       n, o->sync ? "true" : "false", o->length, sysconf(_SC_PAGESIZE),
-	       clock_overhead(), (unsigned long long)o->seed);
-	blocks = ((o->tests & T_LOAD) ? 1 : 0) + ((o->tests & T_CHASE) ? o->nr_chase : 0);
+	       clock_overhead(), (unsigned long long)o->seed, o->best_of,
+	       o->engram_small_rows);
+	blocks = ((o->tests & T_LOAD) ? 1 : 0) + ((o->tests & T_CHASE) ? o->nr_chase : 0) +
+		 ((o->tests & T_ENGRAM) ? o->nr_tokens * (o->engram_small_rows ? 2 : 1) : 0);
 	per_block = o->max_seconds / (blocks ? blocks : 1);
+	/* Engram first: the chase overwrites the tables. */
+	if (o->tests & (T_ENGRAM | T_VERIFY)) {
+		struct engram e;
+		unsigned int bad;
+
+		if (engram_layout(o, &src[0].r, &e)) {
+			for (x = 0; x < n; x++)
+				for (i = 0; (o->tests & T_ENGRAM) && i < o->nr_tokens; i++)
+					printf("{\"kind\":\"skip\",\"source\":\"%s\",\"test\":\"engram\",\"param\":%zu,\"reason\":\"region smaller than one row per table\"}\n",
+					       src[x].label, o->engram_tokens[i]);
+		} else {
+			printf("{\"kind\":\"info\",\"engram_tables\":%d,\"engram_rows\":%zu,\"engram_row_bytes\":%d}\n",
+			       ENGRAM_TABLES, e.rows, ENGRAM_ROW_BYTES);
+			bad = interleave_engram_fill(src, n, &e);
+			for (i = 0; (o->tests & T_ENGRAM) && i < o->nr_tokens; i++)
+				if (interleave_engram(o, src, n, &e, o->engram_tokens[i], bad,
+						      "engram", per_block))
+					rc = EXIT_SETUP;
+			/*
+			 * The same copies from the first --engram-small-rows rows of
+			 * each table: a few pages, which stay in the TLBs and caches,
+			 * so a cost that comes with the pages a prefetch touches
+			 * shows as the difference between the two ratios.
+			 */
+			if (o->engram_small_rows && o->engram_small_rows < e.rows) {
+				struct engram small = e;
+
+				small.rows = o->engram_small_rows;
+				for (i = 0; (o->tests & T_ENGRAM) && i < o->nr_tokens; i++)
+					if (interleave_engram(o, src, n, &small,
+							      o->engram_tokens[i], bad,
+							      "engram-small", per_block))
+						rc = EXIT_SETUP;
+			}
+		}
+	}
 	if (o->tests & T_LOAD)
 		interleave_load(o, src, n, per_block);
 	for (i = 0; (o->tests & T_CHASE) && i < o->nr_chase; i++) {
@@ -1151,7 +1377,7 @@ int main(int argc, char **argv)
 	if (o.fill || !strcmp(o.kind, "local"))
 		engram_fill(&r, &e);
 	if (o.tests & T_VERIFY)
-		verified = !engram_verify(&r, &e);
+		verified = !engram_verify(&r, &e, NULL);
 	if (o.tests & T_CLOCK)
 		clock_bench(&o);
 	/* Engram first: the chase and write tests overwrite the tables. */

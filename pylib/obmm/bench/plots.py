@@ -13,7 +13,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 
-from obmm.bench.probe import source_title
+from obmm.bench.probe import (
+    LOCAL_SUFFIX,
+    LOCAL_THP_SUFFIX,
+    PMD_SUFFIX,
+    kind_of,
+    source_title,
+)
 from obmm.bench.results import (
     PUBLISHED,
     Figure,
@@ -228,48 +234,112 @@ def plot_bandwidth(run: Run, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+# An interleaved run's sources in plotting order: (suffix, tick label, colour or None = the
+# import's own colour, hatched)
+ENGRAM_PARTS = (
+    (LOCAL_SUFFIX, "local\n4K", "#1f77b4", False),
+    ("", "import\n4K", None, False),
+    (LOCAL_THP_SUFFIX, "local\n2M", "#aec7e8", False),
+    (PMD_SUFFIX, "import\nPMD", None, True),
+)
+
+
+def _engram_groups(eng: Sequence[Figure]) -> list[tuple[str, list[tuple[Figure, str, str, bool]]]]:
+    """Interleaved Engram figures grouped by the mapping they were measured beside."""
+    by_source = {str(f.params.get("source")): f for f in eng}
+    kinds = {k for k in (kind_of(s) for s in by_source) if k}
+    groups = []
+    for kind in [k for k in SOURCE_ORDER if k in kinds] + sorted(kinds - set(SOURCE_ORDER)):
+        parts = []
+        for suffix, label, color, hatched in ENGRAM_PARTS:
+            fig = by_source.get(kind + suffix)
+            if fig is not None:
+                parts.append((fig, label, color or COLORS.get(kind, "#cccccc"), hatched))
+        groups.append((kind, parts))
+    return groups
+
+
 def plot_engram(run: Run, path: Path) -> Path | None:
-    eng = [f for f in run.figures if f.ok and f.name.startswith("engram.prefetch.")]
+    eng = [
+        f
+        for f in run.figures
+        if f.ok and f.name.startswith("engram.prefetch.") and f.params.get("interleaved")
+    ]
     if not eng:
         return None
-    eng.sort(
-        key=lambda f: (
-            int(f.params.get("param", 0)),
-            SOURCE_ORDER.index(str(f.params.get("source")))
-            if f.params.get("source") in SOURCE_ORDER
-            else 99,
-        )
-    )
+    tokens = sorted({int(f.params.get("param", 0)) for f in eng})
+    eng = [f for f in eng if int(f.params.get("param", 0)) == tokens[-1]]
+    groups = _engram_groups(eng)
     pubs = [p for p in PUBLISHED if p.unit == "ms" and "Engram" in p.what]
     fig, (ax1, ax2) = plt.subplots(
-        1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 2]}, sharey=False
+        1, 2, figsize=(15, 6), gridspec_kw={"width_ratios": [4, 1.6]}, sharey=False
     )
-    tokens = {f.params.get("param") for f in eng}
-    labels = [_short_label(str(f.params.get("source"))) for f in eng]
-    if len(tokens) > 1:
-        labels = [f"{lab}\n{f.params.get('param')} tokens" for lab, f in zip(labels, eng)]
-    else:
-        ax1.set_xlabel(f"{tokens.pop()}-token prefetch from ...")
-    bp = ax1.boxplot([f.samples for f in eng], showfliers=True, patch_artist=True, whis=(1, 99))
-    for patch, f in zip(bp["boxes"], eng):
-        patch.set_facecolor(COLORS.get(str(f.params.get("source")), "#cccccc"))
-    ax1.set_xticks(range(1, len(eng) + 1), labels, fontsize=8)
-    for i, f in enumerate(eng, 1):
-        ratio = run.ratio(f)
-        txt = f"median {f.median:.3g} ms" + (f"\nx{ratio:.2f} local" if ratio else "")
+    positions, data, labels, colors, hatches, figs = [], [], [], [], [], []
+    x = 1.0
+    for kind, parts in groups:
+        start = x
+        for f, label, color, hatched in parts:
+            positions.append(x)
+            data.append(f.samples)
+            labels.append(label)
+            colors.append(color)
+            hatches.append(hatched)
+            figs.append(f)
+            x += 1
         ax1.annotate(
-            txt,
-            (i, f.maximum or 0.0),
+            _title(kind),
+            ((start + x - 1) / 2, 0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, -52),
+            textcoords="offset points",
+            ha="center",
+            va="top",
+            fontsize=9,
+            fontweight="bold",
+        )
+        x += 0.8
+    bp = ax1.boxplot(
+        data,
+        positions=positions,
+        whis=(0, 100),
+        showfliers=False,
+        patch_artist=True,
+        widths=0.7,
+        medianprops={"color": "black"},
+    )
+    for patch, color, hatched in zip(bp["boxes"], colors, hatches):
+        patch.set_facecolor(color)
+        if hatched:
+            patch.set_hatch("//")
+    top = max(max(d) for d in data)
+    for pos, f in zip(positions, figs):
+        ratio = run.ratio(f)
+        base = run.baseline_of(f)
+        text = f"{f.median:.3g}"
+        if ratio is not None and base is not None:
+            kind = "2 MiB" if str(base.params.get("source")).endswith(LOCAL_THP_SUFFIX) else "4 KiB"
+            text += f"\nx{ratio:.2f}\nof {kind}"
+        ax1.annotate(
+            text,
+            (pos, f.maximum or 0.0),
             ha="center",
             va="bottom",
-            xytext=(0, 4),
+            xytext=(0, 3),
             textcoords="offset points",
             fontsize=7,
         )
-    ax1.set_ylim(0, max(f.maximum or 0.0 for f in eng) * 1.25)
-    ax1.set_ylabel("ms per prefetch (box: quartiles, whiskers p1..p99)")
+    ax1.set_xticks(positions, labels, fontsize=7)
+    ax1.set_xlim(0.3, x - 0.5)
+    ax1.set_ylim(0, top * 1.3)
+    ax1.set_ylabel("ms per prefetch (box: quartiles, whiskers: min..max)")
+    ax1.set_xlabel(
+        "4K: 4 KiB pages or page entries; 2M: 2 MiB pages; PMD: 2 MiB entries", fontsize=8
+    )
     ax1.set_title(
-        f"This run: Engram prefetch (12 tables x 1364 B rows)\n{_subtitle(run)}", fontsize=9
+        f"This run: {tokens[-1]}-token Engram prefetch (12 tables x 1364 B rows), each import "
+        f"side by side\nwith local memory in one process; median and ratio to the local memory "
+        f"of the same page size above each box\n{_subtitle(run)}",
+        fontsize=9,
     )
     ax1.grid(True, axis="y", alpha=0.3)
     ax2.barh(
@@ -281,8 +351,11 @@ def plot_engram(run: Run, path: Path) -> Path | None:
     )
     ax2.set_yticks(
         range(len(pubs)),
-        [p.what.replace("Engram prefetch, 128 tokens x 12 tables, ", "") for p in pubs],
-        fontsize=8,
+        [
+            p.what.replace("Engram prefetch, 128 tokens x 12 tables, ", "").replace(" (", "\n(")
+            for p in pubs
+        ],
+        fontsize=7,
     )
     for i, p in enumerate(pubs):
         ax2.annotate(
@@ -294,10 +367,10 @@ def plot_engram(run: Run, path: Path) -> Path | None:
             fontsize=8,
         )
     ax2.set_xlabel("ms per 128-token prefetch")
-    ax2.set_xlim(0, max(p.value for p in pubs) * 1.3)
+    ax2.set_xlim(0, max(p.value for p in pubs) * 1.4)
     ax2.set_title(
-        "PUBLISHED, DIFFERENT MACHINE: real UB hardware\n"
-        "(2 aarch64 nodes; not this run, for scale only)",
+        "PUBLISHED, DIFFERENT MACHINE:\nreal UB hardware (2 aarch64 nodes;\n"
+        "not this run, for scale only)",
         fontsize=9,
         color="#444444",
     )

@@ -37,13 +37,27 @@ SOURCE_TITLES = {
 LOCAL_SUFFIX = "-local"  # anonymous memory, 4 KiB pages: the page-granule mapping's baseline
 LOCAL_THP_SUFFIX = "-local-thp"  # anonymous memory, 2 MiB pages: the PMD mapping's baseline
 PMD_SUFFIX = "-pmd"  # the same kind of import mapped with the PMD flag (huge entries)
-INTERLEAVED_TESTS = "load,chase"
+INTERLEAVED_TESTS = "engram,load,chase"
 
 
-def interleaved_sources(name: str) -> dict[str, str | None]:
-    """The sources of one interleaved run of mapping `name`, each with its baseline."""
+def interleaved_sources(name: str, *, pmd: bool = True) -> dict[str, str | None]:
+    """The sources of one interleaved run of mapping `name`, each with its baseline: the page
+    mapping against 4 KiB local memory, the PMD mapping (`pmd`) against 2 MiB local memory,
+    and the 2 MiB local memory against the 4 KiB (what the page size alone costs)."""
     local, thp = f"{name}{LOCAL_SUFFIX}", f"{name}{LOCAL_THP_SUFFIX}"
-    return {local: None, thp: local, name: local, f"{name}{PMD_SUFFIX}": thp}
+    sources: dict[str, str | None] = {local: None, thp: local, name: local}
+    if pmd:
+        sources[f"{name}{PMD_SUFFIX}"] = thp
+    return sources
+
+
+def kind_of(source: str) -> str:
+    """The mapping an interleaved source was measured beside ("cross-node-local-thp" ->
+    "cross-node"); a source of no interleaved run is its own kind."""
+    for suffix in (LOCAL_THP_SUFFIX, LOCAL_SUFFIX, PMD_SUFFIX):
+        if source.endswith(suffix):
+            return source[: -len(suffix)]
+    return source
 
 
 def source_title(source: str) -> str:
@@ -105,6 +119,9 @@ class ProbeSettings:
     interleave_samples: int = 32  # a multiple of the 4 sources: each leads a round as often
     interleave_chase_loads: int = 1 << 14
     interleave_best_of: int = 10  # a chase sample is the fastest of this many timed runs
+    interleave_engram_iters: int = 64  # prefetch rounds; a multiple of 4: each source leads
+    # the same prefetch from the first rows of each table only (a few pages: 1.6 MB)
+    interleave_engram_small_rows: int = 100
 
     @classmethod
     def quick(cls) -> ProbeSettings:
@@ -120,6 +137,7 @@ class ProbeSettings:
             max_seconds=8.0,
             interleave_samples=20,
             interleave_chase_loads=1 << 13,
+            interleave_engram_iters=40,
         )
 
     def args(self) -> list[str]:
@@ -152,15 +170,29 @@ class ProbeSettings:
         for opt, value in (
             ("--samples", self.interleave_samples),
             ("--chase-loads", self.interleave_chase_loads),
+            ("--engram-iters", self.interleave_engram_iters),
             ("--max-seconds", f"{4 * self.max_seconds:g}"),
         ):
             args[args.index(opt) + 1] = str(value)
-        return [*args, "--best-of", str(self.interleave_best_of)]
+        return [
+            *args,
+            "--best-of",
+            str(self.interleave_best_of),
+            "--engram-small-rows",
+            str(self.interleave_engram_small_rows),
+        ]
+
+    def engram_bytes(self) -> int:
+        """Bytes of the Engram tables at full size."""
+        return self.engram_rows * ENGRAM_TABLES * ENGRAM_ROW_BYTES
 
     def region_bytes(self) -> int:
         """Bytes a source needs for every test at full size (Engram tables or the largest set)."""
-        engram = self.engram_rows * ENGRAM_TABLES * ENGRAM_ROW_BYTES
-        return max(engram, self.bw_size, *self.chase_sizes)
+        return max(self.engram_bytes(), self.bw_size, *self.chase_sizes)
+
+    def interleave_bytes(self) -> int:
+        """Bytes each source of an interleaved run needs (Engram tables or the largest set)."""
+        return max(self.engram_bytes(), *self.chase_sizes)
 
 
 @dataclass
@@ -238,17 +270,43 @@ def _engram_names(source: str, tokens: int) -> tuple[str, str]:
     return (f"engram.prefetch.{source}.{tokens}tok", f"engram.rows_per_s.{source}.{tokens}tok")
 
 
+def small_tables_name(source: str, tokens: int) -> str:
+    """The interleaved Engram prefetch from the first few rows of each table (memprobe's
+    engram-small test): the same copies, but from pages that stay in the TLBs and caches."""
+    return f"engram.small_tables.{source}.{tokens}tok"
+
+
 def figures_from_probe(
-    out: ProbeOutput, source: str, *, baseline_source: str | None = "local"
+    out: ProbeOutput,
+    source: str,
+    *,
+    baseline_source: str | None = "local",
+    interleaved: bool = False,
 ) -> list[Figure]:
-    """Figures of one memprobe run on `source`, each paired with `baseline_source`'s."""
+    """Figures of one memprobe run on `source`, each paired with `baseline_source`'s.
+
+    `interleaved`: the output is one source of a `memprobe --interleave` run, so sample k of
+    a figure and of its baseline were taken in the same round (params["interleaved"]).
+    """
     base = None if baseline_source in (None, source) else baseline_source
     sync = bool(out.env.get("sync", False))
     truncated = {(str(t["test"]), int(t["param"])): t for t in out.truncated}
     figs: list[Figure] = []
 
     def params(test: str, param: int) -> dict[str, str | int | float | bool]:
-        return {"test": test, "source": source, "param": param, "sync": sync}
+        p: dict[str, str | int | float | bool] = {
+            "test": test,
+            "source": source,
+            "param": param,
+            "sync": sync,
+        }
+        if interleaved:
+            p["interleaved"] = True
+        return p
+
+    def faults(test: str) -> int:
+        """Page faults memprobe took while timing `test` (-1: not reported)."""
+        return int(out.info.get(f"{test}_faults", -1))
 
     def note(test: str, param: int, extra: str = "") -> str:
         t = truncated.get((test, param))
@@ -312,10 +370,34 @@ def figures_from_probe(
                         note="two back-to-back CLOCK_MONOTONIC reads",
                     )
                 )
+        elif test == "engram-small":
+            rows_note = f"the first {out.env.get('engram_small_rows', '?')} rows of each table"
+            figs.append(
+                Figure(
+                    name=small_tables_name(source, param),
+                    group="engram",
+                    unit="ms",
+                    samples=values,
+                    baseline=small_tables_name(base, param) if base else None,
+                    params={**params(test, param), "faults": faults(test)},
+                    note=note(
+                        test,
+                        param,
+                        f"{param} tokens x {ENGRAM_TABLES} random {ENGRAM_ROW_BYTES} B rows "
+                        f"from {rows_note}, interleaved like engram.prefetch",
+                    ),
+                )
+            )
         elif test == "engram":
             prefetch, rate = _engram_names(source, param)
             bprefetch, brate = _engram_names(base, param) if base else (None, None)
             rows_note = f"{out.info.get('engram_rows', '?')} rows x {ENGRAM_TABLES} tables"
+            if interleaved:
+                best = out.env.get("best_of", 1)
+                rows_note += (
+                    f"; interleaved with its local baselines, a sample is the fastest of "
+                    f"{best} prefetches"
+                )
             figs.append(
                 Figure(
                     name=prefetch,
@@ -323,7 +405,7 @@ def figures_from_probe(
                     unit="ms",
                     samples=values,
                     baseline=bprefetch,
-                    params=params(test, param),
+                    params={**params(test, param), "faults": faults(test)},
                     note=note(
                         test,
                         param,
@@ -346,7 +428,17 @@ def figures_from_probe(
             )
     for skip in out.skips:
         test, param, reason = str(skip["test"]), int(skip["param"]), str(skip["reason"])
-        if test == "engram":
+        if test == "engram-small":
+            figs.append(
+                Figure(
+                    name=small_tables_name(source, param),
+                    group="engram",
+                    unit="ms",
+                    skipped=reason,
+                    params=params(test, param),
+                )
+            )
+        elif test == "engram":
             for name in _engram_names(source, param) if param else (f"engram.{source}",):
                 figs.append(
                     Figure(

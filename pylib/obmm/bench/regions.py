@@ -26,7 +26,7 @@ from typing import Any
 
 import obmm
 from obmm import decoder as decoder_mod
-from obmm import identity
+from obmm import envvars, identity
 from obmm.errors import ObmmError
 
 MEMPOOL_SYSFS = Path("/sys/kernel/obmm_mempool")
@@ -48,11 +48,21 @@ def pool_free(root: Path = MEMPOOL_SYSFS) -> int | None:
 
 
 def node_id(path: Path = EMU_NODE_ID) -> int:
-    """This node's fabric id (obmm_emu); 0 when the module does not publish one."""
+    """This node's fabric id: obmm_emu's, else $OBMM_NODE_ID (what the hardware stage gives a
+    host: its place in the host list), else 0."""
+    for text in (_read(path), envvars.NODE_ID.raw()):
+        try:
+            return int((text or "").strip(), 0)
+        except ValueError:
+            continue
+    return 0
+
+
+def _read(path: Path) -> str | None:
     try:
-        return int(path.read_text().strip(), 0)
-    except (OSError, ValueError):
-        return 0
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def do_export(size: int) -> dict[str, Any]:
