@@ -656,7 +656,7 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	 * reaches .fault, which refuses it.
 	 */
 	if (!obmm_state_reader(state) &&
-	    !(OBMM_PMD_HUGE && granu == OBMM_MMAP_GRANU_PMD))
+	    !(OBMM_PMD_LAZY && granu == OBMM_MMAP_GRANU_PMD))
 		zap_vma_ptes(vma, vma->vm_start, len);
 	/* Only a counted mapping gets the close hook. */
 	vma->vm_private_data = vm;
