@@ -98,7 +98,7 @@ qemu-test: setup-python
 	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
 	$(SIDE_BY_SIDE) \
 		'qemu=$(PYTEST) tests/qemu -m "not hw_proof" --ignore=tests/qemu/test_hw_stage.py --junitxml=results/qemu-junit.xml -o junit_logging=all' \
-		'cluster=$(PYTEST) tests/cluster -m "not hw_proof" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/cluster-junit.xml -o junit_logging=all' \
+		'cluster=$(PYTEST) tests/cluster -m "not hw_proof and not fuzz" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/cluster-junit.xml -o junit_logging=all' \
 		'trust=$(PYTEST) tests/cluster/test_ctl_trust.py -m "not slow" --junitxml=results/trust-junit.xml -o junit_logging=all' \
 		'trust+=$(PYTEST) tests/qemu/test_hw_stage.py -m "not hw_proof" --junitxml=results/hw-stage-junit.xml -o junit_logging=all' \
 	|| exit 1; \
@@ -160,17 +160,28 @@ fuzz-diff: setup-python
 
 # The structured fuzzer of obmm_emu (pylib/obmm/fuzz) on a fresh 2-node cluster: both nodes fuzz
 # at once (node 1 with seed + 1), FUZZ_OPS single-process operations then FUZZ_ROUNDS race
-# rounds each; a kernel report on either node fails it.  Then every control-region trust test
-# (tests/cluster/test_ctl_trust.py, the slow cases qemu-test leaves out included).
+# rounds each; a kernel report on either node fails it (a run a kernel bug killed prints the
+# operation it was at).  Then the cross-node mode (tests/cluster/test_fuzz_xnode.py, FUZZ_XROUNDS
+# rounds: the importer's reads and handoffs while its exporter unexports, stops, reloads or
+# dies) and every control-region trust test (tests/cluster/test_ctl_trust.py, the slow cases
+# qemu-test leaves out included).
 # FUZZ_CLUSTER=<name> runs the fuzzer alone on node FUZZ_NODE of a cluster already up
 # (`obmm-testbed up --kmod`, a debug kernel's included).
 FUZZ_SEED ?= 1
 FUZZ_OPS ?= 20000
 FUZZ_ROUNDS ?= 300
+FUZZ_XROUNDS ?= 12
 FUZZ_NODE ?= 0
 FUZZ_TIMEOUT ?= 3600
+# A campaign sized to end by a given time: no operation (race round) starts after this many
+# seconds of each phase (0: no limit); fuzz-result says how many ran.
+FUZZ_SECONDS ?= 0
+FUZZ_ROUND_SECONDS ?= 0
 FUZZ = env PYTHONPATH=/opt/obmm-testbed/pylib python3 -m obmm.fuzz
-fuzz-cmd = $(FUZZ) --seed $(1) --ops $(FUZZ_OPS) && $(FUZZ) --mode concurrent --seed $(1) --ops $(FUZZ_ROUNDS)
+FUZZ_PROGRESS = /tmp/obmm-fuzz.progress
+fuzz-cmd = { $(FUZZ) --seed $(1) --ops $(FUZZ_OPS) --seconds $(FUZZ_SECONDS) \
+	--progress $(FUZZ_PROGRESS) || { echo "fuzz: the run ended at $$(cat $(FUZZ_PROGRESS))"; false; }; } && \
+	$(FUZZ) --mode concurrent --seed $(1) --ops $(FUZZ_ROUNDS) --seconds $(FUZZ_ROUND_SECONDS)
 fuzz: setup-python
 	@if [ -n "$(FUZZ_CLUSTER)" ]; then \
 		$(VENV)/bin/obmm-testbed ssh --name $(FUZZ_CLUSTER) --timeout $(FUZZ_TIMEOUT) $(FUZZ_NODE) -- \
@@ -180,6 +191,9 @@ fuzz: setup-python
 		$(VENV)/bin/obmm-testbed run --nodes 2 --dir none --timeout $(FUZZ_TIMEOUT) \
 			--node 0='$(call fuzz-cmd,$(FUZZ_SEED))' \
 			--node 1='$(call fuzz-cmd,$$(($(FUZZ_SEED) + 1)))' || exit 1; \
+		OBMM_FUZZ_SEED=$(FUZZ_SEED) OBMM_FUZZ_XROUNDS=$(FUZZ_XROUNDS) \
+			$(PYTEST) tests/cluster/test_fuzz_xnode.py -m fuzz -s --junitxml=results/fuzz-xnode-junit.xml \
+			|| exit 1; \
 		$(PYTEST) tests/cluster/test_ctl_trust.py --junitxml=results/ctl-trust-junit.xml; \
 	fi
 

@@ -53,6 +53,13 @@ struct obmm_fabric {
 	u32 node_state;
 	u64 withdraw_epoch;
 	struct obmm_emu_ctl_ack acks[OBMM_EMU_MAX_NODES];
+	/*
+	 * Between obmm_fabric_init() and obmm_fabric_exit(): the locks exist.
+	 * Module exit cancels every work that reads the fabric before it goes;
+	 * one that still ran after would use destroyed locks and an unmapped
+	 * region, and WARNs instead.
+	 */
+	bool up;
 	struct mutex node_lock;	/* serialises the writers of this node's entry */
 	struct delayed_work heartbeat_work;
 	struct mutex rec_lock;	/* protects rec_used, rec_seq, rec_gen, records */
@@ -385,6 +392,8 @@ u64 obmm_fabric_withdraw_epoch(void)
 {
 	u64 epoch;
 
+	if (WARN_ON_ONCE(!fab.up))
+		return 0;
 	mutex_lock(&fab.node_lock);
 	epoch = fab.withdraw_epoch;
 	mutex_unlock(&fab.node_lock);
@@ -402,7 +411,8 @@ void obmm_ctl_write_ack(int node, u64 boot_id, u64 epoch)
 		.epoch = cpu_to_le64(epoch),
 	};
 
-	if (!fab.ctl || node < 0 || node >= OBMM_EMU_MAX_NODES)
+	if (WARN_ON_ONCE(!fab.up) || !fab.ctl || node < 0 ||
+	    node >= OBMM_EMU_MAX_NODES)
 		return;
 	mutex_lock(&fab.node_lock);
 	if (memcmp(&fab.acks[node], &ack, sizeof(ack))) {
@@ -454,6 +464,7 @@ int obmm_fabric_init(void)
 		heartbeat_ms = OBMM_EMU_MIN_HEARTBEAT_MS;
 	mutex_init(&fab.rec_lock);
 	mutex_init(&fab.node_lock);
+	fab.up = true;
 	INIT_DELAYED_WORK(&fab.heartbeat_work, obmm_heartbeat_fn);
 	fab.boot_id = get_random_u64();
 
@@ -473,6 +484,7 @@ int obmm_fabric_init(void)
 	fab.ctl = memremap(fab.tb.ctl_base, fab.tb.ctl_size, MEMREMAP_WC);
 	if (!fab.ctl) {
 		tb_fabric_release(&fab.tb);
+		fab.up = false;
 		mutex_destroy(&fab.node_lock);
 		mutex_destroy(&fab.rec_lock);
 		return -ENOMEM;
@@ -523,6 +535,7 @@ void obmm_fabric_exit(void)
 		fab.ctl = NULL;
 	}
 	tb_fabric_release(&fab.tb);
+	fab.up = false;
 	mutex_destroy(&fab.node_lock);
 	mutex_destroy(&fab.rec_lock);
 }

@@ -157,6 +157,18 @@ struct obmm_region {
 	bool preimport;
 	/* NUMA_REMOTE: the range is hot-added (borrow.c lock) */
 	bool plugged;
+	/*
+	 * NUMA_REMOTE: an IMPORT is hot-adding the range (borrow.c lock
+	 * held): the revocation scan holds back its acknowledgment as for a
+	 * plugged range, since the memory is about to be this kernel's.
+	 */
+	bool plugging;
+	/*
+	 * A failed IMPORT whose hot-added memory could not be taken out at
+	 * once (offlining interrupted or busy): owned by the unplug thread,
+	 * which removes the memory, then the region (import.c).
+	 */
+	bool orphan;
 	struct obmm_preimport *pre;	/* PREIMPORT: its declaration */
 	struct obmm_export_dep dep;
 	bool tracked;		/* under the revocation scan */
@@ -203,6 +215,14 @@ static inline struct obmm_region *to_obmm_region(struct device *dev)
 {
 	return container_of(dev, struct obmm_region, dev);
 }
+
+/*
+ * Test hooks (module parameters test_*, each a delay that widens a race
+ * window for a guest test) exist only in the build the project's suites
+ * load: make ... OBMM_EMU_TEST=y (Kbuild: -DOBMM_EMU_TEST).  The module
+ * users load has none.  Every delay is bounded.
+ */
+#define OBMM_TEST_DELAY_MAX_MS		5000
 
 /* core.c */
 extern int obmm_emu_node_id;
@@ -331,13 +351,12 @@ const char *obmm_access_dep_lost(struct obmm_export_dep *dep,
 /* borrow.c: NUMA_REMOTE memory hot-plug */
 u64 obmm_memory_block_bytes(void);
 void obmm_borrow_init(void);
-void obmm_borrow_lock(void);
-int obmm_borrow_lock_interruptible(void);
+int obmm_borrow_lock_killable(void);
 bool obmm_borrow_trylock(void);
 void obmm_borrow_unlock(void);
 bool obmm_borrow_node_remote(int nid);
 int obmm_borrow_claim_node(int nid);
-void obmm_borrow_release_node(int nid);
+void obmm_borrow_release_node_locked(int nid);
 int obmm_borrow_add_locked(struct obmm_region *r, int nid);
 int obmm_borrow_remove_locked(struct obmm_region *r, bool keep_memid);
 struct resource *obmm_borrow_ram_res(struct obmm_region *r);

@@ -13,6 +13,9 @@ Load from a conftest with ``pytest_plugins = ["obmm_fixtures"]``.
   must read as it did before the test (a resource left behind, or one
   unlinked, fails it).  Leftover regions are removed (so one leak does not
   cascade) and the test fails.
+* ``module_unloads_promptly`` (autouse, session): after the last test, obmm_emu (idle)
+  unloads within 5 s and is loaded again with its parameters; the last test fails otherwise
+  (a worker that outlives its work, an unload that waits for one).  Emulator only.
 * ``export`` / ``imported``: context managers that always clean up.
 * ``run_in_child``: run a snippet in a fresh interpreter, return how it died.
 """
@@ -25,6 +28,7 @@ import difflib
 import errno
 import gc
 import mmap
+import os
 import subprocess
 import sys
 import time
@@ -210,6 +214,32 @@ def obmm_leak_check() -> Iterator[None]:
         f"test leaked OBMM state: regions {leaked or 'none'}; "
         f"pool used {before.pool_used:#x} -> {after.pool_used:#x}{iomem}"
     )
+
+
+EMU_MODULE = "obmm_emu"
+EMU_KO = Path("/opt/obmm-testbed/kmod") / f"{EMU_MODULE}.ko"
+EMU_PARAMS = Path("/sys/module") / EMU_MODULE / "parameters"
+#: The parameters the testbed loads the module with (obmm.testbed.provision.insmod_command).
+EMU_RELOAD_PARAMS = ("node_id", "pool_base", "pool_size")
+#: rmmod of the idle module returns within this, whatever the suite did before.
+UNLOAD_S = 5.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def module_unloads_promptly() -> Iterator[None]:
+    yield
+    if os.environ.get("OBMM_TARGET") == "hardware" or not EMU_KO.is_file():
+        return
+    if not EMU_PARAMS.is_dir() or snapshot().region_ids():
+        return  # not loaded by the testbed, or a leak the leak check has reported
+    args = [f"{p}={(EMU_PARAMS / p).read_text().strip()}" for p in EMU_RELOAD_PARAMS]
+    t0 = time.monotonic()
+    done = subprocess.run(["rmmod", EMU_MODULE], capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - t0
+    subprocess.run(["insmod", str(EMU_KO), *args], check=False)
+    assert done.returncode == 0, f"rmmod {EMU_MODULE} after the suite: {done.stderr.strip()}"
+    assert took < UNLOAD_S, f"rmmod {EMU_MODULE} after the suite took {took:.1f} s"
+    print(f"rmmod {EMU_MODULE} after the suite: {took:.2f} s")
 
 
 @pytest.fixture(scope="session")

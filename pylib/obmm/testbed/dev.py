@@ -76,8 +76,9 @@ def command(args: argparse.Namespace) -> int:
     session = _session(settings, progress)
     try:
         kos = provision.module_load_order(
+            # the guest suite's build: its tests may use the test-only parameters
             provision.build_guest_modules(
-                session.cluster.image, results_dir() / "kmod", settings.driver
+                session.cluster.image, results_dir() / "kmod", settings.driver, test_hooks=True
             )
         )
         t1 = time.monotonic()
@@ -108,7 +109,9 @@ def _session(settings: Settings, progress: Progress) -> Session:
             f"{settings.name}` and run dev again"
         )
     progress.line(f"no cluster {settings.name} yet: bringing one up (it stays up)")
-    session = bring_up(settings, purpose="dev", default_topology="single", detach=True)
+    session = bring_up(
+        settings, purpose="dev", default_topology="single", detach=True, test_hooks=True
+    )
     session.cluster.disown()
     _record(session, session.modules, settings.params)
     return session

@@ -111,13 +111,24 @@ def _package_sources(package: Path, arcname: str) -> Iterable[tuple[Path, str]]:
         yield src, f"{arcname}/{rel.as_posix()}"
 
 
-def build_guest_modules(image: Image, out: Path, driver: str = kbuild.DRIVER_EMU) -> list[Path]:
+#: The make variable of the suites' build: obmm_emu with its test-only module parameters
+#: (kmod/obmm_emu/obmm_emu.h, "Test hooks"); every other bring-up loads the module users load.
+TEST_HOOKS_VARS = {"OBMM_EMU_TEST": "y"}
+#: Where the suites' build goes, under the `out` of :func:`build_guest_modules`.
+TEST_HOOKS_DIR = "test-hooks"
+
+
+def build_guest_modules(
+    image: Image, out: Path, driver: str = kbuild.DRIVER_EMU, *, test_hooks: bool = False
+) -> list[Path]:
     """Build the driver's modules against the guest kernel's headers and pre-flight each .ko on
     the host (:mod:`obmm.testbed.kbuild` plus the ELF checks); the .ko files to load.
 
     ``emu``: kmod/* into ``out`` (ub_compat is built too, as a W=1 check, but not loaded);
-    ``real``: the testhook, ub_compat and upstream's obmm.ko (tree: $OBMM_UB_UPSTREAM or the
-    pinned copy; absent: kbuild.UpstreamMissing, one line) into ``out``'s sibling ``-real``.
+    ``test_hooks``: the suites' build of it, with the test-only module parameters, into
+    ``out/test-hooks``.  ``real``: the testhook, ub_compat and upstream's obmm.ko (tree:
+    $OBMM_UB_UPSTREAM or the pinned copy; absent: kbuild.UpstreamMissing, one line) into
+    ``out``'s sibling ``-real`` (the real driver has no test hooks).
 
     A run builds the suites' modules several times over (qemu-test, the cluster suite, the
     hardware proofs): when the sources are those of the last build into `out`, its .ko files
@@ -126,6 +137,9 @@ def build_guest_modules(image: Image, out: Path, driver: str = kbuild.DRIVER_EMU
 
     real = driver == kbuild.DRIVER_REAL
     release = image.kernel_release
+    test_hooks = test_hooks and not real
+    if test_hooks:
+        out = out / TEST_HOOKS_DIR
     # The debug kernel's own build tree, else Debian's headers for the release.
     headers = image.kdir or kbuild.fetch_headers(release)
     # A rebuilt debug kernel keeps its release; its build tree's path names its config.
@@ -135,7 +149,7 @@ def build_guest_modules(image: Image, out: Path, driver: str = kbuild.DRIVER_EMU
         out = out.with_name(f"{out.name}-{kbuild.DRIVER_REAL}")
         digest = kbuild.real_sources_digest(key, kmod_dir(), upstream)
     else:
-        digest = kbuild.sources_digest(key, kmod_dir())
+        digest = kbuild.sources_digest(key + (" test-hooks" if test_hooks else ""), kmod_dir())
     kos = kbuild.reusable_build(out / release, digest)
     if kos is not None:
         log.info("modules: sources unchanged since the last build, using %s", out / release)
@@ -143,7 +157,10 @@ def build_guest_modules(image: Image, out: Path, driver: str = kbuild.DRIVER_EMU
         if real:
             kos = kbuild.build_real_driver(headers, kmod_dir(), upstream, out / release)
         else:
-            kos = kbuild.build_modules(headers, kmod_dir(), out / release)
+            kos = kbuild.build_modules(
+                headers, kmod_dir(), out / release,
+                make_vars=TEST_HOOKS_VARS if test_hooks else None,
+            )  # fmt: skip
         kbuild.record_build(out / release, digest, kos)
     symvers = elfcheck.Symvers.load(headers / "Module.symvers")
     exports = {sym for ko in kos for sym in elfcheck.module_exports(ko)}

@@ -1,4 +1,4 @@
-"""The node the fuzzer runs on: fabric, pool, module, kernel log, libc calls."""
+"""The node the fuzzer runs on (its target): fabric, pool, module, kernel log, libc calls."""
 
 from __future__ import annotations
 
@@ -86,6 +86,11 @@ def load_fabric() -> Fabric:
 
 def pool_used() -> int:
     return sum(read_int(d / "used") for d in MEMPOOL.glob("obmm-*"))
+
+
+def quarantined() -> int:
+    """Bytes of unexported memory not yet reusable (/sys/kernel/obmm_emu/quarantined)."""
+    return read_int(EMU / "quarantined")
 
 
 def pool_total() -> int:
@@ -222,8 +227,15 @@ class Module:
     def reloadable(self) -> bool:
         return self.ko.is_file()
 
+    #: rmmod returns within this (an idle module: no worker may keep it; busy: EBUSY at once)
+    UNLOAD_S = 5.0
+
     def rmmod(self) -> bool:
-        return subprocess.run(["rmmod", MODULE], capture_output=True).returncode == 0
+        """rmmod; whether it unloaded.  The seconds it took are in ``last_rmmod_s``."""
+        t0 = time.monotonic()
+        done = subprocess.run(["rmmod", MODULE], capture_output=True).returncode == 0
+        self.last_rmmod_s = time.monotonic() - t0
+        return done
 
     def insmod(self) -> None:
         if not MODULE_SYSFS.is_dir():
