@@ -840,7 +840,18 @@ class Cluster:
         Once begun it finishes: SIGINT and SIGTERM meanwhile wait for it (one line says so),
         then take effect."""
         with interrupts.signals_deferred(f"stopping cluster {self.name}"):
+            if self.owner is None:
+                self._claim()
             self._stop()
+
+    def _claim(self) -> None:
+        """A cluster owned by nobody (`up`) is this process's while it stops it: if this
+        process dies meanwhile (a SIGKILLed `down`), the next testbed command removes what is
+        left (the hub and the run directory would otherwise stay until another `down`)."""
+        self.owner = ownership.Owner.me()
+        with contextlib.suppress(OSError):
+            (self.rundir / OWNER_FILE).write_text(json.dumps(self.owner.to_dict()) + "\n")
+            self.save()
 
     def _stop(self) -> None:
         self.close_connections()
