@@ -136,7 +136,12 @@ class Testbed:
     def close(self) -> None:
         if self.current is not None:
             current, self.current, self.settings = self.current, None, None
-            current.close()
+            capman = self.config.pluginmanager.getplugin("capturemanager")
+            if capman is not None:  # as the boot's: the teardown's line is the user's to see
+                with capman.global_and_fixture_disabled():
+                    current.close()
+            else:
+                current.close()
 
 
 def _marker_kwargs(request: pytest.FixtureRequest) -> dict[str, Any]:
