@@ -136,9 +136,10 @@ int main(int argc, char **argv)
 	       (unsigned long long)h.mem_id, (unsigned long long)h.length);
 	if (!have_addr && resolve_emulator(&h, &addr))
 		return 1;
-	if (read_u64("/sys/devices/ub_bus_controller0/0/primary_cna", &cna))
+	if (read_controller("primary_cna", &cna))
 		read_u64(EMU_SYSFS "/cna", &cna);
-	read_u64(EMU_SYSFS "/eid", &eid);
+	if (read_controller("eid", &eid))
+		read_u64(EMU_SYSFS "/eid", &eid);
 	eid32 = (uint32_t)eid;
 
 	dev = open("/dev/obmm", O_RDWR | O_CLOEXEC);

@@ -120,10 +120,11 @@ int main(int argc, char **argv)
 		return 1;
 	printf("decoder address %#llx\n", addr);
 
-	/* This node's UB controller, where libobmm reads it. */
-	if (read_u64("/sys/devices/ub_bus_controller0/0/primary_cna", &cna))
+	/* This node's UB controller, where libobmm finds it. */
+	if (read_controller("primary_cna", &cna))
 		read_u64(EMU_SYSFS "/cna", &cna);
-	read_u64(EMU_SYSFS "/eid", &eid);
+	if (read_controller("eid", &eid))
+		read_u64(EMU_SYSFS "/eid", &eid);
 	eid32 = (uint32_t)eid;
 
 	dev = open("/dev/obmm", O_RDWR | O_CLOEXEC);

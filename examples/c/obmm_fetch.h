@@ -9,6 +9,9 @@
 #define OBMM_FETCH_H
 
 #include <errno.h>
+#include <glob.h>
+#include <libgen.h>
+#include <limits.h>
 #include <netdb.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,6 +41,31 @@ static int read_u64(const char *path, unsigned long long *out)
 	ok = fscanf(f, "%lli", (long long *)out) == 1;
 	fclose(f);
 	return ok ? 0 : -1;
+}
+
+/*
+ * An attribute of this node's first UB controller, found as libobmm finds it:
+ * the directory of the first /sys/devices/ub_bus_controller<i>/(*)/ubc.
+ */
+static int read_controller(const char *attr, unsigned long long *out)
+{
+	char pattern[64], path[PATH_MAX];
+	glob_t g;
+	int i, ret;
+
+	for (i = 0; i < 8; i++) {
+		snprintf(pattern, sizeof(pattern), "/sys/devices/ub_bus_controller%d/*/ubc", i);
+		if (glob(pattern, 0, NULL, &g) || !g.gl_pathc) {
+			globfree(&g);
+			continue;
+		}
+		snprintf(path, sizeof(path), "%s/%s", dirname(g.gl_pathv[0]), attr);
+		globfree(&g);
+		ret = read_u64(path, out);
+		if (!ret)
+			return 0;
+	}
+	return -1;
 }
 
 static int fetch_handle(const char *host, const char *port, const char *name,

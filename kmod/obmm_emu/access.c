@@ -3,11 +3,15 @@
  * obmm_emu: the access control a UMMU enforces on hardware, emulated from
  * the control region.
  *
- * IMPORT: after every check of the real driver, the range must lie in one
- * node's window and be covered by one live export record of that node
- * with the import's tokenid, published by the node's current boot, while
- * the node's heartbeat is fresh; else -EACCES.  The import remembers the
- * record (node, slot, generation, boot id).
+ * IMPORT: after every check of the real driver, the live export record
+ * that covers the range (one node's window, published by the node's
+ * current boot, the node's heartbeat fresh) is looked up.  The import's
+ * tokenid plays no part: the real IMPORT never reads it, and on hardware
+ * the token an access carries comes from the decoder that management
+ * software programmed, not from the IMPORT.  The import remembers the
+ * record (node, slot, generation, boot id); an import no record covers is
+ * accepted, as by the real driver, and starts revoked: on hardware the
+ * UMMU faults its accesses (import.c).
  *
  * Revocation: every revoke_scan_ms a delayed work re-reads the node table
  * and, for every import, its record.  An import whose record was withdrawn
@@ -157,19 +161,18 @@ static bool obmm_peer_get(int node, struct obmm_peer *out)
 }
 
 static bool obmm_record_covers(const struct obmm_emu_ctl_export *rec,
-			       u64 boot_id, u64 off, u64 len, u32 tokenid)
+			       u64 boot_id, u64 off, u64 len)
 {
 	u64 pa = le64_to_cpu(rec->pa), size = le64_to_cpu(rec->size);
 
 	if (le32_to_cpu(rec->state) != OBMM_EMU_REC_LIVE ||
 	    le64_to_cpu(rec->boot_id) != boot_id ||
-	    le32_to_cpu(rec->tokenid) != tokenid ||
 	    le32_to_cpu(rec->flags) & OBMM_EMU_REC_FLAG_SCATTERED)
 		return false;
 	return off >= pa && off - pa < size && len <= size - (off - pa);
 }
 
-int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
+bool obmm_access_find_export(phys_addr_t addr, u64 len,
 			     struct obmm_export_dep *dep)
 {
 	struct obmm_emu_ctl_export rec;
@@ -178,31 +181,24 @@ int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
 	int node, slot;
 
 	node = obmm_fabric_window_node(addr, len, &off);
-	if (node < 0)
-		return obmm_refuse(OBMM_OP_IMPORT, -EACCES,
-				   "emulated UMMU: pa=%pa size=%#llx is not inside one fabric window",
-				   &addr, len);
-	if (!obmm_peer_get(node, &peer))
-		return obmm_refuse(OBMM_OP_IMPORT, -EACCES,
-				   "emulated UMMU: exporter node %d is not alive", node);
+	if (node < 0 || !obmm_peer_get(node, &peer))
+		return false;
 	for (slot = 0; slot < OBMM_EMU_CTL_RECORDS_PER_NODE; slot++) {
 		if (obmm_ctl_record_state(node, slot) != OBMM_EMU_REC_LIVE)
 			continue;
 		/* A peer can make every slot LIVE with a stuck seq. */
 		cond_resched();
 		if (!obmm_ctl_read_record(node, slot, &rec) ||
-		    !obmm_record_covers(&rec, peer.boot_id, off, len, tokenid))
+		    !obmm_record_covers(&rec, peer.boot_id, off, len))
 			continue;
 		dep->node = node;
 		dep->slot = slot;
 		dep->generation = le64_to_cpu(rec.generation);
 		dep->boot_id = peer.boot_id;
 		dep->unreadable = false;
-		return 0;
+		return true;
 	}
-	return obmm_refuse(OBMM_OP_IMPORT, -EACCES,
-			   "emulated UMMU: no live export of node %d covers offset %#llx size %#llx with tokenid %#x",
-			   node, off, len, tokenid);
+	return false;
 }
 
 /*

@@ -7,7 +7,11 @@
  * export pool, the node going online (heartbeat), the revocation scan,
  * the shmdev class, /sys/kernel/obmm_emu, the UB controller, /dev/obmm.
  */
-#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+/*
+ * The real driver's prefix (obmm_core.h): its init and exit lines, which
+ * scripts grep for, read the same here.
+ */
+#define pr_fmt(fmt) "OBMM: " fmt
 
 #include <linux/fs.h>
 #include <linux/miscdevice.h>
@@ -114,6 +118,7 @@ static int __init obmm_emu_init(void)
 {
 	int ret;
 
+	pr_info("obmm_module: init started\n");
 	if (obmm_emu_node_id < 0 || obmm_emu_node_id >= OBMM_EMU_MAX_NODES) {
 		pr_err("node_id %d out of range\n", obmm_emu_node_id);
 		return -EINVAL;
@@ -129,6 +134,9 @@ static int __init obmm_emu_init(void)
 	ret = obmm_emu_fabric_up();
 	if (ret)
 		goto err_imports;
+	/* As obmm_core.c:ubmem_feature_probe(); the feature is the fabric's. */
+	pr_info("ub_feature: %#llx, obmm_enabled: %ld\n", obmm_ubc_feature(),
+		(long)obmm_fabric_enabled());
 	ret = obmm_shmdev_init();
 	if (ret)
 		goto err_fabric;
@@ -146,6 +154,7 @@ static int __init obmm_emu_init(void)
 	pr_info("node %d ready (%s)\n", obmm_emu_node_id,
 		obmm_fabric_enabled() ? "fabric present" :
 		"no fabric: every ioctl returns EOPNOTSUPP");
+	pr_info("obmm_module: init completed\n");
 	return 0;
 
 err_ubc:
@@ -163,6 +172,7 @@ err_imports:
 
 static void __exit obmm_emu_exit(void)
 {
+	pr_info("obmm_module: exit started\n");
 	misc_deregister(&obmm_misc);
 	obmm_ubc_exit();
 	obmm_sysfs_exit();
@@ -171,6 +181,7 @@ static void __exit obmm_emu_exit(void)
 	obmm_imports_exit();
 	obmm_exports_exit();
 	obmm_regions_exit();
+	pr_info("obmm_module: exit completed\n");
 }
 
 module_init(obmm_emu_init);

@@ -10,9 +10,13 @@
  * isolated at DECLARE and un-isolates at import; stock kernels cannot
  * isolate hot-added memory, so nothing is added before the import).
  *
- * After the real driver's checks an import must pass the emulated UMMU
- * check of access.c (-EACCES); the revocation scan then walks the import
- * ranges (obmm_imports_revoke_scan()).  A revoked borrow is unplugged by
+ * After the real driver's checks an import is bound to the live export
+ * that covers it (access.c; the tokenid plays no part, as in the real
+ * driver); one that no export covers is accepted and starts revoked (its
+ * accesses fault, as the UMMU makes them on hardware), except a borrow,
+ * which is refused with -EACCES: memory nobody exported is never hot-added.
+ * The revocation scan then walks the import ranges
+ * (obmm_imports_revoke_scan()).  A revoked borrow is unplugged by
  * a work item, and until it is, this node does not acknowledge the
  * exporter's withdrawals: the exporter cannot reuse memory this kernel
  * may still be using.
@@ -458,8 +462,7 @@ ssize_t obmm_imports_show_revoked(char *buf)
 
 	mutex_lock(&obmm_import_mutex);
 	list_for_each_entry(ir, &obmm_import_ranges, link) {
-		if (!ir->region || !ir->region->tracked ||
-		    !obmm_shmdev_revoked(ir->region))
+		if (!ir->region || !obmm_shmdev_revoked(ir->region))
 			continue;
 		if (len + OBMM_REVOKED_ENTRY_MAX > room) {
 			more = true;
@@ -620,10 +623,10 @@ static int obmm_import_numa(struct obmm_region *r,
 		return obmm_refuse(OBMM_OP_IMPORT, -EPERM,
 				   "Remote NUMA creation failed: node %d is not a remote NUMA node",
 				   nid);
-	ret = obmm_access_check_import(cmd->addr, cmd->length, cmd->tokenid,
-				       &r->dep);
-	if (ret)
-		return ret;
+	if (!obmm_access_find_export(cmd->addr, cmd->length, &r->dep))
+		return obmm_refuse(OBMM_OP_IMPORT, -EACCES,
+				   "emulator: no live export covers pa=%#llx size=%#llx: memory nobody exported is not hot-added",
+				   cmd->addr, cmd->length);
 	ret = obmm_range_track(r);
 	if (ret)
 		return obmm_refuse(OBMM_OP_IMPORT, ret,
@@ -670,7 +673,7 @@ long obmm_import_ioctl(void __user *uarg)
 	ret = obmm_region_add_id(r, OBMM_OP_IMPORT);
 	if (ret)
 		goto err_free;
-	if (cmd.scna != obmm_fabric_cna()) {
+	if (!obmm_ubc_known_cna(cmd.scna)) {
 		ret = obmm_refuse(OBMM_OP_IMPORT, -ENODEV,
 				  "%#x is not a known scna (this node's primary_cna is %#x)",
 				  cmd.scna, obmm_fabric_cna());
@@ -716,19 +719,17 @@ long obmm_import_ioctl(void __user *uarg)
 	ret = obmm_import_claim_memid(r);
 	if (ret)
 		goto err_unplug;
-	if (!numa) {
-		/* Emulated UMMU: a live export with this tokenid must cover it. */
-		ret = obmm_access_check_import(cmd.addr, cmd.length,
-					       cmd.tokenid, &r->dep);
-		if (ret)
-			goto err_iomem;
-		ret = obmm_range_track(r);
-		if (ret) {
-			obmm_refuse(OBMM_OP_IMPORT, ret,
-				    "emulated UMMU: the export covering pa=%#llx was withdrawn during the import",
-				    cmd.addr);
-			goto err_iomem;
-		}
+	/*
+	 * Emulated UMMU: the import reaches the export that covers it.  With
+	 * none (or one withdrawn meanwhile) it is made all the same, as by the
+	 * real driver, and starts revoked: every access faults, as the UMMU
+	 * makes them fault on hardware.
+	 */
+	if (!numa && (!obmm_access_find_export(cmd.addr, cmd.length, &r->dep) ||
+		      obmm_range_track(r))) {
+		r->revoked = true;
+		pr_info("import mem_id %d: no live export covers pa=%#llx size=%#llx: its accesses fault (emulated UMMU)\n",
+			r->id, cmd.addr, cmd.length);
 	}
 
 	r->allow_mmap = !numa;
@@ -827,7 +828,7 @@ static int obmm_preimport_check(const struct obmm_cmd_preimport *cmd)
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
 				   "undefined preimport flags specified in %#llx",
 				   cmd->flags);
-	if (cmd->scna != obmm_fabric_cna())
+	if (!obmm_ubc_known_cna(cmd->scna))
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENODEV,
 				   "%#x is not a known scna (this node's primary_cna is %#x)",
 				   cmd->scna, obmm_fabric_cna());
@@ -855,11 +856,34 @@ static void obmm_preimport_unlist(struct obmm_preimport *pre)
 }
 
 /*
- * DECLARE_PREIMPORT: the real driver's checks and order (module get
- * EPERM, check_preimport_cmd(), EEXIST overlap, EBUSY iomem, EINVAL not
- * UB memory, EPERM no node), then the range is listed with its node.  The
- * EINVAL of a range outside every window comes before the iomem claim
- * (its resource nests under the window's BAR).  No memory is added yet.
+ * Whether insert_resource() at the top of iomem, where the real driver
+ * puts "PREIMPORT_UBMEM" (obmm_resource.c:setup_ubmem_resource()), would
+ * refuse the range: it does when the range partly overlaps a resource.
+ * Asked of the kernel itself with a resource inserted and removed again:
+ * the emulator's own nests under the window's BAR (request_resource()),
+ * where removing it cannot take the BAR along.
+ */
+static int obmm_preimport_iomem_conflict(phys_addr_t start, phys_addr_t end)
+{
+	struct resource probe = {
+		.name = OBMM_PREIMPORT_RES_NAME,
+		.start = start,
+		.end = end,
+		.flags = IORESOURCE_MEM,
+	};
+
+	if (insert_resource(&iomem_resource, &probe))
+		return -EBUSY;
+	WARN_ON(remove_resource(&probe));
+	return 0;
+}
+
+/*
+ * DECLARE_PREIMPORT: the real driver's checks and order
+ * (obmm_preimport.c:obmm_preimport(), obmm_preimport_prefilled.c:
+ * preimport_prepare_prefilled(): module get EPERM, check_preimport_cmd(),
+ * EEXIST overlap, EBUSY iomem, EINVAL not UB memory, EPERM no node), then
+ * the range is listed with its node.  No memory is added yet.
  */
 static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 {
@@ -897,6 +921,13 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 			    "PA range [%pa, %pa] overlaps another import or preimport range",
 			    &pre->range.start, &pre->range.end);
 		goto err_free;
+	}
+	ret = obmm_preimport_iomem_conflict(pre->range.start, pre->range.end);
+	if (ret) {
+		obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, ret,
+			    "failed to setup ubmem resource on preimport: ret=%pe",
+			    ERR_PTR(ret));
+		goto err_unlist;
 	}
 	node = obmm_fabric_window_node(cmd->pa, cmd->length, NULL);
 	if (node < 0) {

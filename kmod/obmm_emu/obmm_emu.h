@@ -54,6 +54,8 @@
  */
 struct obmm_pid_quarantine;
 struct obmm_preimport;
+struct obmm_owner;
+struct obmm_vmap;
 
 struct obmm_export_dep {
 	int node;
@@ -104,6 +106,9 @@ struct obmm_region {
 	enum obmm_mmap_mode mmap_mode;
 	unsigned int mmap_count;
 	bool ownership_init;
+	/* readers and writers of each granule entry (ownership.c) */
+	struct obmm_owner *owners;
+	unsigned long nr_owners;
 	/*
 	 * PMD granule on x86 PAT: a kernel mapping of the whole region in
 	 * the current mmap_mode, held while it is mapped, whose memtype
@@ -263,6 +268,30 @@ void obmm_shmdev_revoke(struct obmm_region *r);
 struct inode *obmm_shmdev_inode_new(void);
 bool obmm_shmdev_revoked(struct obmm_region *r);
 
+/* ownership.c: per-mapping access and per-entry ownership counters */
+bool obmm_state_reader(u8 state);
+bool obmm_state_writer(u8 state);
+u8 obmm_mem_state_of(vm_flags_t flags, bool cacheable);
+vm_flags_t obmm_state_vm_flags(u8 state);
+void obmm_ownership_free(struct obmm_region *r);
+struct obmm_vmap *obmm_vmap_new(struct obmm_region *r, unsigned long first,
+				unsigned long nr, unsigned int shift, u8 state,
+				bool counted);
+struct obmm_region *obmm_vmap_region(const struct obmm_vmap *vm);
+void obmm_vmap_get(struct obmm_vmap *vm);
+void obmm_vmap_put(struct obmm_vmap *vm);
+u8 obmm_vmap_state(const struct obmm_vmap *vm, unsigned long entry);
+void obmm_vmap_release(struct obmm_vmap *vm, unsigned long from,
+		       unsigned long to);
+int obmm_vmap_move(struct obmm_vmap *vm, unsigned long from, unsigned long to,
+		   u8 new);
+void obmm_vmap_unmove(struct obmm_vmap *vm, unsigned long from,
+		      unsigned long to, u8 new);
+void obmm_vmap_commit(struct obmm_vmap *vm, unsigned long from,
+		      unsigned long to, u8 new);
+vm_flags_t obmm_vmap_vm_flags(const struct obmm_vmap *vm, unsigned long from,
+			      unsigned long to);
+
 /* fabric.c */
 struct obmm_emu_window {
 	bool present;
@@ -299,8 +328,8 @@ void obmm_access_start(void);
 void obmm_access_stop(void);
 u64 obmm_access_acked_epoch(void);
 unsigned int obmm_access_scan_ms(void);
-/* Logs its refusal (IMPORT) itself. */
-int obmm_access_check_import(phys_addr_t addr, u64 len, u32 tokenid,
+/* The live export record covering the range, if any (no tokenid check). */
+bool obmm_access_find_export(phys_addr_t addr, u64 len,
 			     struct obmm_export_dep *dep);
 const char *obmm_access_dep_lost(struct obmm_export_dep *dep,
 				 bool *unsure);
@@ -319,9 +348,11 @@ int obmm_borrow_add_locked(struct obmm_region *r, int nid);
 int obmm_borrow_remove_locked(struct obmm_region *r, bool keep_memid);
 struct resource *obmm_borrow_ram_res(struct obmm_region *r);
 
-/* ubc.c: the emulated UB controller's sysfs */
+/* ubc.c: the emulated UB controllers and bus */
 int obmm_ubc_init(void);
 void obmm_ubc_exit(void);
+bool obmm_ubc_known_cna(u32 cna);
+u64 obmm_ubc_feature(void);
 
 /* sysfs.c */
 extern const struct attribute_group *obmm_export_groups[];

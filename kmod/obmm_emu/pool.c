@@ -57,27 +57,55 @@ module_param(pool_size, ulong, 0444);
 MODULE_PARM_DESC(pool_size,
 		 "Pool size in bytes (default 0: up to the end of the node's own window)");
 
-static char *mempool_size;
+/*
+ * The real driver's pool parameters (drivers/ub/obmm/ubmempool_allocator.c,
+ * obmm_cache.c): names, defaults, modes and what their parser accepts.
+ * After load they read as the real ones do: mem_allocator_granu is set to
+ * the granule in use.
+ */
+#define OBMM_PARAM_LEN			20
+
+static char obmm_default_mempool_size[OBMM_PARAM_LEN] = "1G";
+static char *mempool_size = obmm_default_mempool_size;
 module_param(mempool_size, charp, 0440);
 MODULE_PARM_DESC(mempool_size,
-		 "Pool size (memparse, e.g. 256M); used when pool_size is 0");
+		 "Most memory the pools cache, split over the local nodes (default 1G); the pool's size when pool_size is 0");
 
-#define OBMM_EMU_ALLOCATOR	"buddy_highmem"
+#define OBMM_DEFAULT_REFILL_TIMEOUT_MS	30000
 
-static char *mempool_allocator = OBMM_EMU_ALLOCATOR;
+static int mempool_refill_timeout = OBMM_DEFAULT_REFILL_TIMEOUT_MS;
+module_param(mempool_refill_timeout, int, 0440);
+MODULE_PARM_DESC(mempool_refill_timeout,
+		 "Accepted as by the real driver; the emulated pool never contracts, so it never refills");
+
+enum obmm_allocator_id {
+	OBMM_ALLOCATOR_HUGETLB_PMD,
+	OBMM_ALLOCATOR_HUGETLB_PUD,
+	OBMM_ALLOCATOR_BUDDY_HIGHMEM,
+	OBMM_ALLOCATOR_MAX,
+};
+
+static const char * const obmm_allocator_names[] = {
+	[OBMM_ALLOCATOR_HUGETLB_PMD] = "hugetlb_pmd",
+	[OBMM_ALLOCATOR_HUGETLB_PUD] = "hugetlb_pud",
+	[OBMM_ALLOCATOR_BUDDY_HIGHMEM] = "buddy_highmem",
+};
+
+static char obmm_default_allocator[OBMM_PARAM_LEN] = "buddy_highmem";
+static char *mempool_allocator = obmm_default_allocator;
 module_param(mempool_allocator, charp, 0440);
 MODULE_PARM_DESC(mempool_allocator,
-		 "Pool allocator; only buddy_highmem (contiguous memory above mem=) is emulated");
+		 "hugetlb_pmd, hugetlb_pud or buddy_highmem (default); the emulated pool is the same memory above mem= for all three, the allocator sets its granule");
 
-static bool skip_cache_maintain = true;
+static bool skip_cache_maintain;
 module_param(skip_cache_maintain, bool, 0444);
 MODULE_PARM_DESC(skip_cache_maintain,
-		 "Accepted for compatibility; the emulated fabric is coherent, maintenance is always skipped");
+		 "Accepted as by the real driver; the emulated fabric is coherent, so there is no cache maintenance to skip");
 
 static char *mem_allocator_granu;
 module_param(mem_allocator_granu, charp, 0440);
 MODULE_PARM_DESC(mem_allocator_granu,
-		 "Pool granule (memseg size), power of two >= 2M (default 2M)");
+		 "Pool granule (memseg size): 2M multiple, power of two; PMD_SIZE for hugetlb_pmd, PUD_SIZE for hugetlb_pud; set to the granule in use after load");
 
 /* Decimal digits of a node id in "obmm-<nid>" */
 #define OBMM_POOL_NID_LEN		8
@@ -128,28 +156,100 @@ struct obmm_pool_state {
 
 #define OBMM_POOL_NOT_ZEROING	ULONG_MAX
 
+/* mempool_size: the most this node's pool holds, when pool_size is 0 */
+static u64 pool_cap;
+
 static struct obmm_pool_state the_pool = {
 	.granu = OBMM_DEFAULT_MEMSEG_SIZE,
 	.zeroing = OBMM_POOL_NOT_ZEROING,
 };
 
-int obmm_pool_parse_params(void)
+static enum obmm_allocator_id obmm_pool_allocator(void)
 {
+	int i;
+
+	for (i = 0; i < OBMM_ALLOCATOR_MAX; i++)
+		if (!strcmp(obmm_allocator_names[i], mempool_allocator))
+			return i;
+	pr_err("invalid mem allocator specified: %s\n", mempool_allocator);
+	return OBMM_ALLOCATOR_MAX;
+}
+
+/* "2M", "1G": the granule in the largest unit that divides it. */
+static void obmm_pool_print_granu(char *buf, size_t len, u64 granu)
+{
+	static const char * const units[] = { "", "K", "M", "G", "T" };
+	unsigned int i = 0;
+
+	while (granu >= SZ_1K && !(granu % SZ_1K) && i < ARRAY_SIZE(units) - 1) {
+		granu /= SZ_1K;
+		i++;
+	}
+	snprintf(buf, len, "%llu%s", granu, units[i]);
+}
+
+/* The real parser's checks, in its order, with its messages. */
+static int obmm_pool_parse_granu(enum obmm_allocator_id aid)
+{
+	static char granu_in_use[OBMM_PARAM_LEN];
+	char *end;
 	u64 granu;
 
-	if (strcmp(mempool_allocator, OBMM_EMU_ALLOCATOR)) {
-		pr_err("mempool_allocator %s is not emulated\n", mempool_allocator);
+	if (!mem_allocator_granu) {
+		if (aid == OBMM_ALLOCATOR_HUGETLB_PUD)
+			granu = PUD_SIZE;
+		else if (aid == OBMM_ALLOCATOR_HUGETLB_PMD)
+			granu = PMD_SIZE;
+		else
+			granu = OBMM_DEFAULT_MEMSEG_SIZE;
+		obmm_pool_print_granu(granu_in_use, sizeof(granu_in_use), granu);
+		mem_allocator_granu = granu_in_use;
+		the_pool.granu = granu;
+		return 0;
+	}
+	granu = memparse(mem_allocator_granu, &end);
+	if (*end) {
+		pr_err("invalid mem_allocator_granu: %s\n", mem_allocator_granu);
 		return -EINVAL;
 	}
-	if (!mem_allocator_granu)
-		return 0;
-	granu = memparse(mem_allocator_granu, NULL);
-	if (granu < OBMM_DEFAULT_MEMSEG_SIZE || !is_power_of_2(granu)) {
-		pr_err("invalid mem_allocator_granu %s\n", mem_allocator_granu);
+	if (granu < OBMM_BASIC_GRANU || granu % OBMM_BASIC_GRANU) {
+		pr_err("unsupported mem_allocator_granu: %s\n", mem_allocator_granu);
+		return -EINVAL;
+	}
+	if (!is_power_of_2(granu)) {
+		pr_err("mem_allocator_granu must be power of 2: %s\n",
+		       mem_allocator_granu);
+		return -EINVAL;
+	}
+	if ((aid == OBMM_ALLOCATOR_HUGETLB_PUD && granu != PUD_SIZE) ||
+	    (aid == OBMM_ALLOCATOR_HUGETLB_PMD && granu != PMD_SIZE)) {
+		pr_err("unsupported mem_allocator_granu for %s allocator: %s\n",
+		       obmm_allocator_names[aid], mem_allocator_granu);
 		return -EINVAL;
 	}
 	the_pool.granu = granu;
 	return 0;
+}
+
+/*
+ * The pool parameters, checked as the real allocator's init checks them
+ * (mempool_size, then the allocator, then the granule); -EINVAL fails the
+ * load.  The emulator has one local node: mempool_size is its pool's cap.
+ */
+int obmm_pool_parse_params(void)
+{
+	enum obmm_allocator_id aid;
+	char *end;
+
+	if (mempool_size) {
+		pool_cap = memparse(mempool_size, &end);
+		pr_info("nid=%d, pool size = %#llx bytes.\n", first_online_node,
+			pool_cap);
+	}
+	aid = obmm_pool_allocator();
+	if (aid == OBMM_ALLOCATOR_MAX)
+		return -EINVAL;
+	return obmm_pool_parse_granu(aid);
 }
 
 bool obmm_pool_present(void)
@@ -705,7 +805,7 @@ int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms)
 	if (pool_size)
 		end = base + pool_size;
 	else if (mempool_size)
-		end = base + memparse(mempool_size, NULL);
+		end = min_t(u64, base + pool_cap, win_size);
 	else
 		end = win_size;
 	end = ALIGN_DOWN(end, the_pool.granu);

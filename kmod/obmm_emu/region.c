@@ -22,6 +22,7 @@ static void obmm_region_release(struct device *dev)
 	struct obmm_region *r = to_obmm_region(dev);
 
 	iput(r->map_inode);
+	obmm_ownership_free(r);
 	mutex_destroy(&r->mmap_lock);
 	kfree(r);
 }

@@ -2,6 +2,12 @@
 /*
  * obmm_emu: /dev/obmm_shmdev<id>: open, mmap, VMA rules and
  * OBMM_SHMDEV_UPDATE_RANGE.
+ *
+ * Each mapping keeps the access of each of its granule entries
+ * (ownership.c): UPDATE_RANGE changes them, gives the VMA the union of
+ * its entries' access and makes the page-table entries of the range over
+ * with each entry's own; an access an entry does not allow faults
+ * (SIGSEGV), as the real driver's split VMAs make it fault.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -136,13 +142,46 @@ static unsigned long obmm_granu_size(enum obmm_mmap_granu granu)
 	return granu == OBMM_MMAP_GRANU_PMD ? PMD_SIZE : PAGE_SIZE;
 }
 
+static unsigned int obmm_granu_shift(enum obmm_mmap_granu granu)
+{
+	return granu == OBMM_MMAP_GRANU_PMD ? PMD_SHIFT : PAGE_SHIFT;
+}
+
+static struct obmm_region *obmm_vma_region(const struct vm_area_struct *vma)
+{
+	return obmm_vmap_region(vma->vm_private_data);
+}
+
+/* Offset in the region of a user address of the VMA. */
+static u64 obmm_vma_offset(const struct vm_area_struct *vma,
+			   unsigned long addr)
+{
+	return ((u64)vma->vm_pgoff << PAGE_SHIFT) + (addr - vma->vm_start);
+}
+
+/* The region granule entry holding user address @addr of the VMA. */
+static unsigned long obmm_vma_entry(const struct vm_area_struct *vma,
+				    unsigned long addr)
+{
+	return obmm_vma_offset(vma, addr) >>
+	       obmm_granu_shift(obmm_vma_region(vma)->mmap_granu);
+}
+
+/* The mem_state of the entry holding @addr; mmap_lock held. */
+static u8 obmm_vma_state(const struct vm_area_struct *vma, unsigned long addr)
+{
+	return obmm_vmap_state(vma->vm_private_data,
+			       obmm_vma_entry(vma, addr));
+}
+
 static void obmm_vm_open(struct vm_area_struct *vma)
 {
-	struct obmm_region *r = vma->vm_private_data;
+	struct obmm_region *r = obmm_vma_region(vma);
 
 	mutex_lock(&r->mmap_lock);
 	r->mmap_count++;
 	mutex_unlock(&r->mmap_lock);
+	obmm_vmap_get(vma->vm_private_data);
 }
 
 /*
@@ -175,14 +214,17 @@ static void obmm_pmd_memtype_put(struct obmm_region *r)
 
 static void obmm_vm_close(struct vm_area_struct *vma)
 {
-	struct obmm_region *r = vma->vm_private_data;
+	struct obmm_region *r = obmm_vma_region(vma);
 
 	mutex_lock(&r->mmap_lock);
+	obmm_vmap_release(vma->vm_private_data, obmm_vma_entry(vma, vma->vm_start),
+			  obmm_vma_entry(vma, vma->vm_end - 1) + 1);
 	if (!--r->mmap_count) {
 		r->mmap_mode = OBMM_MMAP_MODE_NONE;
 		obmm_pmd_memtype_put(r);
 	}
 	mutex_unlock(&r->mmap_lock);
+	obmm_vmap_put(vma->vm_private_data);
 }
 
 static bool obmm_vma_huge(const struct obmm_region *r)
@@ -190,11 +232,30 @@ static bool obmm_vma_huge(const struct obmm_region *r)
 	return OBMM_PMD_HUGE && r->mmap_granu == OBMM_MMAP_GRANU_PMD;
 }
 
-/* Offset in the region of a user address of the VMA. */
-static u64 obmm_vma_offset(const struct vm_area_struct *vma,
-			   unsigned long addr)
+/*
+ * The protection of @flags with the caching mode of mem_state @state
+ * (the real mem_state_to_pgprot()): write-combine for NORMAL_NC, uncached
+ * for DEVICE.
+ */
+static pgprot_t obmm_prot(vm_flags_t flags, u8 state)
 {
-	return ((u64)vma->vm_pgoff << PAGE_SHIFT) + (addr - vma->vm_start);
+	pgprot_t prot = vm_get_page_prot(flags);
+
+	switch (state & OBMM_SHM_MEM_CACHE_MASK) {
+	case OBMM_SHM_MEM_NORMAL_NC:
+		return pgprot_writecombine(prot);
+	case OBMM_SHM_MEM_DEVICE:
+		return pgprot_noncached(prot);
+	default:
+		return prot;
+	}
+}
+
+/* The protection of an entry's page-table entries: its access and cache. */
+static pgprot_t obmm_state_prot(u8 state)
+{
+	return obmm_prot(VM_SHARED |
+			 (obmm_state_vm_flags(state) & (VM_READ | VM_WRITE)), state);
 }
 
 #if OBMM_PMD_HUGE
@@ -220,28 +281,62 @@ static vm_fault_t obmm_pmd_fault(struct vm_fault *vmf, struct obmm_region *r)
 
 static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
 {
-	struct obmm_region *r = vmf->vma->vm_private_data;
+	struct vm_area_struct *vma = vmf->vma;
+	struct obmm_region *r = obmm_vma_region(vma);
+	unsigned long addr = vmf->address & PAGE_MASK;
 	vm_fault_t ret = VM_FAULT_SIGBUS;
+	u8 state;
 
 	/*
-	 * Page granule: every page is installed at mmap time, so a fault is
-	 * an error or an access after revocation zapped the PTEs: SIGBUS.
-	 * PMD granule: the first touch of each 2 MiB maps it, unless the
-	 * region was revoked (checked under mmap_lock, which revocation
-	 * takes before it zaps: no entry can be installed after the zap).
+	 * Revoked (checked under mmap_lock, which revocation takes before it
+	 * zaps: no entry can be installed after the zap): SIGBUS.  An access
+	 * the entry does not allow (UPDATE_RANGE): SIGSEGV.  Else the entry
+	 * is mapped: page granule, a page UPDATE_RANGE made over; PMD
+	 * granule, at the first touch of each 2 MiB.
 	 */
 	mutex_lock(&r->mmap_lock);
+	if (r->revoked)
+		goto out;
+	state = obmm_vma_state(vma, addr);
+	if (!obmm_state_reader(state) ||
+	    ((vmf->flags & FAULT_FLAG_WRITE) && !obmm_state_writer(state))) {
+		ret = VM_FAULT_SIGSEGV;
+		goto out;
+	}
 #if OBMM_PMD_HUGE
-	if (!r->revoked && obmm_vma_huge(r))
+	if (obmm_vma_huge(r)) {
 		ret = obmm_pmd_fault(vmf, r);
+		goto out;
+	}
 #endif
+	ret = vmf_insert_pfn_prot(vma, addr,
+				  PHYS_PFN(r->pa + obmm_vma_offset(vma, addr)),
+				  obmm_state_prot(state));
+out:
+	mutex_unlock(&r->mmap_lock);
+	return ret;
+}
+
+/*
+ * A write to a page an UPDATE_RANGE left read-only (its VMA may write
+ * elsewhere): SIGSEGV; to a read-write one: made writable by the core.
+ */
+static vm_fault_t obmm_vm_pfn_mkwrite(struct vm_fault *vmf)
+{
+	struct obmm_region *r = obmm_vma_region(vmf->vma);
+	vm_fault_t ret = VM_FAULT_SIGBUS;
+
+	mutex_lock(&r->mmap_lock);
+	if (!r->revoked)
+		ret = obmm_state_writer(obmm_vma_state(vmf->vma, vmf->address)) ?
+		      0 : VM_FAULT_SIGSEGV;
 	mutex_unlock(&r->mmap_lock);
 	return ret;
 }
 
 static int obmm_vm_may_split(struct vm_area_struct *vma, unsigned long addr)
 {
-	struct obmm_region *r = vma->vm_private_data;
+	struct obmm_region *r = obmm_vma_region(vma);
 
 	return IS_ALIGNED(addr, obmm_granu_size(r->mmap_granu)) ? 0 : -EINVAL;
 }
@@ -265,7 +360,7 @@ static int obmm_vm_mprotect(struct vm_area_struct *vma, unsigned long start,
 
 static unsigned long obmm_vm_pagesize(struct vm_area_struct *vma)
 {
-	struct obmm_region *r = vma->vm_private_data;
+	struct obmm_region *r = obmm_vma_region(vma);
 
 	return obmm_granu_size(r->mmap_granu);
 }
@@ -288,7 +383,7 @@ static const char *obmm_vm_name(struct vm_area_struct *vma)
 static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 			  void *buf, int len, int write)
 {
-	struct obmm_region *r = vma->vm_private_data;
+	struct obmm_region *r = obmm_vma_region(vma);
 	int offset = offset_in_page(addr);
 	u64 off = obmm_vma_offset(vma, addr);
 	void __iomem *maddr;
@@ -306,7 +401,8 @@ static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 		return -EINVAL;
 	len = min_t(int, len, PAGE_SIZE - offset);
 	mutex_lock(&r->mmap_lock);
-	if (r->revoked)
+	if (r->revoked || !obmm_state_reader(obmm_vma_state(vma, addr)) ||
+	    (write && !obmm_state_writer(obmm_vma_state(vma, addr))))
 		goto out;
 	maddr = ioremap_prot(r->pa + off - offset, PAGE_SIZE,
 			     pgprot_val(vma->vm_page_prot));
@@ -330,6 +426,7 @@ static const struct vm_operations_struct obmm_vm_ops = {
 	.open = obmm_vm_open,
 	.close = obmm_vm_close,
 	.fault = obmm_vm_fault,
+	.pfn_mkwrite = obmm_vm_pfn_mkwrite,
 #ifdef OBMM_HAVE_MAY_SPLIT
 	.may_split = obmm_vm_may_split,
 	.mprotect = obmm_vm_mprotect,
@@ -350,6 +447,15 @@ static void obmm_vma_set_flags(struct vm_area_struct *vma, vm_flags_t flags)
 	vm_flags_set(vma, flags);
 #else
 	vma->vm_flags |= flags;
+#endif
+}
+
+static void obmm_vma_clear_flags(struct vm_area_struct *vma, vm_flags_t flags)
+{
+#ifdef OBMM_HAVE_VM_FLAGS_SET
+	vm_flags_clear(vma, flags);
+#else
+	vma->vm_flags &= ~flags;
 #endif
 }
 
@@ -412,6 +518,7 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	u64 offset = (u64)vma->vm_pgoff << PAGE_SHIFT;
 	enum obmm_mmap_granu granu = OBMM_MMAP_GRANU_PAGE;
 	enum obmm_mmap_mode mode;
+	struct obmm_vmap *vm;
 	pgprot_t prot;
 	int ret;
 
@@ -476,18 +583,31 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 		goto out;
 	}
 
+	/* Its entries' access; cacheable ones are counted as the real driver. */
+	vm = obmm_vmap_new(r, offset >> obmm_granu_shift(granu),
+			   len >> obmm_granu_shift(granu), obmm_granu_shift(granu),
+			   obmm_mem_state_of(vma->vm_flags,
+					     mode == OBMM_MMAP_MODE_CACHEABLE),
+			   mode == OBMM_MMAP_MODE_CACHEABLE);
+	if (IS_ERR(vm)) {
+		ret = PTR_ERR(vm);
+		goto out;
+	}
 	obmm_vma_set_flags(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_LOCKED);
 	vma->vm_page_prot = prot;
 	/* The region offset without the PMD flag, as the real driver. */
 	vma->vm_pgoff = offset >> PAGE_SHIFT;
 	ret = obmm_shm_map(r, vma, offset, granu);
 	if (ret) {
+		obmm_vmap_release(vm, offset >> obmm_granu_shift(granu),
+				  (offset + len) >> obmm_granu_shift(granu));
+		obmm_vmap_put(vm);
 		obmm_refuse(OBMM_OP_MMAP, ret, "Failed to mmap region %d. ret=%pe",
 			    r->id, ERR_PTR(ret));
 		goto out;
 	}
 	/* Only a counted mapping gets the close hook. */
-	vma->vm_private_data = r;
+	vma->vm_private_data = vm;
 	vma->vm_ops = &obmm_vm_ops;
 	r->mmap_granu = granu;
 	r->mmap_mode = mode;
@@ -534,27 +654,118 @@ static int obmm_mem_state_check_access(struct file *file, u8 state)
 	return 0;
 }
 
-/* Every byte of [start, end) must be mapped by VMAs of this region. */
-static int obmm_update_range_walk(struct obmm_region *r, unsigned long start,
-				  unsigned long end)
+/* The vm_flags an UPDATE_RANGE sets (the real OBMM_UPDATE_VM_FLAGS_MASK). */
+#define OBMM_UPDATE_VM_FLAGS	(VM_READ | VM_WRITE | VM_MAYREAD | VM_MAYWRITE)
+
+/* The part [*from, *to) of the VMA in [start, end), as region entries. */
+static void obmm_update_piece(const struct vm_area_struct *vma,
+			      unsigned long start, unsigned long end,
+			      unsigned long *from, unsigned long *to)
+{
+	*from = obmm_vma_entry(vma, max(start, vma->vm_start));
+	*to = obmm_vma_entry(vma, min(end, vma->vm_end) - 1) + 1;
+}
+
+/*
+ * Every byte of [start, end) is mapped by VMAs of this region, with no
+ * hole (obmm_shm_dev.c:obmm_shm_update_range()'s EFAULTs, in its order).
+ * mmap write lock held.
+ */
+static int obmm_update_range_check(struct obmm_region *r, unsigned long start,
+				   unsigned long end)
 {
 	struct mm_struct *mm = current->mm;
 	struct vm_area_struct *vma;
-	unsigned long addr = start;
+	unsigned long cursor = start;
+
+	for (vma = find_vma(mm, start); vma && vma->vm_start < end;
+	     vma = find_vma(mm, vma->vm_end)) {
+		if (vma->vm_start > cursor)
+			return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EFAULT,
+					   "VMA gap detected: expected start=%#lx, actual=%#lx",
+					   cursor, vma->vm_start);
+		if (vma->vm_ops != &obmm_vm_ops || obmm_vma_region(vma) != r)
+			return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EFAULT,
+					   "VMA does not belong to this region: vma=[%#lx, %#lx)",
+					   vma->vm_start, vma->vm_end);
+		cursor = vma->vm_end;
+		if (cursor >= end)
+			return 0;
+	}
+	return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EFAULT,
+			   "VMAs do not cover requested range: expected_end=%#lx actual_end=%#lx",
+			   end, cursor);
+}
+
+/*
+ * Count the entries of [start, end) as @state, all or none (-EOVERFLOW
+ * when a count would pass U16_MAX).  mmap write lock and mmap_lock held.
+ */
+static int obmm_update_range_count(unsigned long start, unsigned long end,
+				   u8 state)
+{
+	struct mm_struct *mm = current->mm;
+	struct vm_area_struct *vma, *done;
+	unsigned long from, to;
 	int ret = 0;
 
-	mmap_read_lock(mm);
-	while (addr < end) {
-		vma = find_vma(mm, addr);
-		if (!vma || vma->vm_start > addr ||
-		    vma->vm_ops != &obmm_vm_ops || vma->vm_private_data != r) {
-			ret = -EFAULT;
+	for (vma = find_vma(mm, start); vma && vma->vm_start < end;
+	     vma = find_vma(mm, vma->vm_end)) {
+		obmm_update_piece(vma, start, end, &from, &to);
+		ret = obmm_vmap_move(vma->vm_private_data, from, to, state);
+		if (ret)
 			break;
-		}
-		addr = vma->vm_end;
 	}
-	mmap_read_unlock(mm);
+	if (!ret)
+		return 0;
+	for (done = find_vma(mm, start); done != vma;
+	     done = find_vma(mm, done->vm_end)) {
+		obmm_update_piece(done, start, end, &from, &to);
+		obmm_vmap_unmove(done->vm_private_data, from, to, state);
+	}
 	return ret;
+}
+
+/*
+ * Give the entries of [start, end) @state: the VMAs get the union of
+ * their entries' access, the range's page-table entries are zapped and
+ * (page granule, unless revoked) made again with the new protection; PMD
+ * entries come back at the next touch.  As the real update_range, no
+ * cache maintenance: the emulated fabric is coherent.  mmap write lock
+ * and mmap_lock held.
+ */
+static void obmm_update_range_apply(struct obmm_region *r, unsigned long start,
+				    unsigned long end, u8 state)
+{
+	struct mm_struct *mm = current->mm;
+	struct vm_area_struct *vma;
+	unsigned long from, to, addr, first, last;
+	vm_flags_t flags;
+	pgprot_t prot;
+
+	for (vma = find_vma(mm, start); vma && vma->vm_start < end;
+	     vma = find_vma(mm, vma->vm_end)) {
+		obmm_update_piece(vma, start, end, &from, &to);
+		obmm_vmap_commit(vma->vm_private_data, from, to, state);
+		flags = obmm_vmap_vm_flags(vma->vm_private_data,
+					   obmm_vma_entry(vma, vma->vm_start),
+					   obmm_vma_entry(vma, vma->vm_end - 1) + 1);
+		obmm_vma_clear_flags(vma, OBMM_UPDATE_VM_FLAGS & ~flags);
+		obmm_vma_set_flags(vma, flags);
+		/* As the core sets it for a shared mapping that write-notifies. */
+		vma->vm_page_prot = obmm_prot(vma->vm_flags & ~VM_SHARED, state);
+		first = max(start, vma->vm_start);
+		last = min(end, vma->vm_end);
+		zap_vma_ptes(vma, first, last - first);
+		if (obmm_vma_huge(r) || r->revoked || !obmm_state_reader(state))
+			continue;
+		prot = obmm_state_prot(state);
+		for (addr = first; addr < last; addr += PAGE_SIZE)
+			/* A page that cannot be made now is made at its fault. */
+			vmf_insert_pfn_prot(vma, addr,
+					    PHYS_PFN(r->pa + obmm_vma_offset(vma, addr)),
+					    prot);
+	}
 }
 
 static long obmm_update_range(struct file *file, void __user *uarg)
@@ -598,16 +809,16 @@ static long obmm_update_range(struct file *file, void __user *uarg)
 	if (cmd.cache_ops > OBMM_SHM_CACHE_INFER)
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
 				   "invalid cache_ops %u", cmd.cache_ops);
-	/*
-	 * The emulated fabric is cache coherent: the ownership switch is
-	 * validated, the cache maintenance it asks for is a no-op.
-	 */
-	ret = obmm_update_range_walk(r, cmd.start, cmd.end);
-	if (ret)
-		return obmm_refuse(OBMM_OP_UPDATE_RANGE, ret,
-				   "[%#llx, %#llx) is not wholly mapped by region %d",
-				   cmd.start, cmd.end, r->id);
-	return 0;
+	mmap_write_lock(current->mm);
+	mutex_lock(&r->mmap_lock);
+	ret = obmm_update_range_check(r, cmd.start, cmd.end);
+	if (!ret)
+		ret = obmm_update_range_count(cmd.start, cmd.end, cmd.mem_state);
+	if (!ret)
+		obmm_update_range_apply(r, cmd.start, cmd.end, cmd.mem_state);
+	mutex_unlock(&r->mmap_lock);
+	mmap_write_unlock(current->mm);
+	return ret;
 }
 
 static long obmm_shm_ioctl(struct file *file, unsigned int cmd,

@@ -15,7 +15,7 @@ from obmm.abi import (
     OBMM_IMPORT_FLAG_PREIMPORT,
     OBMM_MMAP_FLAG_HUGETLB_PMD,
 )
-from obmm.api import PROT_READ, PROT_WRITE, Export, Import, Mapping, Obmm, ShmDev
+from obmm.api import PROT_NONE, PROT_READ, PROT_WRITE, Export, Import, Mapping, Obmm, ShmDev
 from obmm.errors import ObmmError
 
 __version__ = "0.1.0"
@@ -39,6 +39,7 @@ __all__ = [
     "OBMM_IMPORT_FLAG_NUMA_REMOTE",
     "OBMM_IMPORT_FLAG_PREIMPORT",
     "OBMM_MMAP_FLAG_HUGETLB_PMD",
+    "PROT_NONE",
     "PROT_READ",
     "PROT_WRITE",
     "Export",

@@ -30,6 +30,9 @@ SHMDEV_SYSFS = "/sys/devices/obmm"
 
 _Self = TypeVar("_Self", bound="_Closable")
 
+#: mmap(2)'s PROT_NONE (Python's mmap module has no name for it): a mapping that an
+#: OBMM_SHMDEV_UPDATE_RANGE makes accessible later, as libobmm's obmm_set_ownership does.
+PROT_NONE = 0
 PROT_READ = mmap_mod.PROT_READ
 PROT_WRITE = mmap_mod.PROT_WRITE
 PROT_EXEC = mmap_mod.PROT_EXEC

@@ -38,8 +38,14 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("EXPORT", "EOVERFLOW"): ("the sum of size[] overflows",),
     ("EXPORT", "ENOSPC"): ("all 2^20-1 region ids are in use",),
     ("EXPORT", "ENOMEM"): (
-        "the pool is exhausted (used + size > max_total) or could not allocate",
-        "FAST was given and not enough already-cleared pool memory is available",
+        "less free memory than asked in the pool and the system together (a short pool is "
+        "refilled from the system: there is no pool limit; obmm_emu: the node's export pool, "
+        "pool_size, is the limit)",
+        "FAST was given and not enough already-zeroed pool memory is available",
+    ),
+    ("EXPORT", "EINTR"): (
+        "obmm_emu only: a signal arrived while the export waited for memory still "
+        "quarantined after an unexport (kmod/obmm_emu/FIDELITY.md)",
     ),
     ("EXPORT", "EPERM"): ("the UMMU refused a translation device (ummu_core_alloc_tdev)",),
     ("EXPORT", "EBUSY"): (
@@ -58,6 +64,13 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
         "the pages or pxm_numa are on a node >= 16 or on more than one socket",
     ),
     ("EXPORT_PID", "ENOMEM"): ("only part of the range could be pinned",),
+    ("EXPORT_PID", "EFAULT"): (
+        "pinning failed: the range has a hole or is not mapped in that process",
+    ),
+    ("EXPORT_PID", "EPERM"): (
+        "the UMMU refused a translation device (ummu_core_alloc_tdev)",
+        "the module is being unloaded",
+    ),
     ("EXPORT_PID", "ENOSPC"): ("all region ids are in use",),
     ("UNEXPORT", "ENOENT"): (
         "no region with this mem_id (mem_id 0 included; libobmm says EINVAL for 0)",
@@ -89,7 +102,15 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ),
     ("IMPORT", "ENODEV"): (
         "scna is not the CNA of a local UB controller (use the importer's own CNA)",
+        "NUMA_REMOTE without PREIMPORT: the controller of scna has no NUMA node, so the new "
+        "node's distances cannot be set",
     ),
+    ("IMPORT", "EFAULT"): ("PREIMPORT: no declaration contains addr (DECLARE_PREIMPORT first)",),
+    ("IMPORT", "EACCES"): (
+        "obmm_emu only: NUMA_REMOTE of a range no live export covers (the emulator never "
+        "hot-adds memory nobody exported; the real driver does not check the tokenid)",
+    ),
+    ("IMPORT", "ENOTRECOVERABLE"): ("a step failed and undoing the steps before it failed too",),
     ("IMPORT", "EEXIST"): (
         "the PA range overlaps an existing import or preimport "
         "(the docs say EBUSY; the driver returns EEXIST)",
@@ -109,7 +130,10 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
         "pa or length not a multiple of the memory block size, zero, or overflowing",
         "flags != 0, pa == 0, invalid base_dist, or the range is not cacheable UB memory",
     ),
-    ("DECLARE_PREIMPORT", "ENODEV"): ("unknown scna",),
+    ("DECLARE_PREIMPORT", "ENODEV"): (
+        "unknown scna",
+        "the controller of scna has no NUMA node, so the node's distances cannot be set",
+    ),
     ("DECLARE_PREIMPORT", "EEXIST"): ("the range overlaps another import or preimport",),
     ("DECLARE_PREIMPORT", "EBUSY"): ("iomem resource conflict",),
     ("DECLARE_PREIMPORT", "EPERM"): (
@@ -135,9 +159,16 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
         "offset >= size or length > size - offset",
         "PMD flag set but start, end or offset not 2 MiB aligned",
     ),
+    ("MMAP", "EACCES"): (
+        "the fd is not open for reading, or PROT_WRITE on one not open for writing: the VFS "
+        "refuses it before the driver (whose own check would say EPERM)",
+    ),
+    ("MMAP", "ENXIO"): (
+        "obmm_emu only: the import is revoked (its export was withdrawn, or the exporter died "
+        "or reloaded) or no live export ever covered it; real: the UMMU faults the access",
+    ),
     ("MMAP", "EPERM"): (
         "the region was exported/imported without ALLOW_MMAP",
-        "PROT_WRITE on a read-only fd (or PROT_READ/PROT_EXEC without read access)",
         "page and PMD granule mixed on one region (the first mmap fixes it)",
         "cacheable and O_SYNC mappings of one region at the same time",
     ),
@@ -150,7 +181,23 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ),
     ("UPDATE_RANGE", "EPERM"): ("requested access exceeds the fd's open mode",),
     ("UPDATE_RANGE", "EFAULT"): ("[start, end) is not fully covered by this region's mappings",),
-    ("UPDATE_RANGE", "EOVERFLOW"): ("a per-page reader/writer counter would overflow",),
+    ("UPDATE_RANGE", "EOVERFLOW"): (
+        "a 65536th reader or writer of a page: only in newer kernels (openeuler-mirror/kernel "
+        "obmm_ownership.c@401e969) and obmm_emu; the pinned upstream driver does not check",
+    ),
+    ("UPDATE_RANGE", "ETIMEDOUT"): (
+        "an import's write-back: the UB write queue did not drain within 1000 ms",
+    ),
+    ("UNIMPORT", "ETIMEDOUT"): (
+        "the write-back before release: the UB write queue did not drain within 1000 ms",
+    ),
+    ("UNIMPORT", "ENOTRECOVERABLE"): (
+        "a release step failed and its rollback failed too, or a preimported range could not "
+        "be put back isolated",
+    ),
+    ("UNEXPORT", "ENOTRECOVERABLE"): (
+        "the UMMU refused to free the device and restoring the mapping failed",
+    ),
 }
 
 

@@ -82,7 +82,7 @@ def emulator_uba_split(uba: int) -> tuple[int, int]:
 
 
 class EmulatorDecoder:
-    """Windows of the emulated fabric, as obmm_emu.ko publishes them in sysfs."""
+    """Windows of the emulated fabric, as the emulator (kmod/obmm_emu) publishes them in sysfs."""
 
     def __init__(self, sysfs: str = EMU_SYSFS) -> None:
         self.root = Path(sysfs)
@@ -91,7 +91,7 @@ class EmulatorDecoder:
         wdir = self.root / "windows"
         if not wdir.is_dir():
             raise DecoderError(
-                f"{wdir} does not exist: obmm_emu.ko is not loaded (on real hardware set "
+                f"{wdir} does not exist: the emulated obmm.ko is not loaded (on real hardware set "
                 f"{envvars.DECODER.name}=cmd:... or file:...)"
             )
         found = []

@@ -2,7 +2,8 @@
 
 Read the way libobmm reads them, so the same code works on obmm_emu and on a real UB host:
 
-* ``cna`` and ``eid``: the first UB controller's sysfs (``ub_bus_controller*/*/ubc/``);
+* ``cna`` and ``eid``: the first UB controller's sysfs, the directory that holds
+  ``ub_bus_controller<i>/*/ubc`` (a file on UB hosts: drivers/ub/ubus/sysfs.c);
 * ``node_id``: the index decoders resolve and handles carry: obmm_emu's
   ``/sys/kernel/obmm_emu/node_id``, else ``$OBMM_NODE_ID`` (on hardware the site numbers its
   hosts; the hardware stage sets it to the host's position in its host list).
@@ -22,17 +23,22 @@ EID_SIZE = 16
 #: Bits of the EID that a controller's sysfs ``eid`` holds; the rest of the 16 bytes are zero.
 EID_SYSFS_BYTES = 4
 DEFAULT_SYSFS = "/sys/devices"
+#: libobmm's vendor adaptor looks at ub_bus_controller0..7.
+MAX_CONTROLLERS = 8
 
 
 def _controller(sysfs: str) -> Path:
-    """The first UB controller's ``ubc`` directory, found as libobmm's vendor adaptor does."""
-    for path in sorted(Path(sysfs).glob("ub_bus_controller*/*/ubc/primary_cna")):
-        return path.parent
-    raise DecoderError(f"no {sysfs}/ub_bus_controller*/*/ubc/primary_cna: no UB controller")
+    """The first UB controller's directory, found as libobmm's vendor adaptor does: the lowest
+    ``ub_bus_controller<i>`` with a ``*/ubc`` entry, and that entry's directory."""
+    for i in range(MAX_CONTROLLERS):
+        for path in sorted(Path(sysfs).glob(f"ub_bus_controller{i}/*/ubc")):
+            if (path.parent / "primary_cna").exists():
+                return path.parent
+    raise DecoderError(f"no {sysfs}/ub_bus_controller*/*/ubc: no UB controller")
 
 
 def local_cna(sysfs: str = DEFAULT_SYSFS) -> int:
-    """This node's primary CNA, as libobmm reads it (ub_bus_controller<i>/*/ubc/primary_cna)."""
+    """This node's primary CNA, as libobmm reads it (ub_bus_controller<i>/*/primary_cna)."""
     return read_sysfs_int(_controller(sysfs) / "primary_cna")
 
 

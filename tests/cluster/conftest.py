@@ -2,7 +2,7 @@
 
 These tests run on the host (they are not copied into the guests).  One session fixture brings a
 cluster up (:func:`obmm.testbed.session.bring_up`; default topology ``pair``, 2 nodes), the
-harness copies the guest helpers (``guest_side/xnode.py``, ``ctlpoke.py``) and ``examples/`` into
+harness copies the guest helpers (``guest_side/``: ``GUEST_HELPERS``) and ``examples/`` into
 every node and hands tests a :class:`ClusterHarness` to run commands and Python snippets on
 node *i*.
 
@@ -111,6 +111,10 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Session | hwstage.HwClus
             session.stop()
 
 
+#: Copied into every node's helper directory (``ClusterHarness.helpers``).
+GUEST_HELPERS = ("xnode.py", "ctlpoke.py", "atomics.c")
+
+
 @pytest.fixture(scope="session")
 def xc(cluster: Session | hwstage.HwCluster) -> Iterator[ClusterHarness]:
     """The harness: the cluster with the helpers and examples copied in (and on hardware hosts
@@ -120,7 +124,7 @@ def xc(cluster: Session | hwstage.HwCluster) -> Iterator[ClusterHarness]:
     else:
         harness = ClusterHarness(cluster.nodes)  # bring_up copied the package to GUEST_ROOT
     root = repo_root()
-    helpers = [Path(__file__).parent / "guest_side" / name for name in ("xnode.py", "ctlpoke.py")]
+    helpers = [Path(__file__).parent / "guest_side" / name for name in GUEST_HELPERS]
     try:
         for i in range(harness.nodes):
             harness.run(i, f"rm -rf {harness.helpers} {harness.examples}")

@@ -145,7 +145,7 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
     for i, port in enumerate(ports):
         preflight = (results / f"127.0.0.1_{port}" / "preflight.txt").read_text()
         assert f"ok   decoder: file: {window_table} ({xc.nodes} window(s))" in preflight
-        assert "ok   identity: /sys/devices/ub_bus_controller0/0/ubc: primary_cna" in preflight
+        assert "ok   identity: /sys/devices/ub_bus_controller0/00001: primary_cna" in preflight
         hostdir = results / "cluster" / f"127.0.0.1_{port}"
         assert f"obmm-hw-test: begin {summary['run_id']}" in (hostdir / "dmesg.txt").read_text()
         assert (hostdir / "dmesg-run.txt").is_file()

@@ -1,6 +1,7 @@
 """Cross-node access control of obmm_emu on a running 2-node cluster (plain SSH orchestration).
 
-Node 0 exports, node 1 imports.  Checked: the token check of a cross-node import (EACCES),
+Node 0 exports, node 1 imports (with another tokenid than the export's: IMPORT does not
+check it, as the real driver does not, and revocation does not depend on it).  Checked:
 revocation when the exporter unexports (node 1's reader gets SIGBUS, never stale data),
 revocation when the exporter stops heart-beating (its QEMU is SIGSTOPped for a few seconds,
 then resumed: a dead node without destroying the cluster), and that the importer can
@@ -34,7 +35,7 @@ SIZE = 2 << 20
 BOUND_S = 5.0  # generous safety bound; measured numbers are printed
 PATTERN = bytes(range(64))
 
-# Runs on the importer: import (after checking a wrong tokenid is refused), start a
+# Runs on the importer: import (with a tokenid that is not the export's), start a
 # reader process that checks every read against PATTERN, report "ready", then watch
 # the exporter's record / heartbeat in the control region until the reader dies.
 IMPORTER = r"""
@@ -47,12 +48,7 @@ dev = obmm.Obmm()
 addr = decoder.default_decoder().resolve(node, uba, size)
 cna = identity.local_cna()
 out = {}
-try:
-    dev.import_(addr, size, scna=cna, tokenid=tokenid ^ 1)
-    out["wrong_token"] = "accepted"
-except obmm.ObmmError as exc:
-    out["wrong_token"] = errno.errorcode.get(exc.errno, str(exc.errno))
-imp = dev.import_(addr, size, scna=cna, tokenid=tokenid)
+imp = dev.import_(addr, size, scna=cna, tokenid=tokenid ^ 1)
 out["import"] = imp.mem_id
 fd = os.open("/sys/bus/pci/devices/0000:00:0f.0/resource2", os.O_RDONLY)
 ctl = mmap.mmap(fd, 2 << 20, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -228,7 +224,6 @@ class Importer:
 
 
 def check_revoked(out: dict[str, Any]) -> None:
-    assert out["wrong_token"] == "EACCES"
     assert not out["stale"], "the reader saw changed data before SIGBUS"
     assert out["returncode"] == -signal.SIGBUS, out
     assert str(out["import"]) in out["revoked"]

@@ -8,7 +8,6 @@ with the handle's tokenid.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -273,31 +272,18 @@ def test_two_importers_write_disjoint_halves_concurrently(xc: ClusterHarness, gu
                 unimport_on(xc, node, mem_id)
 
 
-@pytest.mark.emulator_only  # the real driver ignores tokenid at IMPORT (FIDELITY.md)
-def test_import_with_a_wrong_token_is_refused(xc: ClusterHarness, guest_tmp: str) -> None:
+@pytest.mark.parametrize("which", ["zero", "other"])
+def test_import_does_not_check_the_tokenid(xc: ClusterHarness, guest_tmp: str, which: str) -> None:
+    """The real IMPORT never reads tokenid (obmm_import.c:obmm_import): a program that
+    passes 0, as ones written on UB hosts do, or another value imports the export and reads
+    what A wrote."""
     with exporter(xc, guest_tmp, seed=15) as exp:
-        wrong = (exp.handle["tokenid"] ^ 0x5A5A) or 1
-        doc = xc.py_json(
-            B,
-            "import json, obmm, xnode\n"
-            f"h = xnode.fetch({exp.host!r}, {exp.port}, {exp.name!r})\n"
-            "try:\n"
-            f"    imp = xnode.import_handle(h, tokenid={wrong})\n"
-            "except obmm.ObmmError as e:\n"
-            "    print(json.dumps({'refused': True, 'errno': e.errno, 'text': str(e)}))\n"
-            "else:\n"
-            "    xnode.unimport(imp.mem_id)\n"
-            "    print(json.dumps({'refused': False}))\n",
-        )
-        assert doc["refused"], "IMPORT with a tokenid no live export carries was accepted"
-        assert doc["errno"] in REFUSED_ERRNOS, doc
-        # The right token still works: the refusal was about the token.
-        unimport_on(xc, B, import_on(xc, B, exp))
-
-
-# errno of an IMPORT whose tokenid matches no live export covering the range
-# (kmod/obmm_emu/README.md, "Access control").
-REFUSED_ERRNOS = {errno.EACCES}
+        tokenid = 0 if which == "zero" else (exp.handle["tokenid"] ^ 0x5A5A) or 1
+        mem_id = import_on(xc, B, exp, tokenid=str(tokenid))
+        try:
+            assert digest_on(xc, B, mem_id, 0, exp.size) == expected_digest(exp.seed, exp.size)
+        finally:
+            unimport_on(xc, B, mem_id)
 
 
 def _touch_in_background(xc: ClusterHarness, node: int, mem_id: int, tmp: str, tag: str,

@@ -78,11 +78,11 @@ class Fabric:
         return self.window_base() + dev.query_pa_by_memid(mem_id, offset)
 
     def import_loopback(self, dev: obmm.Obmm, exp: obmm.Export, **kw: object) -> obmm.Import:
+        kw.setdefault("tokenid", exp.tokenid)
         return dev.import_(
             self.loopback_addr(dev, exp.mem_id),
             exp.length,
             scna=self.cna,
-            tokenid=exp.tokenid,
             **kw,  # type: ignore[arg-type]
         )
 
@@ -267,7 +267,7 @@ FREE_HUGEPAGES = Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages"
 
 def _quarantine_s() -> float:
     try:
-        return read_int(Path("/sys/module/obmm_emu/parameters/quarantine_ms")) / 1000
+        return read_int(Path("/sys/module/obmm/parameters/quarantine_ms")) / 1000
     except (OSError, ValueError):
         return 0.0
 

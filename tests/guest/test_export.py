@@ -254,7 +254,7 @@ def test_exported_memory_is_zeroed(dev: obmm.Obmm) -> None:
             assert m.read(0, SZ_2M) == bytes(SZ_2M)
 
 
-ZERO_DELAY_MS = Path("/sys/module/obmm_emu/parameters/test_zero_delay_ms")
+ZERO_DELAY_MS = Path("/sys/module/obmm/parameters/test_zero_delay_ms")
 
 
 @pytest.mark.emulator_only

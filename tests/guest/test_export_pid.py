@@ -241,7 +241,7 @@ def test_export_pid_racing_the_targets_exit(dev: obmm.Obmm, hugepages: int) -> N
     assert outcomes - {"no hugepage"}, outcomes
 
 
-PIN_DELAY_MS = Path("/sys/module/obmm_emu/parameters/test_pin_delay_ms")
+PIN_DELAY_MS = Path("/sys/module/obmm/parameters/test_pin_delay_ms")
 
 
 def _lingering_target(wfd: int) -> None:

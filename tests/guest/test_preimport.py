@@ -96,7 +96,35 @@ def test_overlap_with_direct_import_is_eexist(dev: obmm.Obmm, fabric: Fabric, bl
 
 
 def test_non_ub_memory_is_einval(dev: obmm.Obmm, fabric: Fabric, block: int) -> None:
+    """Inside the guest's System RAM: its resource nests there, then it is not UB memory."""
     expect_errno(errno.EINVAL, dev.declare_preimport, block, block, scna=fabric.cna)
+
+
+def top_level_iomem() -> list[tuple[int, int, str]]:
+    out = []
+    for line in Path("/proc/iomem").read_text().splitlines():
+        if line.startswith(" "):
+            continue
+        span, _, name = line.partition(" : ")
+        start, end = (int(x, 16) for x in span.split("-"))
+        out.append((start, end, name))
+    return out
+
+
+def test_non_ub_range_overlapping_an_iomem_resource_is_ebusy(
+    dev: obmm.Obmm, fabric: Fabric, block: int
+) -> None:
+    """The real driver inserts "PREIMPORT_UBMEM" into iomem before it asks whether the range
+    is UB memory (preimport_prepare_prefilled(): EEXIST, EBUSY, EINVAL, EPERM): a range that
+    runs out of the guest's System RAM cannot nest anywhere, EBUSY, and leaves nothing."""
+    ram = [(s, e) for s, e, n in top_level_iomem() if n == "System RAM" and e + 1 >= 2 * block]
+    end = max(e for _, e in ram) + 1  # the kernel's RAM end (mem=), where the pool starts
+    start = (end - 1) // block * block  # the last block that starts inside it
+    assert start < end < start + 2 * block
+    iomem = Path("/proc/iomem").read_text()
+    expect_errno(errno.EBUSY, dev.declare_preimport, start, 2 * block, scna=fabric.cna)
+    assert Path("/proc/iomem").read_text() == iomem
+    assert Path("/proc/obmm/preimport_info").read_text().count("\n") == 1
 
 
 NUMA_PRE = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE | abi.OBMM_IMPORT_FLAG_PREIMPORT
@@ -110,7 +138,7 @@ def preimport_lines() -> list[str]:
 
 
 def module_refcount() -> int:
-    return int(Path("/sys/module/obmm_emu/refcnt").read_text())
+    return int(Path("/sys/module/obmm/refcnt").read_text())
 
 
 def node_memory(nid: int) -> int:

@@ -1,4 +1,4 @@
-"""obmm_emu unloads clean and loads again: nothing of a region outlives rmmod.
+"""The emulated obmm unloads clean and loads again: nothing of a region outlives rmmod.
 
 The module's regions keep their mappings on inodes of a pseudo filesystem of
 the module (kern_mount at load, kern_unmount at unload).  An inode left behind
@@ -31,15 +31,24 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.emulator_only
 
-MODULE = "obmm_emu"
+MODULE = "obmm"
 KO = Path("/opt/obmm-testbed/kmod") / f"{MODULE}.ko"
 PARAMS = Path("/sys/module") / MODULE / "parameters"
 # The parameters the testbed loads the module with (obmm.testbed.provision.insmod_command).
-RELOAD_PARAMS = ("node_id", "pool_base", "pool_size")
+RELOAD_PARAMS = ("node_id", "pool_base", "pool_size", "ubc_dev")
 
 
 def loaded() -> bool:
     return (Path("/sys/module") / MODULE).is_dir()
+
+
+def load_parameters() -> dict[str, str]:
+    """Every parameter the module shows that a test may load it with."""
+    return {p.name: p.read_text() for p in PARAMS.iterdir() if p.name not in TEST_KNOBS}
+
+
+# Run-time knobs of the tests (root-writable), not load parameters.
+TEST_KNOBS = ("test_pin_delay_ms", "test_zero_delay_ms")
 
 
 @pytest.fixture
@@ -48,7 +57,10 @@ def reload_args() -> Iterator[list[str]]:
     if not KO.is_file() or not loaded():
         pytest.skip(f"{KO} not loaded from the testbed's payload")
     args = [f"{p}={(PARAMS / p).read_text().strip()}" for p in RELOAD_PARAMS]
+    before = load_parameters()
     yield args
+    if loaded() and load_parameters() != before:
+        subprocess.run(["rmmod", MODULE], check=True)
     if not loaded():
         subprocess.run(["insmod", str(KO), *args], check=True)
 
@@ -92,6 +104,44 @@ def test_unload_after_regions_opened_through_other_nodes_leaves_no_inode(
     assert not logscan.scan(log, allow=()), log
 
 
+def module_log_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if f" {MODULE}: " in line]
+
+
+def test_modprobe_finds_the_module_where_a_ub_host_has_it(
+    reload_args: list[str], kernel_log: KernelLog
+) -> None:
+    """The module is `obmm`, installed as /lib/modules/$(uname -r)/obmm/obmm.ko and indexed:
+    `modprobe -r obmm`, `modprobe obmm ...` and ubs-test's insmod of that path work, and the
+    kernel command line hands the module no parameter of the testbed's own."""
+    installed = Path("/lib/modules") / os.uname().release / "obmm" / "obmm.ko"
+    assert installed.read_bytes() == KO.read_bytes()
+    lsmod = subprocess.run(["lsmod"], check=True, capture_output=True, text=True).stdout
+    assert re.search(r"^obmm\s", lsmod, re.M), lsmod
+    kernel_log.take()
+    subprocess.run(["modprobe", "-r", MODULE], check=True)
+    assert not loaded()
+    subprocess.run(["modprobe", MODULE, *reload_args], check=True)
+    assert loaded()
+    with obmm.Obmm() as dev, exported(dev) as exp:
+        assert exp.mem_id > 0
+    log = kernel_log.take()
+    # The real driver's own lines (obmm_core.c:obmm_init, obmm_exit, ubmem_feature_probe).
+    real = [m.group(1) for m in re.finditer(r"OBMM: (obmm_module: .*|ub_feature: .*)$", log, re.M)]
+    assert real == [
+        "obmm_module: exit started",
+        "obmm_module: exit completed",
+        "obmm_module: init started",
+        "ub_feature: 0xf, obmm_enabled: 1",
+        "obmm_module: init completed",
+    ], log
+    assert not [ln for ln in module_log_lines(log) if "unknown parameter" in ln], log
+    subprocess.run(["rmmod", f"{MODULE}.ko"], check=True)  # as ubs-test spells it
+    subprocess.run(["insmod", str(installed), *reload_args], check=True)
+    assert loaded()
+    assert not logscan.scan(kernel_log.take(), allow=())
+
+
 # A real host's controller directory, as a seed program hard-codes it
 # (docs/obmm-driver.md section 8.2: /sys/devices/ub_bus_controller1/00002/primary_cna).
 REAL_HOST_UBC = Path("/sys/devices/ub_bus_controller1/00002")
@@ -105,8 +155,8 @@ int main(void)
 	if (!f || fscanf(f, "%x", &cna) != 1)
 		return 1;
 	fclose(f);
-	f = fopen("/sys/devices/ub_bus_controller1/00002/ubc/eid", "r");
-	if (!f || fscanf(f, "%x", &eid) != 1)
+	f = fopen("/sys/devices/ub_bus_controller1/00002/eid", "r");
+	if (!f || fscanf(f, "%u", &eid) != 1)
 		return 2;
 	printf("%#x %#x\n", cna, eid);
 	return 0;
@@ -123,10 +173,11 @@ def test_ubc_index_and_device_name_parameters(
     src.write_text(HARD_CODED_READER)
     subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
     subprocess.run(["rmmod", MODULE], check=True)
-    subprocess.run(["insmod", str(KO), *reload_args, "ubc_index=1", "ubc_dev=00002"], check=True)
+    args = [a for a in reload_args if not a.startswith("ubc_dev=")]
+    subprocess.run(["insmod", str(KO), *args, "ubc_index=1", "ubc_dev=00002"], check=True)
     try:
         assert not Path("/sys/devices/ub_bus_controller0").exists()
-        assert (REAL_HOST_UBC / "ubc" / "numa").is_file()
+        assert (REAL_HOST_UBC / "ubc").is_file()
         out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
         cna, eid = (int(v, 16) for v in out.split())
         assert (cna, eid) == (fabric.cna, fabric.eid)
@@ -137,8 +188,8 @@ def test_ubc_index_and_device_name_parameters(
             dev.unimport(imp.mem_id)
     finally:
         subprocess.run(["rmmod", MODULE], check=True)
-    subprocess.run(["insmod", str(KO), *reload_args], check=True)
-    assert Path("/sys/devices/ub_bus_controller0/0/ubc/primary_cna").is_file()
+    subprocess.run(["insmod", str(KO), *args], check=True)
+    assert Path("/sys/devices/ub_bus_controller0/00001/primary_cna").is_file()
     assert not REAL_HOST_UBC.exists()
 
 
@@ -154,7 +205,7 @@ def test_bad_ubc_parameters_fail_the_load(
     assert not loaded()
     assert not list(Path("/sys/devices").glob("ub_bus_controller*"))
     log = kernel_log.take()
-    assert re.search(r"obmm_emu: ubc_(index|dev) .* (out of range|is not a directory name)", log)
+    assert re.search(r"obmm: ubc_(index|dev) .* (out of range|is not a directory name)", log)
     assert not logscan.scan(log, allow=()), log
 
 
@@ -184,4 +235,91 @@ def test_reload_after_a_borrow_finds_the_pool_again(
         assert exp.length == block
     log = kernel_log.take()
     assert "no export pool" not in log, log
+    assert not logscan.scan(log, allow=()), log
+
+
+# ---- module parameters as the real driver has them (ubmempool_allocator.c, obmm_cache.c) ----
+
+# name: (value after a load that does not set it, mode)
+REAL_PARAMS = {
+    "mempool_size": ("1G", 0o440),
+    "mempool_allocator": ("buddy_highmem", 0o440),
+    "mem_allocator_granu": ("2M", 0o440),
+    "mempool_refill_timeout": ("30000", 0o440),
+    "skip_cache_maintain": ("N", 0o444),
+}
+
+
+def test_real_parameters_read_as_after_a_real_load(reload_args: list[str]) -> None:
+    """Loaded with only the fabric's parameters, each of the real driver's reads what the
+    real driver's does after load (mem_allocator_granu: the granule in use)."""
+    subprocess.run(["rmmod", MODULE], check=True)
+    subprocess.run(["modprobe", MODULE, *reload_args], check=True)
+    for name, (value, perm) in REAL_PARAMS.items():
+        path = PARAMS / name
+        assert path.read_text() == value + "\n", name
+        assert stat.S_IMODE(path.stat().st_mode) == perm, name
+
+
+@pytest.mark.parametrize(
+    ("args", "granu", "pool_mib"),
+    [
+        (["mempool_size=256M", "mempool_allocator=hugetlb_pmd"], "2M", 256),
+        (["mempool_size=64M", "mem_allocator_granu=4M"], "4M", 64),
+        (["mempool_size=32Mx"], "2M", 32),  # the real mempool_size parser ignores the tail
+    ],
+)
+def test_modprobe_with_pool_parameters(
+    reload_args: list[str], args: list[str], granu: str, pool_mib: int
+) -> None:
+    """`modprobe obmm mempool_size=NG mempool_allocator=hugetlb_pmd` as ubs-test loads it:
+    the pool is mempool_size (no pool_size given) and exports take the granule."""
+    fabric_args = [a for a in reload_args if not a.startswith("pool_size=")]
+    subprocess.run(["modprobe", "-r", MODULE], check=True)
+    subprocess.run(["modprobe", MODULE, *fabric_args, *args], check=True)
+    given = dict(a.split("=", 1) for a in args)
+    for name, value in given.items():
+        assert (PARAMS / name).read_text() == value + "\n"
+    assert (PARAMS / "mem_allocator_granu").read_text() == granu + "\n"
+    total = int(next(Path("/sys/kernel/obmm_mempool").glob("obmm-*/total")).read_text(), 0)
+    # The pool is claimed in whole granules below the firmware's reserved top.
+    assert pool_mib << 20 >= total > (pool_mib << 20) - (4 << 20)
+    granu_bytes = int(granu[:-1]) << 20
+    with obmm.Obmm() as dev, exported(dev, granu_bytes) as exp:
+        assert exp.length == granu_bytes
+        with pytest.raises(obmm.ObmmError) as err:
+            dev.export(granu_bytes // 2)  # not a whole granule
+        assert err.value.errname == "EINVAL"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["mem_allocator_granu=4Mx"], "invalid mem_allocator_granu: 4Mx"),
+        (["mem_allocator_granu=1M"], "unsupported mem_allocator_granu: 1M"),
+        (["mem_allocator_granu=3M"], "unsupported mem_allocator_granu: 3M"),
+        (["mem_allocator_granu=6M"], "mem_allocator_granu must be power of 2: 6M"),
+        (
+            ["mempool_allocator=hugetlb_pmd", "mem_allocator_granu=4M"],
+            "unsupported mem_allocator_granu for hugetlb_pmd allocator: 4M",
+        ),
+        (
+            ["mempool_allocator=hugetlb_pud", "mem_allocator_granu=2M"],
+            "unsupported mem_allocator_granu for hugetlb_pud allocator: 2M",
+        ),
+        (["mempool_allocator=slab"], "invalid mem allocator specified: slab"),
+    ],
+)
+def test_bad_pool_parameters_fail_the_load_as_the_real_parser(
+    reload_args: list[str], args: list[str], message: str, kernel_log: KernelLog
+) -> None:
+    subprocess.run(["rmmod", MODULE], check=True)
+    kernel_log.take()
+    res = subprocess.run(["insmod", str(KO), *reload_args, *args], capture_output=True, text=True)
+    assert res.returncode != 0
+    assert "Invalid parameters" in res.stderr, res.stderr  # kmod's words for EINVAL
+    assert not loaded()
+    log = kernel_log.take()
+    assert message in log, log
+    assert not Path("/dev/obmm").exists()
     assert not logscan.scan(log, allow=()), log

@@ -1,10 +1,12 @@
-"""Emulated UMMU access control of obmm_emu: the token check at IMPORT and revocation.
+"""Emulated UMMU access control of obmm_emu: what an import reaches, and revocation.
 
-On hardware the kernel ignores IMPORT's tokenid and the UMMU faults a bad access
-instead; obmm_emu refuses an import that no live export with that tokenid covers
-(EACCES, after every check the real driver makes) and, when the export is withdrawn
-or its node dies, zaps the importers' mappings so the next access is SIGBUS and a
-new mmap fails with ENXIO.  All of it is emulator-specific (kmod/obmm_emu/FIDELITY.md).
+On hardware the kernel ignores IMPORT's tokenid and the UMMU faults a bad access.  So does
+the emulator: an import is bound to the live export that covers it, whatever its tokenid,
+and one that no live export covers is made all the same and starts revoked (a new mmap fails
+with ENXIO), except a borrow (NUMA_REMOTE), refused with EACCES: memory nobody exported is
+never hot-added.  When the export is withdrawn or its node dies, the importers' mappings are
+zapped so the next access is SIGBUS and a new mmap fails with ENXIO.  All of it is
+emulator-specific (kmod/obmm_emu/FIDELITY.md).
 
 On one node these are loopback imports: the exporter and importer are the same
 kernel, and UNEXPORT revokes them itself before it returns.
@@ -70,77 +72,88 @@ def wait_revoked(mem_id: int, timeout: float = BOUND_S) -> float:
     raise AssertionError(f"import {mem_id} not revoked within {timeout} s")
 
 
-# ---- token check at IMPORT ----
+# ---- what an import reaches ----
 
 
-def test_wrong_tokenid_is_eacces(dev: obmm.Obmm, fabric: Fabric) -> None:
+def expect_no_access(dev: obmm.Obmm, addr: int, size: int, fabric: Fabric, **kw: object) -> None:
+    """The import is made (the real driver makes it) and revoked from the start: listed in
+    /sys/kernel/obmm_emu/revoked, a mmap of it is ENXIO; nothing is left once unimported."""
+    iomem = Path("/proc/iomem").read_text()
+    imp = dev.import_(addr, size, scna=fabric.cna, **kw)  # type: ignore[arg-type]
+    try:
+        assert imp.mem_id in revoked_ids()
+        with obmm.ShmDev(imp.mem_id) as shm:
+            expect_errno(errno.ENXIO, shm.mmap, size)
+    finally:
+        dev.unimport(imp.mem_id)
+    assert Path("/proc/iomem").read_text() == iomem
+
+
+def test_tokenid_is_not_checked(dev: obmm.Obmm, fabric: Fabric) -> None:
     with exported(dev) as exp:
         addr = fabric.loopback_addr(dev, exp.mem_id)
-        expect_errno(errno.EACCES, dev.import_, addr, SZ_2M, scna=fabric.cna, tokenid=0)
-        bad = exp.tokenid ^ 0x80000
-        expect_errno(errno.EACCES, dev.import_, addr, SZ_2M, scna=fabric.cna, tokenid=bad)
+        for tokenid in (0, exp.tokenid ^ 0x80000, exp.tokenid):
+            imp = dev.import_(addr, SZ_2M, scna=fabric.cna, tokenid=tokenid)
+            try:
+                assert imp.mem_id not in revoked_ids()
+                with obmm.ShmDev(imp.mem_id) as shm, shm.mmap(SZ_2M) as m:
+                    m.write(0, b"reached")
+            finally:
+                dev.unimport(imp.mem_id)
 
 
-def test_unexported_range_is_eacces(dev: obmm.Obmm, fabric: Fabric) -> None:
+def test_unexported_range_has_no_access(dev: obmm.Obmm, fabric: Fabric) -> None:
     """Inside this node's window but not exported (the kernel's own RAM)."""
-    expect_errno(errno.EACCES, dev.import_, fabric.window_base() + SZ_128M, SZ_2M, scna=fabric.cna)
+    expect_no_access(dev, fabric.window_base() + SZ_128M, SZ_2M, fabric)
 
 
-def test_range_past_export_end_is_eacces(dev: obmm.Obmm, fabric: Fabric) -> None:
+def test_range_past_export_end_has_no_access(dev: obmm.Obmm, fabric: Fabric) -> None:
     with exported(dev, 2 * SZ_2M) as exp:
         addr = fabric.loopback_addr(dev, exp.mem_id, SZ_2M)
-        expect_errno(
-            errno.EACCES, dev.import_, addr, 2 * SZ_2M, scna=fabric.cna, tokenid=exp.tokenid
-        )
+        expect_no_access(dev, addr, 2 * SZ_2M, fabric, tokenid=exp.tokenid)
 
 
-def test_range_spanning_two_exports_is_eacces(dev: obmm.Obmm, fabric: Fabric) -> None:
-    """One live export must cover the whole import, whatever the tokenid."""
+def test_range_spanning_two_exports_has_no_access(dev: obmm.Obmm, fabric: Fabric) -> None:
+    """One live export must cover the whole import."""
     wait_quarantine_drained()  # so that the two exports are adjacent
     with exported(dev) as a, exported(dev) as b:
         pa, pb = (dev.query_pa_by_memid(e.mem_id) for e in (a, b))
         if pb != pa + SZ_2M:
             pytest.skip("the two exports are not adjacent")
-        addr = fabric.loopback_addr(dev, a.mem_id)
-        for tok in (a.tokenid, b.tokenid):
-            expect_errno(errno.EACCES, dev.import_, addr, 2 * SZ_2M, scna=fabric.cna, tokenid=tok)
+        expect_no_access(dev, fabric.loopback_addr(dev, a.mem_id), 2 * SZ_2M, fabric)
 
 
-def test_subrange_with_tokenid_is_accepted(dev: obmm.Obmm, fabric: Fabric) -> None:
+def test_subrange_is_reached(dev: obmm.Obmm, fabric: Fabric) -> None:
     with exported(dev, 4 * SZ_2M) as exp:
+        with obmm.ShmDev(exp.mem_id) as shm, shm.mmap(4 * SZ_2M) as m:
+            m.write(2 * SZ_2M, b"third")
         addr = fabric.loopback_addr(dev, exp.mem_id, 2 * SZ_2M)
         imp = dev.import_(addr, SZ_2M, scna=fabric.cna, tokenid=exp.tokenid)
-        dev.unimport(imp.mem_id)
-
-
-def test_import_of_withdrawn_export_is_eacces(dev: obmm.Obmm, fabric: Fabric) -> None:
-    with exported(dev) as exp:
-        addr = fabric.loopback_addr(dev, exp.mem_id)
-    expect_errno(errno.EACCES, dev.import_, addr, SZ_2M, scna=fabric.cna, tokenid=exp.tokenid)
-
-
-def test_real_checks_come_before_the_token_check(dev: obmm.Obmm, fabric: Fabric) -> None:
-    """ENODEV (scna), EEXIST (overlap) and EPERM (NUMA_REMOTE of less than a memory block)
-    win over EACCES."""
-    with exported(dev, 2 * SZ_2M) as exp:
-        addr = fabric.loopback_addr(dev, exp.mem_id)
-        expect_errno(errno.ENODEV, dev.import_, addr, SZ_2M, scna=fabric.cna + 1)
-        expect_errno(errno.EPERM, dev.import_, addr, SZ_2M, scna=fabric.cna, flags=NUMA)
-        imp = dev.import_(addr, SZ_2M, scna=fabric.cna, tokenid=exp.tokenid)
         try:
-            expect_errno(errno.EEXIST, dev.import_, addr, 2 * SZ_2M, scna=fabric.cna)
+            with obmm.ShmDev(imp.mem_id) as shm, shm.mmap(SZ_2M) as m:
+                assert m.read(0, 5) == b"third"
         finally:
             dev.unimport(imp.mem_id)
 
 
-def test_failed_token_check_leaves_nothing(dev: obmm.Obmm, fabric: Fabric) -> None:
+def test_import_of_withdrawn_export_has_no_access(dev: obmm.Obmm, fabric: Fabric) -> None:
     with exported(dev) as exp:
         addr = fabric.loopback_addr(dev, exp.mem_id)
-        iomem = Path("/proc/iomem").read_text()
-        expect_errno(errno.EACCES, dev.import_, addr, SZ_2M, scna=fabric.cna, tokenid=0)
-        assert Path("/proc/iomem").read_text() == iomem
-        imp = dev.import_(addr, SZ_2M, scna=fabric.cna, tokenid=exp.tokenid)
-        dev.unimport(imp.mem_id)
+    expect_no_access(dev, addr, SZ_2M, fabric, tokenid=exp.tokenid)
+
+
+def test_borrow_of_an_unexported_range_is_eacces_and_leaves_nothing(
+    dev: obmm.Obmm, fabric: Fabric
+) -> None:
+    """The one refusal of the emulated UMMU: hot-adding memory nobody exported (the kernel's
+    own RAM here) would hand it to this node's allocator.  After every real check."""
+    block = int(Path("/sys/devices/system/memory/block_size_bytes").read_text(), 16)
+    addr = fabric.window_base() + block
+    expect_errno(errno.ENODEV, dev.import_, addr, block, scna=fabric.cna + 1, flags=NUMA)
+    expect_errno(errno.EPERM, dev.import_, addr, SZ_2M, scna=fabric.cna, flags=NUMA)
+    iomem = Path("/proc/iomem").read_text()
+    expect_errno(errno.EACCES, dev.import_, addr, block, scna=fabric.cna, flags=NUMA)
+    assert Path("/proc/iomem").read_text() == iomem
 
 
 # ---- revocation ----
@@ -422,7 +435,7 @@ with obmm.Obmm() as dev:
         dev.unexport(exp.mem_id)
         print("exported", flush=True)
 """
-QUARANTINE_MS = Path("/sys/module/obmm_emu/parameters/quarantine_ms")
+QUARANTINE_MS = Path("/sys/module/obmm/parameters/quarantine_ms")
 # The waiter's state is read this long into its wait (well inside quarantine_ms).
 WAIT_SETTLE_S = 0.2
 

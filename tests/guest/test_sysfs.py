@@ -34,6 +34,13 @@ def region_dir(mem_id: int) -> Path:
     return SHMDEV_SYSFS / f"obmm_shmdev{mem_id}"
 
 
+def test_the_driver_is_the_obmm_module(dev: obmm.Obmm) -> None:
+    """The module is `obmm`, as on a UB host (lsmod | grep obmm, /sys/module/obmm)."""
+    assert Path("/sys/module/obmm/parameters").is_dir()
+    mods = [line.split()[0] for line in Path("/proc/modules").read_text().splitlines()]
+    assert "obmm" in mods
+
+
 def test_region_root_attributes(dev: obmm.Obmm) -> None:
     with exported(dev, 2 * SZ_2M, priv=b"abc") as exp:
         d = region_dir(exp.mem_id)
@@ -155,15 +162,68 @@ def test_ub_bus_controller_files_for_libobmm() -> None:
     }
     assert values["eid"] > 0 and values["primary_cna"] > 0
     assert values["ummu_map"] >= 0 and values["numa"] >= 0
-    for n in ("eid", "primary_cna", "ummu_map", "numa"):
-        assert int((ctl / "ubc" / n).read_text().strip(), 0) == values[n]
+
+
+# drivers/ub/ubus/sysfs.c: how a UB host's bus prints its controllers' attributes.
+UBC_FORMATS = {
+    "eid": r"[0-9]+",  # %u
+    "primary_cna": r"0x[0-9a-f]{4,}|0{6}",  # %#06x
+    "ummu_map": r"0x[0-9a-f]{2,}|0{4}",  # %#04x
+    "numa": r"0x[0-9a-f]{2,}|0{4}",  # %#04x of the proximity domain
+    "ubc": r"0x[0-9a-f]{3,}|0{5}",  # %#05x
+}
+
+
+def test_ub_bus_controller_attributes_as_the_ub_bus_prints_them() -> None:
+    """`ubc` is a file (the controller's entity number), and each attribute has the real
+    bus's format."""
+    hits = sorted(glob.glob("/sys/devices/ub_bus_controller*/*/ubc"))
+    assert hits
+    for hit in hits:
+        assert Path(hit).is_file(), hit
+        ctl = Path(hit).parent
+        for name, fmt in UBC_FORMATS.items():
+            text = (ctl / name).read_text()
+            assert re.fullmatch(f"(?:{fmt})\n", text), (ctl, name, text)
+    cnas = [int((Path(h).parent / "primary_cna").read_text(), 0) for h in hits]
+    assert len(set(cnas)) == len(cnas), cnas
+
+
+def test_ub_bus_attributes() -> None:
+    """/sys/bus/ub: ub_feature (the bitmap, then one line per feature), cluster, instance."""
+    bus = Path("/sys/bus/ub")
+    lines = (bus / "ub_feature").read_text().splitlines()
+    assert re.fullmatch(r"0x[0-9a-f]{16}", lines[0]), lines[0]
+    features = int(lines[0], 16)
+    assert [ln[-1] for ln in lines[1:5]] == ["+" if features & (1 << i) else "-" for i in range(4)]
+    assert lines[1] == ("UB Memory Borrowing(Non Cacheable)" + lines[1][-1])
+    assert features & 0xF, "the OBMM memory features"
+    assert re.fullmatch(r"-?[0-9]+\n", (bus / "cluster").read_text())
+    assert (bus / "instance").read_text().startswith("count 0x")
+
+
+@pytest.mark.emulator_only
+def test_two_controllers_as_ub_hosts_name_them(fabric: Fabric) -> None:
+    """The testbed loads two controllers named as on UB hosts (ubs-test reads these paths);
+    an IMPORT's scna may be either's CNA."""
+    first = Path("/sys/devices/ub_bus_controller0/00001")
+    second = Path("/sys/devices/ub_bus_controller1/00002")
+    assert int((first / "primary_cna").read_text(), 0) == fabric.cna
+    assert int((first / "eid").read_text()) == fabric.eid
+    assert (first / "ubc").read_text() == "0x001\n"
+    assert (second / "ubc").read_text() == "0x002\n"
+    cna2 = int((second / "primary_cna").read_text(), 0)
+    assert cna2 != fabric.cna
+    with obmm.Obmm() as dev, exported(dev) as exp:
+        imp = dev.import_(fabric.loopback_addr(dev, exp.mem_id), SZ_2M, scna=cna2)
+        dev.unimport(imp.mem_id)
 
 
 @pytest.mark.emulator_only
 def test_ub_bus_controller_matches_fabric(fabric: Fabric) -> None:
     ctl = Path(os.path.dirname(sorted(glob.glob("/sys/devices/ub_bus_controller*/*/ubc"))[0]))
     assert int((ctl / "primary_cna").read_text(), 0) == fabric.cna
-    assert int((ctl / "eid").read_text(), 0) == fabric.eid
+    assert int((ctl / "eid").read_text()) == fabric.eid  # %u
     # libobmm compares the sysfs eid with the first 4 bytes of a 16-byte EID
     assert fabric.seid[:4] == fabric.eid.to_bytes(4, sys.byteorder)
 

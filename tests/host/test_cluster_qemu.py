@@ -34,7 +34,10 @@ def _pairs(argv: list[str], flag: str) -> list[str]:
 
 def test_node_ram_is_its_shared_file_on_the_run_dir() -> None:
     argv = qemu.build_argv(qemu.Topology(nodes=2), _launch(1))
-    assert "q35,accel=tcg,memory-backend=ram" in _pairs(argv, "-machine")
+    assert _pairs(argv, "-machine") == ["q35,memory-backend=ram"]
+    # Cross-node atomics: multi-threaded TCG and a second possible CPU (parallel TCG).
+    assert _pairs(argv, "-accel") == ["tcg,thread=multi"]
+    assert _pairs(argv, "-smp") == ["1,maxcpus=2"]
     assert _pairs(argv, "-m") == ["1024M"]
     objects = _pairs(argv, "-object")
     assert f"memory-backend-file,id=ram,size=1024M,mem-path={RUN}/node1.ram,share=on" in objects
@@ -97,9 +100,19 @@ def test_extra_args_hook_is_appended_for_the_guest_network() -> None:
     assert argv[-2:] == list(extra)
 
 
+def test_serial_tcg_is_the_former_argv_for_the_bench() -> None:
+    argv = qemu.build_argv(qemu.Topology(cpus=2), _launch(0, accel=qemu.ACCEL_TCG_SERIAL))
+    assert _pairs(argv, "-accel") == ["tcg"]
+    assert _pairs(argv, "-smp") == ["2"]
+    assert _pairs(argv, "-cpu") == [qemu.TCG_CPU]
+    parallel = qemu.build_argv(qemu.Topology(cpus=2), _launch(0))
+    assert _pairs(parallel, "-smp") == ["2,maxcpus=2"]
+
+
 def test_kvm_uses_host_cpu() -> None:
     argv = qemu.build_argv(qemu.Topology(), _launch(0, accel="kvm"))
-    assert "q35,accel=kvm,memory-backend=ram" in _pairs(argv, "-machine")
+    assert _pairs(argv, "-machine") == ["q35,memory-backend=ram"]
+    assert _pairs(argv, "-accel") == ["kvm"]
     assert _pairs(argv, "-cpu") == ["host"]
 
 
@@ -150,23 +163,23 @@ def test_fast_init_is_tini_running_our_init_with_both_nics_on_the_command_line()
     # Everything after "--" is init's argv; the caller's extra words stay kernel parameters.
     assert words[-2:] == ["--", "/usr/local/sbin/obmm-init"]
     assert words.index("extra=1") < words.index("--")
-    assert "obmm.hostname=node1" in words
-    assert "obmm.net=0000:00:02.0,10.0.2.15/24" in words
-    assert "obmm.fabric=52:54:00:4f:00:01,169.254.100.11/16" in words
-    assert "obmm.modules=virtio_net,virtio_rng" in words
+    assert "obmm_testbed.hostname=node1" in words
+    assert "obmm_testbed.net=0000:00:02.0,10.0.2.15/24" in words
+    assert "obmm_testbed.fabric=52:54:00:4f:00:01,169.254.100.11/16" in words
+    assert "obmm_testbed.modules=virtio_net,virtio_rng" in words
     assert not any(w.startswith("systemd.") and w != "systemd.show_status=0" for w in words)
 
 
 def test_single_node_fast_init_has_no_fabric_nic() -> None:
     words = qemu.kernel_cmdline(qemu.Topology(nodes=1), 0).split()
-    assert not any(w.startswith("obmm.fabric=") for w in words)
+    assert not any(w.startswith("obmm_testbed.fabric=") for w in words)
 
 
 def test_systemd_init_boots_the_distribution_userland() -> None:
     words = qemu.kernel_cmdline(qemu.Topology(nodes=2), 0, init=qemu.INIT_SYSTEMD).split()
     assert "systemd.hostname=node0" in words
     assert "--" not in words
-    assert not any(w.startswith(("init=", "obmm.")) for w in words)
+    assert not any(w.startswith(("init=", "obmm_testbed.", "obmm.")) for w in words)
     argv = qemu.build_argv(qemu.Topology(), _launch(0, init=qemu.INIT_SYSTEMD))
     assert "systemd.hostname=node0" in _pairs(argv, "-append")[0].split()
 

@@ -184,9 +184,9 @@ def test_kernel_knob_selects_the_variant_and_rejects_unknown_values(
 
 def test_cmdline_of_a_kernel_with_its_modules_built_in_loads_none() -> None:
     topo = qemu.Topology()
-    assert "obmm.modules=virtio_net,virtio_rng" in qemu.kernel_cmdline(topo, 0).split()
+    assert "obmm_testbed.modules=virtio_net,virtio_rng" in qemu.kernel_cmdline(topo, 0).split()
     words = qemu.kernel_cmdline(topo, 0, modules=()).split()
-    assert not [w for w in words if w.startswith("obmm.modules")]
+    assert not [w for w in words if w.startswith("obmm_testbed.modules")]
 
 
 def test_timeout_scale_stretches_the_boot_timeout() -> None:
@@ -203,7 +203,7 @@ LEAK = """unreferenced object 0xffff888003a1c000 (size 64):
   comm "insmod", pid 301, jiffies 4294940000 (age 12.300s)
   backtrace:
     [<ffffffff8150a1b4>] __kmalloc+0x44/0x90
-    [<ffffffffc0201234>] obmm_export_ioctl+0x120/0x400 [obmm_emu]
+    [<ffffffffc0201234>] obmm_export_ioctl+0x120/0x400 [obmm]
 """
 
 

@@ -56,7 +56,7 @@ def test_emulator_refuses_out_of_window_wrong_node_and_foreign_uba(tmp_path: Pat
 
 
 def test_emulator_without_module_says_so(tmp_path: Path) -> None:
-    with pytest.raises(DecoderError, match=r"obmm_emu\.ko is not loaded"):
+    with pytest.raises(DecoderError, match=r"the emulated obmm\.ko is not loaded"):
         EmulatorDecoder(str(tmp_path / "none")).resolve(0, _uba(0, 0), 2 << 20)
 
 
@@ -109,20 +109,28 @@ def test_unknown_spec() -> None:
         decoder_from_spec("magic")
 
 
+def fake_controller(root: Path, index: int, name: str) -> Path:
+    """A controller's directory as a UB host's bus prints it (``ubc`` is a file in it)."""
+    ctl = root / f"ub_bus_controller{index}" / name
+    ctl.mkdir(parents=True)
+    (ctl / "ubc").write_text("0x001\n")
+    return ctl
+
+
 def test_local_cna_reads_libobmm_path(tmp_path: Path) -> None:
-    ubc = tmp_path / "ub_bus_controller0" / "0" / "ubc"
-    ubc.mkdir(parents=True)
-    (ubc / "primary_cna").write_text("0x11\n")
-    assert local_cna(str(tmp_path)) == 0x11
+    ctl = fake_controller(tmp_path, 1, "00002")
+    (ctl / "primary_cna").write_text("0x0012\n")
+    first = fake_controller(tmp_path, 0, "00001")
+    (first / "primary_cna").write_text("0x0011\n")
+    assert local_cna(str(tmp_path)) == 0x11  # the lowest controller, as libobmm takes it
     with pytest.raises(DecoderError, match="no UB controller"):
         local_cna(str(tmp_path / "empty"))
 
 
 def test_local_eid_is_the_controller_eid_in_the_first_four_bytes(tmp_path: Path) -> None:
-    ubc = tmp_path / "ub_bus_controller0" / "0" / "ubc"
-    ubc.mkdir(parents=True)
-    (ubc / "primary_cna").write_text("0x11\n")
-    (ubc / "eid").write_text("0x1234\n")
+    ubc = fake_controller(tmp_path, 0, "00001")
+    (ubc / "primary_cna").write_text("0x0011\n")
+    (ubc / "eid").write_text("4660\n")  # %u, as the bus prints it
     assert local_eid(str(tmp_path)) == (0x1234).to_bytes(4, sys.byteorder) + bytes(12)
     (ubc / "eid").write_text("0\n")  # libobmm rejects an all-zero EID
     with pytest.raises(DecoderError, match="not a non-zero 32-bit"):

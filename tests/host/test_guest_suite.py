@@ -85,16 +85,19 @@ def test_guest_command_maps_events_to_stdout_and_sets_node_env() -> None:
 
 def test_insmod_passes_only_the_fabric_parameters_the_module_declares() -> None:
     topo = qemu.Topology(nodes=2, memory_mib=1024, pool_mib=256)
-    ko = PurePosixPath("/opt/obmm-testbed/kmod/obmm_emu.ko")
+    ko = PurePosixPath("/opt/obmm-testbed/kmod/obmm.ko")
     assert provision.insmod_command(ko, 1, topo, ["node_id", "debug"]) == f"insmod {ko} node_id=1"
     full = provision.insmod_command(ko, 0, topo, ["node_id", "pool_base", "pool_size"])
     assert full == f"insmod {ko} node_id=0 pool_base=0x30000000 pool_size=0x10000000"
     assert provision.insmod_command(ko, 0, topo, []) == f"insmod {ko}"
+    # Two UB controllers named as on UB hosts, when the module takes the names.
+    with_ubc = provision.insmod_command(ko, 0, topo, ["node_id", "ubc_dev"])
+    assert with_ubc == f"insmod {ko} node_id=0 ubc_dev=00001,00002"
 
 
 def test_testhook_loads_first() -> None:
-    order = provision.module_load_order([Path("obmm_emu.ko"), Path("obmm_testhook.ko")])
-    assert [p.name for p in order] == ["obmm_testhook.ko", "obmm_emu.ko"]
+    order = provision.module_load_order([Path("obmm.ko"), Path("obmm_testhook.ko")])
+    assert [p.name for p in order] == ["obmm_testhook.ko", "obmm.ko"]
 
 
 def test_payload_has_package_tests_selftests_and_modules(tmp_path: Path) -> None:

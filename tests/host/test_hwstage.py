@@ -325,9 +325,9 @@ def test_all_checks_pass_and_name_the_module(sshd: LocalSshd) -> None:
     details = {c.name: c.detail for c in report.checks}
     assert details["ssh"] == f"logged in as root on 127.0.0.1:{sshd.port}"
     assert details["module"] in (
-        "no obmm or obmm_emu module: built into the kernel",
+        "no obmm module: built into the kernel",
         "obmm (the OBMM driver)",
-        "obmm_emu (the emulator standing in for obmm.ko)",
+        "obmm (the emulator, kmod/obmm_emu, standing in for the real driver)",
     )
     assert details["python"].endswith("(the host's)")
     assert details["decoder"] == "not configured (one host: no cross-node import)"
@@ -438,18 +438,19 @@ def test_cross_node_needs_the_controller_identity(
     monkeypatch.setattr(hwpreflight, "UBC_GLOB", f"{tmp_path}/ub_bus_controller*/*/ubc")
     (report, _) = hwpreflight.preflight(config)
     assert report.failure == (
-        f"no {tmp_path}/ub_bus_controller*/*/ubc/{{primary_cna,eid}} on 127.0.0.1: the cluster "
-        "suite takes the node's CNA and EID from there, as libobmm does (is the UB bus "
+        f"no {tmp_path}/ub_bus_controller*/*/ubc beside primary_cna and eid on 127.0.0.1: the "
+        "cluster suite takes the node's CNA and EID from there, as libobmm does (is the UB bus "
         "controller driver loaded?)"
     )
-    ubc = tmp_path / "ub_bus_controller0" / "0" / "ubc"
-    ubc.mkdir(parents=True)
-    (ubc / "primary_cna").write_text("0x11\n")
-    (ubc / "eid").write_text("0x1234\n")
+    ctl = tmp_path / "ub_bus_controller0" / "00001"  # as the UB bus prints it: ubc a file
+    ctl.mkdir(parents=True)
+    (ctl / "ubc").write_text("0x001\n")
+    (ctl / "primary_cna").write_text("0x0011\n")
+    (ctl / "eid").write_text("4660\n")
     (report, _) = hwpreflight.preflight(config)
     assert report.ok, report.lines()
     assert [c.name for c in report.checks] == list(hwpreflight.CHECKS)
-    assert report.checks[-1].detail == f"{ubc}: primary_cna 0x11, eid 0x1234"
+    assert report.checks[-1].detail == f"{ctl}: primary_cna 0x0011, eid 4660"
 
 
 def test_decoder_table_is_checked_on_the_host(sshd: LocalSshd, tmp_path: Path) -> None:

@@ -15,10 +15,12 @@ from obmm.identity import EID_SIZE, NodeIdentity
 
 
 def fake_node(tmp_path: Path, *, node: int = 2, cna: int = 0x11, eid: int = 0x1234) -> Path:
-    ubc = tmp_path / "devices" / "ub_bus_controller0" / "0" / "ubc"
-    ubc.mkdir(parents=True)
-    (ubc / "primary_cna").write_text(f"{cna:#x}\n")
-    (ubc / "eid").write_text(f"{eid:#x}\n")
+    """A UB host's controller as drivers/ub/ubus/sysfs.c prints it (ubc is a file)."""
+    ctl = tmp_path / "devices" / "ub_bus_controller0" / "00001"
+    ctl.mkdir(parents=True)
+    (ctl / "ubc").write_text("0x001\n")
+    (ctl / "primary_cna").write_text(f"{cna:#06x}\n")
+    (ctl / "eid").write_text(f"{eid}\n")
     emu = tmp_path / "obmm_emu"
     emu.mkdir()
     (emu / "node_id").write_text(f"{node}\n")

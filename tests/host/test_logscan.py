@@ -82,7 +82,7 @@ OOPS = """\
 
 KASAN = """\
 [   40.000000] ==================================================================
-[   40.000001] BUG: KASAN: slab-out-of-bounds in emu_copy+0x44/0x60 [obmm_emu]
+[   40.000001] BUG: KASAN: slab-out-of-bounds in emu_copy+0x44/0x60 [obmm]
 [   40.000002] Write of size 8 at addr ffff888003e1c140 by task python3/500
 [   40.000003]
 [   40.000004] CPU: 0 PID: 500 Comm: python3 Tainted: G           OE      6.1.0-57-amd64 #1
@@ -95,7 +95,7 @@ KASAN = """\
 [   40.000011] The buggy address belongs to the object at ffff888003e1c100
 [   40.000012] ==================================================================
 [   40.000013] Disabling lock debugging due to kernel taint
-[   40.000014] obmm_emu: still running
+[   40.000014] obmm: still running
 """
 
 LOCKDEP = """\
@@ -105,10 +105,10 @@ LOCKDEP = """\
 [   50.000003] 6.1.0-57-amd64 #1 Tainted: G           OE
 [   50.000004] ------------------------------------------------------
 [   50.000005] python3/600 is trying to acquire lock:
-[   50.000006] ffff888004a1b0d8 (&emu->region_lock){+.+.}-{3:3}, at: emu_import+0x3c/0x120 [obmm_emu]
+[   50.000006] ffff888004a1b0d8 (&emu->region_lock){+.+.}-{3:3}, at: emu_import+0x3c/0x120 [obmm]
 [   50.000007]
 [   50.000008] but task is already holding lock:
-[   50.000009] ffff888004a1b1e0 (&emu->fabric_lock){+.+.}-{3:3}, at: emu_fabric_sync+0x20/0x90 [obmm_emu]
+[   50.000009] ffff888004a1b1e0 (&emu->fabric_lock){+.+.}-{3:3}, at: emu_fabric_sync+0x20/0x90 [obmm]
 [   50.000010]
 [   50.000011]  *** DEADLOCK ***
 """
@@ -191,7 +191,7 @@ def test_kasan_block_spans_its_banners_and_absorbs_taint_note() -> None:
     assert report.kind == Kind.KASAN
     excerpt = report.excerpt.splitlines()
     assert excerpt[0].endswith("=" * 66)
-    assert excerpt[1].endswith("BUG: KASAN: slab-out-of-bounds in emu_copy+0x44/0x60 [obmm_emu]")
+    assert excerpt[1].endswith("BUG: KASAN: slab-out-of-bounds in emu_copy+0x44/0x60 [obmm]")
     assert excerpt[-1].endswith("=" * 66)
     assert "The buggy address belongs to the object" in report.excerpt
 
@@ -498,19 +498,19 @@ log("BUG: scheduling while atomic: collector/1/0x00000002")
 
 
 def test_clean():
-    log("obmm_emu: region 3 exported")
+    log("obmm: region 3 exported")
 
 
 def test_warns():
     log(
         "------------[ cut here ]------------",
-        "WARNING: CPU: 0 PID: 42 at emu.c:7 emu_export+0x1/0x2 [obmm_emu]",
+        "WARNING: CPU: 0 PID: 42 at emu.c:7 emu_export+0x1/0x2 [obmm]",
         "---[ end trace 0000000000000000 ]---",
     )
 
 
 def test_takes_its_own_warn(kernel_log):
-    log("WARNING: CPU: 0 PID: 43 at emu.c:9 emu_poke+0x1/0x2 [obmm_emu]")
+    log("WARNING: CPU: 0 PID: 43 at emu.c:9 emu_poke+0x1/0x2 [obmm]")
     assert [r.kind for r in kernel_log.take_reports()] == ["warn"]
 
 
@@ -519,7 +519,7 @@ import pytest
 
 @pytest.mark.kernel_log_allow(r"emu_known_quirk", "documented quirk for this test")
 def test_allowed():
-    log("WARNING: CPU: 0 PID: 44 at emu.c:11 emu_known_quirk+0x1/0x2 [obmm_emu]")
+    log("WARNING: CPU: 0 PID: 44 at emu.c:11 emu_known_quirk+0x1/0x2 [obmm]")
 
 
 def test_taints(tmp_path):

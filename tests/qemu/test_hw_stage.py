@@ -208,7 +208,7 @@ def _prove_stage(guest_session: GuestSession, results: Path, paths: tuple[str, .
     host_emu = [t for t, why in host.skipped.items() if why == f"Skipped: {EMULATOR_REASON}"]
     assert len(host_emu) == len(emulator_only)
     assert "pytest shipped" in (hostdir / "preflight.txt").read_text()
-    assert "module: obmm_emu (the emulator standing in for obmm.ko)" in out
+    assert "module: obmm (the emulator, kmod/obmm_emu, standing in for the real driver)" in out
     dmesg = (hostdir / "dmesg.txt").read_text()
     assert "obmm-hw-test: begin " in dmesg
     assert (hostdir / "dmesg-run.txt").is_file()

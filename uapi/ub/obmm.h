@@ -5,7 +5,7 @@
  * Written for obmm-testbed from the documented ABI of openEuler's
  * include/uapi/ub/obmm.h: the same names, types, field order, alignment
  * and ioctl numbers, so a program built against this header talks to the
- * real obmm.ko and to obmm_emu.ko alike.  64-bit ABI only (the driver has
+ * real obmm.ko and to the emulator's alike.  64-bit ABI only (the driver has
  * no compat_ioctl).
  */
 #ifndef UAPI_OBMM_H

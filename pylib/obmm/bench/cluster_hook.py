@@ -208,6 +208,72 @@ def restore_figures(
     return figures
 
 
+#: What each node runs for the parallel-TCG cost: a slice of the guest suite (Python, ioctls,
+#: mappings: the suites' own mix), on both nodes of a pair at once.
+TCG_WORKLOAD = (
+    "cd /opt/obmm-testbed && PYTHONPATH=pylib python3 -m pytest -q -p no:cacheprovider "
+    "tests/guest/test_export.py tests/guest/test_shmdev.py"
+)
+TCG_VARIANTS = ("tcg", "tcg-serial")  # obmm.testbed.qemu.ACCEL_TCG_SERIAL
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tcg_figure_name(accel: str, what: str) -> str:
+    return f"testbed.{accel.replace('-', '_')}.{what}"
+
+
+def _tcg_sample(settings: Settings, accel: str) -> tuple[float, float]:
+    """TCG_WORKLOAD on both nodes of a pair started with `accel`: (wall s, QEMU CPU s)."""
+    from obmm.testbed.parallel import on_each
+    from obmm.testbed.session import bring_up
+
+    shape = settings.replace(topology="pair", accel=accel, name="bench-tcg")
+    with bring_up(shape, purpose="bench") as session:
+        pids = [n.qemu_pid for n in session.nodes]
+        before = sum(_cpu_seconds(p) for p in pids)
+        start = time.monotonic()
+        on_each(session.nodes, lambda n: n.run(TCG_WORKLOAD, timeout=1800, check=True))
+        return time.monotonic() - start, sum(_cpu_seconds(p) for p in pids) - before
+
+
+def tcg_parallel_figures(
+    settings: Settings, samples: int, say: Callable[[str], None]
+) -> list[Figure]:
+    """What parallel TCG (cross-node atomics; obmm.testbed.qemu.TCG_ACCEL) costs.
+
+    A pair runs TCG_WORKLOAD on both nodes at once, booted (or restored) with parallel TCG and
+    with serial TCG as before, interleaved (parallel, serial, parallel, ...) so a drift of the
+    machine's speed hits both alike.  Figures: the workload's wall time and the host CPU
+    seconds both QEMUs spent in it, each with the serial run as its baseline.
+    """
+    wall: dict[str, list[float]] = {a: [] for a in TCG_VARIANTS}
+    cpu: dict[str, list[float]] = {a: [] for a in TCG_VARIANTS}
+    for k in range(samples):
+        for accel in TCG_VARIANTS:
+            say(f"parallel TCG cost: {accel}, sample {k + 1}/{samples}")
+            seconds, cpu_s = _tcg_sample(settings, accel)
+            wall[accel].append(seconds)
+            cpu[accel].append(cpu_s)
+    note = "pair, both nodes run tests/guest/test_export.py and test_shmdev.py at once"
+    figures = []
+    for what, values in (("workload_wall", wall), ("qemu_cpu", cpu)):
+        for accel in TCG_VARIANTS:
+            base = None if accel == "tcg-serial" else tcg_figure_name("tcg-serial", what)
+            figures.append(
+                make_testbed_figure(
+                    tcg_figure_name(accel, what), values[accel], baseline=base, note=note
+                )
+            )
+    return figures
+
+
 INNER_LOOP_TEST = "tests/guest/test_sysfs.py::test_export_info"
 INNER_LOOP_FILE = "kmod/obmm_emu/sysfs.c"
 #: What a checkout copy needs for `obmm-testbed dev` to build, provision and test from it.
@@ -335,6 +401,9 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     samples = int(getattr(args, "boot_samples", 3))
     testbed += boot_figures(settings, sorted(set(boot_nodes)), inits, samples, say)
     testbed += restore_figures(settings, sorted(set(boot_nodes)), samples, say)
+    tcg_samples = int(getattr(args, "tcg_samples", 3))
+    if accel == "tcg" and tcg_samples:
+        testbed += tcg_parallel_figures(settings, tcg_samples, say)
     if int(getattr(args, "inner_loop_samples", 3)) > 0:
         testbed += inner_loop_figures(settings, int(args.inner_loop_samples), say)
     # The measurements get their own pair with a 1 GiB export pool per node (the test topology
@@ -392,6 +461,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--suites-only",
         action="store_true",
         help="with --suites: only the image lookup and the suite timings, no boots or data path",
+    )
+    p.add_argument(
+        "--tcg-samples",
+        type=int,
+        default=3,
+        help="runs of the parallel-TCG cost workload per variant under TCG (default 3; 0: skip)",
     )
     settings_mod.add_arguments(p, FIELDS)
 

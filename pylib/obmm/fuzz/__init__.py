@@ -1,4 +1,4 @@
-"""A seeded, model-based fuzzer of obmm_emu.ko, run inside a node (``python3 -m obmm.fuzz``).
+"""A seeded, model-based fuzzer of the emulated obmm, run inside a node (``python3 -m obmm.fuzz``).
 
 * :mod:`obmm.fuzz.ops`: the operations.  A run of ``--ops N`` with ``--seed S`` is the list
   ``generate(S, N)``, drawn before anything runs: an operation is its kind and a few random

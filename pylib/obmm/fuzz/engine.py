@@ -366,10 +366,11 @@ class Engine:
 
     # ---- import side ----
 
-    def _covering_export(self, addr: int, length: int, tokenid: int) -> Region | None:
+    def _covering_export(self, addr: int, length: int) -> Region | None:
+        """The live export an import of [addr, +length) reaches (IMPORT ignores tokenid)."""
         off = addr - self.fabric.own_base
         for r in sorted(self.model.regions.values(), key=lambda r: r.mem_id):
-            if r.scattered or not r.is_export or r.tokenid != tokenid:
+            if r.scattered or not r.is_export:
                 continue  # a scattered EXPORT_PID's [pa, pa + size) is not the export
             if r.pa <= off and off + length <= r.pa + r.size:
                 return r
@@ -409,7 +410,9 @@ class Engine:
         # a share import may not overlap another import nor a declared preimport range
         ranges = [(r.pa, r.size) for r in self.model.regions.values() if r.kind == "import"]
         ranges += sorted(self.model.preimports)
-        covering = self._covering_export(addr, length, token)
+        covering = self._covering_export(addr, length)
+        if fab.window_of(addr, length) != fab.node_id:
+            covering = None  # a peer's window: at its base, never exported
         if flags & ~7 or mmap_f == numa or (pre and not numa):
             want = {errno.EINVAL}
         elif priv_err:
@@ -433,10 +436,8 @@ class Engine:
             # the NUMA_REMOTE path (memory hot-add) is emulated elsewhere; any clean answer
             want = {OK, errno.EOPNOTSUPP, errno.EPERM, errno.ENOMEM, errno.EFAULT, errno.EBUSY,
                     errno.EINVAL, errno.ENODEV, errno.EACCES}  # fmt: skip
-        elif covering is None or fab.window_of(addr, length) != fab.node_id:
-            want = {errno.EACCES}
         else:
-            want = {OK}
+            want = {OK}  # with no export behind it: made, and revoked from the start
         want |= self.injected(op)
         _, err = self.call(op, lambda: self.dev.ioctl("OBMM_CMD_IMPORT", cmd))
         self.expect(op, f"addr={addr:#x} length={length:#x} flags={flags:#x}", err, want)
@@ -446,6 +447,7 @@ class Engine:
         self.model.regions[mem_id] = Region(
             mem_id, "import", length, addr, token, allow_mmap=not numa, numa=numa,
             dep=covering.mem_id if covering and not numa else None,
+            revoked=covering is None and not numa,
         )  # fmt: skip
 
     # ---- queries, preimport, bad ioctls ----
@@ -600,7 +602,9 @@ class Engine:
             return
         if pmd and addr % SZ_2M:
             raise Failure(op, "model", f"PMD mapping at {addr:#x}, not 2 MiB aligned")
-        self.model.maps.append(Map(addr, length, r.mem_id, f, offset, bool(prot & W), granu))
+        access = [0x8 if prot & W else 0x0 if prot & R else 0xC] * (length // granu)
+        m = Map(addr, length, r.mem_id, f, offset, bool(prot & W), granu, access)
+        self.model.maps.append(m)
         r.granu, r.mode = granu, mode
         r.ownership = r.ownership or mode == "cc"
 
@@ -705,6 +709,11 @@ class Engine:
         self.expect(
             op, f"{r.mem_id} [{start:#x}, {end:#x}) state={state:#x} ops={cache}", err, want
         )
+        if not err:  # the range's access is the new one, in every mapping of it
+            for m in own:
+                for i in range(len(m.access)):
+                    if start <= m.addr + i * m.granu < end:
+                        m.access[i] = acc
 
     @staticmethod
     def _as_shm(f: File) -> obmm.ShmDev:
@@ -733,7 +742,9 @@ class Engine:
             return
         m = live[op.word(0) % len(live)]
         off = (op.word(1) % m.length) & ~7
-        if m.writable and op.chance(2, 60):
+        if not m.can_read(off):
+            return  # an UPDATE_RANGE took the access away: it would fault (SIGSEGV)
+        if m.can_write(off) and op.chance(2, 60):
             word = op.word(3).to_bytes(8, "little")
             node.write_word(m.addr + off, word)
             phys = self.model.phys_of(m, off, self.fabric.own_base)
@@ -746,6 +757,8 @@ class Engine:
                 continue
             o_phys0 = self.model.phys_of(other, 0, self.fabric.own_base)
             if o_phys0 is None or not o_phys0 <= phys < o_phys0 + other.length:
+                continue
+            if not other.can_read(phys - o_phys0):
                 continue
             want = self._expected_word(other, phys - o_phys0)
             got = node.read_word(other.addr + phys - o_phys0)
@@ -762,7 +775,7 @@ class Engine:
             return
         off = (op.word(1) % m.length) & ~7
         data, err = node.proc_mem_read(m.addr + off, 8)
-        revoked = self.model.regions[m.mem_id].revoked
+        revoked = self.model.regions[m.mem_id].revoked or not m.can_read(off)
         self.expect(
             op, f"/proc/self/mem {m.mem_id}+{off:#x}", err, {errno.EIO} if revoked else {OK}
         )

@@ -63,6 +63,10 @@ class File:
     sync: bool
 
 
+# The access bits of an OBMM mem_state (uapi OBMM_SHM_MEM_*).
+ACCESS_MASK, READWRITE, NO_ACCESS = 0xC, 0x8, 0xC
+
+
 @dataclass
 class Map:
     addr: int
@@ -72,6 +76,14 @@ class Map:
     offset: int  # region offset of addr
     writable: bool
     granu: int
+    # access bits of each granule of the mapping (UPDATE_RANGE changes them)
+    access: list[int] = field(default_factory=list)
+
+    def can_read(self, off: int) -> bool:
+        return not self.access or self.access[off // self.granu] != NO_ACCESS
+
+    def can_write(self, off: int) -> bool:
+        return self.writable if not self.access else self.access[off // self.granu] == READWRITE
 
 
 @dataclass

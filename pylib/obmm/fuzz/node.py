@@ -15,10 +15,10 @@ from obmm.tools import logscan
 EMU = Path("/sys/kernel/obmm_emu")
 MEMPOOL = Path("/sys/kernel/obmm_mempool")
 SHMDEV_SYSFS = Path("/sys/devices/obmm")
-MODULE = "obmm_emu"
+MODULE = "obmm"
 MODULE_SYSFS = Path("/sys/module") / MODULE
 KO_DEFAULT = Path("/opt/obmm-testbed/kmod") / f"{MODULE}.ko"
-RELOAD_PARAMS = ("node_id", "pool_base", "pool_size")
+RELOAD_PARAMS = ("node_id", "pool_base", "pool_size", "ubc_dev")
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 MEMID_RE = re.compile(r"MEMID_(\d+)$")
 
@@ -65,7 +65,7 @@ def _granu(param: Path) -> int:
 
 def load_fabric() -> Fabric:
     if not EMU.is_dir() or read_int(EMU / "enabled") != 1:
-        raise RuntimeError(f"{EMU}: obmm_emu is not loaded with its fabric enabled")
+        raise RuntimeError(f"{EMU}: the emulated obmm is not loaded with its fabric enabled")
     windows = {}
     for w in sorted((EMU / "windows").iterdir()):
         windows[read_int(w / "node")] = (read_int(w / "base"), read_int(w / "size"))
@@ -187,7 +187,7 @@ class KernelLog:
 
 
 class Module:
-    """rmmod / insmod of obmm_emu with the parameters it was loaded with."""
+    """rmmod / insmod of the emulated obmm with the parameters it was loaded with."""
 
     def __init__(self, ko: Path = KO_DEFAULT) -> None:
         self.ko = ko

@@ -24,7 +24,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ACCELS = ("auto", "kvm", "tcg")
+#: tcg-serial (one TCG thread, obmm.testbed.qemu.ACCEL_TCG_SERIAL) only for the bench's cost of
+#: parallel TCG; not a setting's choice.
+ACCELS = ("auto", "kvm", "tcg", "tcg-serial")
 PROBE_TIMEOUT_S = 20.0
 
 

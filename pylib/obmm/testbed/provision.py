@@ -138,6 +138,11 @@ def module_load_order(kos: Iterable[Path]) -> list[Path]:
     return sorted(kos, key=lambda p: (p.stem != "obmm_testhook", p.stem))
 
 
+#: The UB controllers every node gets, named as on UB hosts (ub_bus_controller0/00001 and
+#: ub_bus_controller1/00002: the paths ubs-test reads); the emulator's ``ubc_dev`` parameter.
+UB_CONTROLLERS = ("00001", "00002")
+
+
 def insmod_command(
     ko: PurePosixPath,
     node: int,
@@ -153,6 +158,7 @@ def insmod_command(
         "nodes": str(topology.nodes),
         "pool_base": hex(topology.pool_base),
         "pool_size": hex(topology.pool_size),
+        "ubc_dev": ",".join(UB_CONTROLLERS),
     }
     declared = set(declared)
     args = {k: v for k, v in wanted.items() if k in declared}
@@ -162,6 +168,33 @@ def insmod_command(
         args[name] = value
     words = [shlex.quote(f"{k}={v}") for k, v in args.items()]
     return " ".join(["insmod", shlex.quote(str(ko)), *words])
+
+
+#: Where a UB host's obmm.ko lives (``/lib/modules/$(uname -r)/obmm/obmm.ko``: what ubs-test
+#: insmods); every module of the payload is installed there and indexed, so ``modprobe`` finds it.
+MODULE_INSTALL_DIR = "/lib/modules/$(uname -r)/obmm"
+
+
+def install_command(modules: Sequence[Path]) -> str:
+    """Copy the payload's modules to :data:`MODULE_INSTALL_DIR`; depmod unless the index knows
+    each of them already, without dependencies.
+
+    The Debian image's index has the entries (qemu/debian/customize.sh): depmod reads every
+    module of the tree, about 25 s under TCG.  A module it does not know (another image, the
+    debug kernel's release, which has no module of its own) or one that depends on others
+    (a stale entry would miss them) makes the index be rebuilt."""
+    kos = " ".join(str(GUEST_ROOT / "kmod" / ko.name) for ko in modules)
+    checks = " ".join(
+        f'modprobe -nq {ko.stem} && [ -z "$(modinfo -F depends {MODULE_INSTALL_DIR}/{ko.name})" ]'
+        " || stale=1;"
+        for ko in modules
+    )
+    # depmod warns about a release without modules.order or modules.builtin (the debug
+    # kernel's): the index it writes still has ours.
+    return (
+        f"mkdir -p {MODULE_INSTALL_DIR} && cp {kos} {MODULE_INSTALL_DIR}/"
+        f' && {{ stale=; {checks} [ -z "$stale" ] || depmod -a 2>/dev/null; }}'
+    )
 
 
 def check_params(ko: Path, declared: Iterable[str], params: Sequence[str]) -> None:
@@ -188,7 +221,7 @@ def prepare(
     payload = payload_tar(root or repo_root(), modules)
 
     def one(node: Node) -> None:
-        unpack_payload(node, payload)
+        unpack_payload(node, payload, modules)
         load_modules(node, topology, modules, params=params)
 
     on_each(nodes, one)
@@ -197,15 +230,17 @@ def prepare(
 def push_payload(nodes: Sequence[Node], modules: Sequence[Path], root: Path | None = None) -> None:
     """A fresh payload on every node, the modules loaded left as they are (attaching)."""
     payload = payload_tar(root or repo_root(), modules)
-    on_each(nodes, lambda node: unpack_payload(node, payload))
+    on_each(nodes, lambda node: unpack_payload(node, payload, modules))
 
 
-def unpack_payload(node: Node, payload: bytes) -> None:
-    """Replace the node's copy of the package, tests and modules (under GUEST_ROOT)."""
+def unpack_payload(node: Node, payload: bytes, modules: Sequence[Path] = ()) -> None:
+    """Replace the node's copy of the package, tests and modules (under GUEST_ROOT); install
+    `modules` where a UB host has them (:func:`install_command`)."""
     node.run(
         f"rm -rf {GUEST_ROOT} && mkdir -p {GUEST_ROOT} && tar -xzf - -C {GUEST_ROOT}"
         # The debug kernel: what boot left unreferenced is not the modules' (else a no-op).
-        f" && {{ {kmemleak.BASELINE_CMD}; }}",
+        f" && {{ {kmemleak.BASELINE_CMD}; }}"
+        + (f" && {install_command(modules)}" if modules else ""),
         timeout=kmemleak.SCAN_TIMEOUT_S,
         check=True,
         stdin=payload,

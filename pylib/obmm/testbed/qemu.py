@@ -3,7 +3,7 @@
 Everything here is pure: the argv builder takes paths and ports and returns a list, so it has
 golden tests and the exact command can be logged and pasted by hand.
 
-The fabric convention (the emulated driver `obmm_emu.ko` depends on it; see qemu/README.md):
+The fabric convention (the emulated driver's obmm.ko depends on it; see qemu/README.md):
 node i's RAM is the shared file `<rundir>/node<i>.ram`; every node maps every node's RAM file
 (its own included) as an ivshmem-plain BAR at PCI slot 0x10+j, and the 2 MiB control region
 `<rundir>/control` at slot 0x0f.  The top `pool_mib` of each node's RAM is hidden from the guest
@@ -280,14 +280,14 @@ def kernel_cmdline(
     else:
         parts += [
             f"init={FAST_INIT_ARGV[0]}",
-            f"obmm.hostname=node{index}",
-            f"obmm.net=0000:00:{NET_SLOT:02x}.0,{SSH_NIC_ADDR}",
+            f"obmm_testbed.hostname=node{index}",
+            f"obmm_testbed.net=0000:00:{NET_SLOT:02x}.0,{SSH_NIC_ADDR}",
         ]
         if modules:
-            parts.append("obmm.modules=" + ",".join(modules))
+            parts.append("obmm_testbed.modules=" + ",".join(modules))
         if topology.nodes > 1:
             parts.append(
-                f"obmm.fabric={fabric_mac(index)},{fabric_ip(index)}/{FABRIC_NET_PREFIXLEN}"
+                f"obmm_testbed.fabric={fabric_mac(index)},{fabric_ip(index)}/{FABRIC_NET_PREFIXLEN}"
             )
     parts.extend(extra)
     if init == INIT_FAST:
@@ -296,21 +296,47 @@ def kernel_cmdline(
     return " ".join(parts)
 
 
+#: TCG translates a guest's atomic instructions (lock-prefixed RMW, cmpxchg) into host atomics
+#: only for a vCPU it runs "parallel": multi-threaded TCG in a machine with more than one
+#: possible CPU (QEMU's tcg_cpu_init_cflags(cpu, max_cpus > 1)).  Otherwise they are plain
+#: read-modify-writes, safe inside one QEMU but not against another node's QEMU sharing the
+#: RAM file: fetch-and-adds from two 1-vCPU nodes lost increments.  So every node may have a
+#: second CPU (never plugged) and TCG runs multi-threaded.
+TCG_ACCEL = "tcg,thread=multi"
+TCG_PARALLEL_MAXCPUS = 2
+#: The accelerator name of TCG as the testbed ran it before (QEMU's default threading, no
+#: second possible CPU: not parallel, cross-node atomics not atomic).  Only `make bench` uses it,
+#: to measure what parallel TCG costs.
+ACCEL_TCG_SERIAL = "tcg-serial"
+
+
+def _accel_args(accel: str, cpus: int) -> tuple[str, str, str]:
+    """(-accel, -cpu kind, -smp) for an accelerator name."""
+    if accel == "tcg":
+        return TCG_ACCEL, "tcg", f"{cpus},maxcpus={max(cpus, TCG_PARALLEL_MAXCPUS)}"
+    if accel == ACCEL_TCG_SERIAL:
+        return "tcg", "tcg", str(cpus)
+    return accel, "host", str(cpus)
+
+
 def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
     """QEMU argv for node `node.index` of a cluster shaped like `topology`."""
     if not 0 <= node.index < topology.nodes:
         raise TopologyError(f"node index {node.index} outside 0..{topology.nodes - 1}")
     mem = f"{topology.memory_mib}M"
+    accel, cpu, smp = _accel_args(node.accel, topology.cpus)
     argv = [
         node.qemu_binary,
         "-name",
         f"obmm-node{node.index},debug-threads=on",
         "-machine",
-        f"q35,accel={node.accel},memory-backend=ram",
+        "q35,memory-backend=ram",
+        "-accel",
+        accel,
         "-cpu",
-        node.tcg_cpu if node.accel == "tcg" else "host",
+        node.tcg_cpu if cpu == "tcg" else cpu,
         "-smp",
-        str(topology.cpus),
+        smp,
         "-m",
         mem,
         "-object",

@@ -47,7 +47,7 @@ READY_TIMEOUT_S = 60.0
 COPY_TIMEOUT_S = 300.0
 #: The identity a node's controller publishes, read the way obmm.identity reads it.
 IDENTITY_COMMAND = (
-    "for d in /sys/devices/ub_bus_controller*/*/ubc; do "
+    "for f in /sys/devices/ub_bus_controller*/*/ubc; do d=${f%/ubc}; "
     '[ -e "$d/primary_cna" ] && cat "$d/primary_cna" "$d/eid" && break; done; true'
 )
 FETCH_SCRIPT = """\

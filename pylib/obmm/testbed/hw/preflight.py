@@ -4,8 +4,8 @@ Every check ends in seconds with the reason; nothing is installed or loaded on t
 
 * ``ssh``: TCP connect and login (key or agent; host key per ``host_key_policy``).
 * ``device``: ``/dev/obmm`` is a character device the login user can open read-write.
-* ``module``: which kernel module provides it (``obmm`` on hardware, ``obmm_emu`` for the
-  emulator standing in for it).
+* ``module``: which kernel module provides it: ``obmm`` (the emulator's module has the same
+  name; it is told apart by its fabric sysfs, ``/sys/kernel/obmm_emu``), or built in.
 * ``python``: the interpreter exists, is >= 3.9 and imports ``cffi`` (not pure Python, so it is
   never shipped); ``pytest`` >= 7.2 is used if the host has it, else a pure-Python archive
   (pytest and its dependencies, from this machine's environment) is shipped.
@@ -32,12 +32,15 @@ from pathlib import Path
 
 import paramiko
 
+from obmm.decoder import EMU_SYSFS  # the emulator's fabric sysfs: tells its obmm apart
 from obmm.testbed import bytecode, ssh
 from obmm.testbed.hw.config import HwConfig, HwHost
 
 log = logging.getLogger(__name__)
 
 MIN_PYTHON = (3, 9)
+#: The ``module`` fact of a host whose obmm is the emulator.
+EMULATED_MODULE = "obmm (emulated)"
 MIN_PYTEST = (7, 2)
 SHIPPED_ROOT = "pytest"
 
@@ -206,7 +209,8 @@ def probe_script(device: str, python: str) -> str:
             f"if [ -c {d} ]; then echo dev=char; elif [ -e {d} ]; then echo dev=other; "
             "else echo dev=missing; fi",
             f"if [ -r {d} ] && [ -w {d} ]; then echo devrw=1; else echo devrw=0; fi",
-            "for m in obmm obmm_emu; do [ -d /sys/module/$m ] && echo module=$m; done",
+            "[ -d /sys/module/obmm ] && echo module=obmm",
+            f"[ -d {EMU_SYSFS} ] && echo emulated=1",
             "echo kernel=$(uname -r)",
             "echo machine=$(uname -m)",
             f"echo python=$(command -v {p} 2>/dev/null)",
@@ -315,16 +319,16 @@ def _checks(
                 f"{config.device} (kernel {one.get('kernel')}, {one.get('machine')})",
             )
         )
-        modules = facts.get("module", [])
-        if "obmm" in modules:
+        emulated = one.get("emulated") == "1"
+        if one.get("module") != "obmm":
+            module = "built-in"
+            detail = "no obmm module: built into the kernel"
+        elif emulated:
+            module = EMULATED_MODULE
+            detail = "obmm (the emulator, kmod/obmm_emu, standing in for the real driver)"
+        else:
             module = "obmm"
             detail = "obmm (the OBMM driver)"
-        elif "obmm_emu" in modules:
-            module = "obmm_emu"
-            detail = "obmm_emu (the emulator standing in for obmm.ko)"
-        else:
-            module = "built-in"
-            detail = "no obmm or obmm_emu module: built into the kernel"
         report.facts["module"] = module
         add(Check("module", True, detail))
         if one.get("tar") != "1":
@@ -436,8 +440,8 @@ def _decoder_check(
     if not spec:
         if not cross_node:
             add(Check("decoder", True, "not configured (one host: no cross-node import)"))
-        elif report.module == "obmm_emu":
-            add(Check("decoder", True, "emulator windows (obmm_emu)"))
+        elif report.module == EMULATED_MODULE:
+            add(Check("decoder", True, f"emulator windows ({EMU_SYSFS})"))
         else:
             add(
                 Check(
@@ -471,14 +475,14 @@ def _decoder_check(
             return
         add(Check("decoder", True, f"file: {arg} ({res.out.strip()} window(s))"))
     else:
-        sysfs = arg or "/sys/kernel/obmm_emu"
+        sysfs = arg or EMU_SYSFS
         res = conn.run(f"test -d {shlex.quote(sysfs)}/windows", timeout=timeout)
         if not res.ok:
             add(
                 Check(
                     "decoder",
                     False,
-                    f"decoder {spec}: {sysfs}/windows missing (obmm_emu is "
+                    f"decoder {spec}: {sysfs}/windows missing (the emulator is "
                     "not loaded; on hardware use cmd: or file:)",
                 )
             )
@@ -488,7 +492,8 @@ def _decoder_check(
 
 def _identity_check(report: HostReport, conn: HwConnection, timeout: float) -> None:
     script = (
-        f"for d in {UBC_GLOB}; do [ -r $d/primary_cna ] && [ -r $d/eid ] && "
+        # libobmm's way: the directory a ub_bus_controller<i>/*/ubc glob hit is in.
+        f"for f in {UBC_GLOB}; do d=${{f%/ubc}}; [ -r $d/primary_cna ] && [ -r $d/eid ] && "
         "{ echo $d $(cat $d/primary_cna) $(cat $d/eid); exit 0; }; done; exit 1"
     )
     res = conn.run(script, timeout=timeout)
@@ -497,8 +502,8 @@ def _identity_check(report: HostReport, conn: HwConnection, timeout: float) -> N
             Check(
                 "identity",
                 False,
-                f"no {UBC_GLOB}/{{primary_cna,eid}} on {report.host.host}: the cluster suite "
-                "takes the node's CNA and EID from there, as libobmm does (is the UB bus "
+                f"no {UBC_GLOB} beside primary_cna and eid on {report.host.host}: the cluster "
+                "suite takes the node's CNA and EID from there, as libobmm does (is the UB bus "
                 "controller driver loaded?)",
             )
         )
