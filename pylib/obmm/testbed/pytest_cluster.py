@@ -38,6 +38,7 @@ import pytest
 from obmm.testbed import settings as settings_mod
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.settings import Settings
+from obmm.tools import interrupts
 
 if TYPE_CHECKING:  # imported when a test uses a fixture: loading the plugin stays cheap
     from obmm.testbed.session import GuestNode
@@ -123,6 +124,9 @@ class Testbed:
 
         self.close()
         self.boots += 1
+        # From the first boot on, SIGTERM (a CI job cancelled) unwinds like Ctrl-C: the
+        # cluster is stopped, not left to the next command (a run that boots none is untouched).
+        interrupts.install_sigterm_unwinds()
         named = wanted.replace(name=f"pytest-{os.getpid()}-{self.boots}")
         capman = self.config.pluginmanager.getplugin("capturemanager")
         if capman is not None:  # the boot's progress lines are the user's to see
