@@ -298,3 +298,19 @@ def test_kernel_release_is_kept_until_the_package_lists_change(
     monkeypatch.setattr(kbuild, "_suite_version", version)
     assert kbuild.suite_version("linux-source-6.1") == kbuild.suite_version("linux-source-6.1")
     assert versions == ["linux-source-6.1"]
+
+
+@pytest.mark.parametrize("style", ["absolute .ko (6.1)", "relative .o (6.2+)"])
+def test_built_modules_are_what_kbuild_listed_not_every_ko_left(tmp_path: Path, style: str) -> None:
+    """An incremental build directory kept obmm_emu.ko from before the module became obmm.ko;
+    a glob handed both to the loader, and two drivers claimed /dev/obmm."""
+    (tmp_path / "obmm_emu.ko").write_bytes(b"stale")
+    (tmp_path / "obmm.ko").write_bytes(b"new")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "helper.ko").write_bytes(b"new")
+    if style.startswith("absolute"):
+        lines = [str(tmp_path / "obmm.ko"), str(tmp_path / "sub" / "helper.ko")]
+    else:
+        lines = ["obmm.o", "sub/helper.o"]
+    (tmp_path / "modules.order").write_text("\n".join(lines) + "\n")
+    assert kbuild.built_modules(tmp_path) == [tmp_path / "obmm.ko", tmp_path / "sub" / "helper.ko"]

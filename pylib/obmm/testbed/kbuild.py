@@ -629,7 +629,7 @@ def _build_locked(
             raise BuildWarningsError(src.name, warnings, output)
         for line in warnings:
             log.warning("%s: %s", src.name, line)
-        kos = sorted(copy.rglob("*.ko"))
+        kos = built_modules(copy)
         if not kos:
             raise KbuildError(f"{src.name}: make succeeded but produced no .ko:\n{output}")
         for ko in kos:
@@ -646,6 +646,23 @@ def _build_locked(
             time.monotonic() - started,
         )
     return built
+
+
+def built_modules(build_dir: Path) -> list[Path]:
+    """The .ko files the last make in `build_dir` built, as Kbuild lists them in modules.order
+    (absolute .ko paths before 6.2, .o names relative to the directory after).  Not a glob:
+    an incremental build directory keeps the .ko of a module the sources no longer make
+    (obmm_emu.ko after the rename to obmm.ko), which must not be loaded beside its successor."""
+    order = build_dir / "modules.order"
+    if not order.is_file():
+        return sorted(build_dir.rglob("*.ko"))
+    kos = []
+    for line in order.read_text().split():
+        path = Path(line) if Path(line).is_absolute() else build_dir / line
+        ko = path.with_suffix(".ko")
+        if ko.is_file():
+            kos.append(ko)
+    return sorted(kos)
 
 
 #: Beside the built .ko files: the digest of the sources they were built from.
