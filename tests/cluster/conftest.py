@@ -91,13 +91,13 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Session | hwstage.HwClus
     settings = Settings.from_env().with_defaults(name=f"cluster-test-{os.getpid()}")
     assert settings.name is not None
     attach_to = envvars.ATTACH.get()
+    capman = request.config.pluginmanager.getplugin("capturemanager")
     if attach_to:
         session = attach(settings, attach_to)
     else:
         nodes = topology_for(settings, "pair").nodes
         if nodes < 2:
             pytest.exit(f"the cluster suite needs at least 2 nodes, the settings give {nodes}")
-        capman = request.config.pluginmanager.getplugin("capturemanager")
         with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
             session = bring_up(
                 settings,
@@ -108,7 +108,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Session | hwstage.HwClus
     try:
         yield session
     finally:
-        session.stop()
+        # Its "stopping cluster" line reaches the terminal, as the boot's lines do.
+        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+            session.stop()
 
 
 #: Copied into every node's helper directory (``ClusterHarness.helpers``).

@@ -39,6 +39,7 @@ import pytest
 from obmm.testbed import settings as settings_mod
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.settings import Settings
+from obmm.tools import interrupts
 
 if TYPE_CHECKING:  # imported when a test uses a fixture: loading the plugin stays cheap
     from obmm.testbed.session import GuestNode
@@ -126,6 +127,9 @@ class Testbed:
 
         self.close()
         self.boots += 1
+        # From the first boot on, SIGTERM (a CI job cancelled) unwinds like Ctrl-C: the
+        # cluster is stopped, not left to the next command (a run that boots none is untouched).
+        interrupts.install_sigterm_unwinds()
         named = wanted.replace(name=f"pytest-{os.getpid()}-{self.boots}")
         capman = self.config.pluginmanager.getplugin("capturemanager")
         if capman is not None:  # the boot's progress lines are the user's to see
@@ -139,7 +143,12 @@ class Testbed:
     def close(self) -> None:
         if self.current is not None:
             current, self.current, self.settings = self.current, None, None
-            current.close()
+            capman = self.config.pluginmanager.getplugin("capturemanager")
+            if capman is not None:  # as the boot's: the teardown's line is the user's to see
+                with capman.global_and_fixture_disabled():
+                    current.close()
+            else:
+                current.close()
 
 
 def _marker_kwargs(request: pytest.FixtureRequest) -> dict[str, Any]:
