@@ -137,9 +137,11 @@ INIT = Var(
 ACCEL = Var(
     "OBMM_TESTBED_ACCEL",
     "testbed",
-    "accelerator: KVM when a probe boots a guest under it (auto), or forced",
+    "accelerator: KVM when a probe boots a guest under it (auto), or forced; `tcg-serial` is "
+    "one TCG thread per node, where cross-node atomics are not atomic (the bench's baseline "
+    "for what parallel TCG costs)",
     default="auto",
-    choices=("auto", "kvm", "tcg"),
+    choices=("auto", "kvm", "tcg", "tcg-serial"),
 )
 SNAPSHOT = Var(
     "OBMM_TESTBED_SNAPSHOT",
