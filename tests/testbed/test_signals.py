@@ -148,8 +148,9 @@ def place(tmp_path: Path) -> Iterator[dict[str, str]]:
     subprocess.run(["rm", "-rf", str(run_root)], check=False)
 
 
-def _qemus_under(run_root: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", run_root], capture_output=True, text=True).stdout
+def _qemus_under(run_root: str, program: str = "") -> list[int]:
+    pattern = f"{program}.*{run_root}" if program else run_root
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
     return [int(p) for p in out.split() if int(p) != os.getpid()]
 
 
@@ -217,6 +218,11 @@ def _up(phase: str, env: dict[str, str], cwd: Path) -> Entry:
         done = subprocess.run(up, env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=STEP_TIMEOUT_S, check=False)  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
+        # A stopped QEMU never answers the QMP quit: `down` waits out its bound (seconds)
+        # before it signals, so the signals land while it stops (a 1-node stop that went well
+        # could end before the first one, whose default action then killed the process).
+        for pid in _qemus_under(env["OBMM_TESTBED_RUN_ROOT"], "qemu-system"):
+            os.kill(pid, signal.SIGSTOP)
         return Entry(_cli("down", "--name", "sig-up"), env, cwd).start()
     return Entry(up, env, cwd).start()
 
