@@ -12,7 +12,7 @@ APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3 \
 	gcc-aarch64-linux-gnu debian-archive-keyring
 
-.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof testbed-and-hw-proof hw-test bench patch-check image kmod fuzz clean
+.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof testbed-and-hw-proof real-driver-test fuzz-diff hw-test bench patch-check image kmod fuzz clean
 
 setup: setup-apt setup-python setup-node
 
@@ -53,7 +53,8 @@ dist: setup-python
 
 # make test: lint and the host suite beside the image and module builds, then patch-check (the
 # host suite leaves about a third of the machine idle, and mmdebstrap mostly one core), then
-# qemu-test, then testbed-test beside hw-proof.  A failing part stops the run after its
+# qemu-test, then testbed-test beside hw-proof, then the real driver's suites (one line and
+# nothing when the upstream tree is absent).  A failing part stops the run after its
 # side-by-side step.
 test: setup-python
 	@$(SIDE_BY_SIDE) 'host=$(MAKE) --no-print-directory lint host-test' \
@@ -61,6 +62,7 @@ test: setup-python
 		'build+=$(MAKE) --no-print-directory patch-check'
 	@$(MAKE) --no-print-directory qemu-test
 	@$(MAKE) --no-print-directory testbed-and-hw-proof
+	@$(MAKE) --no-print-directory real-driver-test
 
 lint: setup-python
 	$(VENV)/bin/ruff check pylib tests
@@ -96,7 +98,7 @@ qemu-test: setup-python
 	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
 	$(SIDE_BY_SIDE) \
 		'qemu=$(PYTEST) tests/qemu -m "not hw_proof" --ignore=tests/qemu/test_hw_stage.py --junitxml=results/qemu-junit.xml -o junit_logging=all' \
-		'cluster=$(PYTEST) tests/cluster -m "not hw_proof" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/cluster-junit.xml -o junit_logging=all' \
+		'cluster=$(PYTEST) tests/cluster -m "not hw_proof and not fuzz" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/cluster-junit.xml -o junit_logging=all' \
 		'trust=$(PYTEST) tests/cluster/test_ctl_trust.py -m "not slow" --junitxml=results/trust-junit.xml -o junit_logging=all' \
 		'trust+=$(PYTEST) tests/qemu/test_hw_stage.py -m "not hw_proof" --junitxml=results/hw-stage-junit.xml -o junit_logging=all' \
 	|| exit 1; \
@@ -128,19 +130,58 @@ testbed-and-hw-proof: setup-python
 	@$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1
 	@$(SIDE_BY_SIDE) 'testbed=$(TESTBED_TEST)' 'hw=$(HW_PROOF_GUEST)' 'hw+=$(HW_PROOF_CLUSTER)'
 
+# The real obmm.ko: upstream's drivers/ub/obmm (from $OBMM_UB_UPSTREAM, else the pinned tree;
+# absent: one line and nothing run) built over kmod/ub_compat, then the guest and cluster suites
+# on it side by side (emulator_only tests skip, real_driver_differs ones are expected failures),
+# then results/real-vs-emu.md and .json against the emulator's junit files of qemu-test and the
+# last fuzz-diff result.
+REAL_ENV = OBMM_TESTBED_DRIVER=real
+real-driver-test: setup-python
+	@$(PY) -m obmm.testbed.realreport --check-upstream || exit 0; \
+	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
+	$(VENV)/bin/obmm-testbed kmod --driver real --reuse || exit 1; \
+	st=0; \
+	$(SIDE_BY_SIDE) \
+		'real=$(REAL_ENV) $(PYTEST) tests/qemu -m "not hw_proof" --ignore=tests/qemu/test_hw_stage.py --junitxml=results/real-qemu-junit.xml -o junit_logging=all' \
+		'realcluster=$(REAL_ENV) $(PYTEST) tests/cluster -m "not hw_proof" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/real-cluster-junit.xml -o junit_logging=all' \
+	|| st=1; \
+	$(PY) -m obmm.testbed.realreport || st=1; \
+	exit $$st
+
+# One seeded operation sequence of the structured fuzzer on an emulator node and a real-driver
+# node, every call's outcome compared (obmm.testbed.fuzzdiff); stops at the first unexplained
+# difference with a shrunk reproducer.  results/fuzz-diff.json and .md.
+FUZZ_DIFF_SEED ?= 1
+FUZZ_DIFF_OPS ?= 20000
+fuzz-diff: setup-python
+	@$(PY) -m obmm.testbed.realreport --check-upstream || exit 0; \
+	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
+	$(VENV)/bin/obmm-testbed fuzz-diff --seed $(FUZZ_DIFF_SEED) --ops $(FUZZ_DIFF_OPS)
+
 # The structured fuzzer of obmm_emu (pylib/obmm/fuzz) on a fresh 2-node cluster: both nodes fuzz
 # at once (node 1 with seed + 1), FUZZ_OPS single-process operations then FUZZ_ROUNDS race
-# rounds each; a kernel report on either node fails it.  Then every control-region trust test
-# (tests/cluster/test_ctl_trust.py, the slow cases qemu-test leaves out included).
+# rounds each; a kernel report on either node fails it (a run a kernel bug killed prints the
+# operation it was at).  Then the cross-node mode (tests/cluster/test_fuzz_xnode.py, FUZZ_XROUNDS
+# rounds: the importer's reads and handoffs while its exporter unexports, stops, reloads or
+# dies) and every control-region trust test (tests/cluster/test_ctl_trust.py, the slow cases
+# qemu-test leaves out included).
 # FUZZ_CLUSTER=<name> runs the fuzzer alone on node FUZZ_NODE of a cluster already up
 # (`obmm-testbed up --kmod`, a debug kernel's included).
 FUZZ_SEED ?= 1
 FUZZ_OPS ?= 20000
 FUZZ_ROUNDS ?= 300
+FUZZ_XROUNDS ?= 12
 FUZZ_NODE ?= 0
 FUZZ_TIMEOUT ?= 3600
+# A campaign sized to end by a given time: no operation (race round) starts after this many
+# seconds of each phase (0: no limit); fuzz-result says how many ran.
+FUZZ_SECONDS ?= 0
+FUZZ_ROUND_SECONDS ?= 0
 FUZZ = env PYTHONPATH=/opt/obmm-testbed/pylib python3 -m obmm.fuzz
-fuzz-cmd = $(FUZZ) --seed $(1) --ops $(FUZZ_OPS) && $(FUZZ) --mode concurrent --seed $(1) --ops $(FUZZ_ROUNDS)
+FUZZ_PROGRESS = /tmp/obmm-fuzz.progress
+fuzz-cmd = { $(FUZZ) --seed $(1) --ops $(FUZZ_OPS) --seconds $(FUZZ_SECONDS) \
+	--progress $(FUZZ_PROGRESS) || { echo "fuzz: the run ended at $$(cat $(FUZZ_PROGRESS))"; false; }; } && \
+	$(FUZZ) --mode concurrent --seed $(1) --ops $(FUZZ_ROUNDS) --seconds $(FUZZ_ROUND_SECONDS)
 fuzz: setup-python
 	@if [ -n "$(FUZZ_CLUSTER)" ]; then \
 		$(VENV)/bin/obmm-testbed ssh --name $(FUZZ_CLUSTER) --timeout $(FUZZ_TIMEOUT) $(FUZZ_NODE) -- \
@@ -150,6 +191,9 @@ fuzz: setup-python
 		$(VENV)/bin/obmm-testbed run --nodes 2 --dir none --timeout $(FUZZ_TIMEOUT) \
 			--node 0='$(call fuzz-cmd,$(FUZZ_SEED))' \
 			--node 1='$(call fuzz-cmd,$$(($(FUZZ_SEED) + 1)))' || exit 1; \
+		OBMM_FUZZ_SEED=$(FUZZ_SEED) OBMM_FUZZ_XROUNDS=$(FUZZ_XROUNDS) \
+			$(PYTEST) tests/cluster/test_fuzz_xnode.py -m fuzz -s --junitxml=results/fuzz-xnode-junit.xml \
+			|| exit 1; \
 		$(PYTEST) tests/cluster/test_ctl_trust.py --junitxml=results/ctl-trust-junit.xml; \
 	fi
 

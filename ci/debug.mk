@@ -24,9 +24,11 @@ DEBUG_TIMEOUT_SCALE ?= 3
 DEBUG_FUZZ_SEED ?= 1
 DEBUG_FUZZ_OPS ?= 50000
 DEBUG_FUZZ_ROUNDS ?= 1000
+DEBUG_FUZZ_XROUNDS ?= 12
 DEBUG_FUZZ_TIMEOUT ?= 36000
 DEBUG_FUZZ_CMD ?= $(MAKE) --no-print-directory fuzz FUZZ_SEED=$(DEBUG_FUZZ_SEED) \
-	FUZZ_OPS=$(DEBUG_FUZZ_OPS) FUZZ_ROUNDS=$(DEBUG_FUZZ_ROUNDS) FUZZ_TIMEOUT=$(DEBUG_FUZZ_TIMEOUT)
+	FUZZ_OPS=$(DEBUG_FUZZ_OPS) FUZZ_ROUNDS=$(DEBUG_FUZZ_ROUNDS) FUZZ_XROUNDS=$(DEBUG_FUZZ_XROUNDS) \
+	FUZZ_TIMEOUT=$(DEBUG_FUZZ_TIMEOUT)
 .PHONY: debug-kernel debug-test
 
 debug-kernel: setup-python
@@ -38,7 +40,7 @@ debug-test: setup-python
 	export OBMM_TESTBED_KERNEL=debug OBMM_TESTBED_TIMEOUT_SCALE=$(DEBUG_TIMEOUT_SCALE); \
 	$(PY) -m obmm.testbed.kmemleak clear; \
 	$(PYTEST) tests/qemu -m "not hw_proof" --junitxml=results/debug-qemu-junit.xml -o junit_logging=all || st=1; \
-	$(PYTEST) tests/cluster -m "not hw_proof and not slow" --junitxml=results/debug-cluster-junit.xml -o junit_logging=all || st=1; \
+	$(PYTEST) tests/cluster -m "not hw_proof and not slow and not fuzz" --junitxml=results/debug-cluster-junit.xml -o junit_logging=all || st=1; \
 	{ $(DEBUG_FUZZ_CMD); } || st=1; \
 	$(PY) -m obmm.testbed.kmemleak check || st=1; \
 	echo "debug-test: $$(( $$(date +%s) - t0 )) s, $$([ $$st = 0 ] && echo PASS || echo FAIL)"; \

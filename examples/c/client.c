@@ -122,9 +122,9 @@ int main(int argc, char **argv)
 
 	/* This node's UB controller, where libobmm finds it. */
 	if (read_controller("primary_cna", &cna))
-		read_u64(EMU_SYSFS "/cna", &cna);
+		read_fabric("cna", &cna);
 	if (read_controller("eid", &eid))
-		read_u64(EMU_SYSFS "/eid", &eid);
+		read_fabric("eid", &eid);
 	eid32 = (uint32_t)eid;
 
 	dev = open("/dev/obmm", O_RDWR | O_CLOEXEC);

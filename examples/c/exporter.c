@@ -17,7 +17,8 @@
  *   4. on SIGINT/SIGTERM: OBMM_CMD_UNEXPORT and exit.
  *
  * The node id, CNA and EID that go into the handle come from the emulator's
- * /sys/kernel/obmm_emu (on hardware: give --node-id, --cna, --eid).
+ * /sys/kernel/obmm_emu or, under the real obmm.ko, /sys/kernel/ub_compat (on
+ * hardware: give --node-id, --cna, --eid).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -44,6 +45,8 @@
 #define GRANULE (2 * MIB)
 #define READ_TIMEOUT_S 5
 #define EMU_SYSFS "/sys/kernel/obmm_emu"
+/* The real obmm.ko's compat layer publishes the same fabric files here. */
+#define COMPAT_SYSFS "/sys/kernel/ub_compat"
 
 static volatile sig_atomic_t stop;
 
@@ -110,6 +113,15 @@ static void serve_one(int fd, const char *name, const uint8_t wire[OBMM_HANDLE_S
 	}
 }
 
+/* One integer of the testbed's fabric files (0 when absent: then give it as an option). */
+static long long read_fabric(const char *fabric, const char *name)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path), "%s/%s", fabric, name);
+	return read_sysfs(path, 0);
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: exporter [--bind ADDR] [--port PORT] [--size MIB] [--name NAME]\n"
@@ -122,9 +134,11 @@ int main(int argc, char **argv)
 	const char *bind_addr = "0.0.0.0", *name = "region";
 	unsigned long size = DEFAULT_SIZE_MIB * MIB;
 	int port = OBMM_EXCHANGE_DEFAULT_PORT, dev, shm = -1, srv = -1, one = 1, rc = 1;
-	long long node_id = read_sysfs(EMU_SYSFS "/node_id", 0);
-	long long cna = read_sysfs(EMU_SYSFS "/cna", 0);
-	uint32_t eid = (uint32_t)read_sysfs(EMU_SYSFS "/eid", 0);
+	const char *fabric = access(EMU_SYSFS, F_OK) && !access(COMPAT_SYSFS, F_OK) ?
+			     COMPAT_SYSFS : EMU_SYSFS;
+	long long node_id = read_fabric(fabric, "node_id");
+	long long cna = read_fabric(fabric, "cna");
+	uint32_t eid = (uint32_t)read_fabric(fabric, "eid");
 	struct obmm_cmd_export exp = { 0 };
 	struct obmm_cmd_unexport unexp = { 0 };
 	struct obmm_handle h = { 0 };

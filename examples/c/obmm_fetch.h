@@ -27,6 +27,8 @@
 #define STRINGIFY(x) STRINGIFY_(x)
 #define TIMEOUT_S 10
 #define EMU_SYSFS "/sys/kernel/obmm_emu"
+/* The real obmm.ko's compat layer publishes the same fabric files here. */
+#define COMPAT_SYSFS "/sys/kernel/ub_compat"
 #define UBA_VALID (1ULL << 48)
 #define UBA_NODE_SHIFT 40
 #define UBA_PA_MASK ((1ULL << 40) - 1)
@@ -129,26 +131,43 @@ io_err:
 	return -1;
 }
 
-/* The emulator's decoder: window onto the exporter's node + the exporter PA. */
+/* The testbed's fabric files: the emulator's, or the real driver's compat layer's. */
+static const char *fabric_sysfs(void)
+{
+	if (access(EMU_SYSFS, F_OK) && !access(COMPAT_SYSFS, F_OK))
+		return COMPAT_SYSFS;
+	return EMU_SYSFS;
+}
+
+/* One integer of the fabric's files (name relative to fabric_sysfs()). */
+static int read_fabric(const char *name, unsigned long long *out)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path), "%s/%s", fabric_sysfs(), name);
+	return read_u64(path, out);
+}
+
+/* The testbed's decoder: window onto the exporter's node + the exporter PA. */
 static int resolve_emulator(const struct obmm_handle *h, unsigned long long *addr)
 {
 	unsigned long long node, pa, base, size, wnode;
 	char path[128];
 
 	if (!(h->uba & UBA_VALID) || h->uba >> 49) {
-		fprintf(stderr, PROG ": UBA %#llx is not an obmm_emu UBA; pass --addr\n",
+		fprintf(stderr, PROG ": UBA %#llx is not a testbed UBA; pass --addr\n",
 			(unsigned long long)h->uba);
 		return -1;
 	}
 	node = (h->uba >> UBA_NODE_SHIFT) & 0xff;
 	pa = h->uba & UBA_PA_MASK;
-	snprintf(path, sizeof(path), EMU_SYSFS "/windows/%llu/node", node);
+	snprintf(path, sizeof(path), "%s/windows/%llu/node", fabric_sysfs(), node);
 	if (read_u64(path, &wnode) || wnode != node)
 		goto no_window;
-	snprintf(path, sizeof(path), EMU_SYSFS "/windows/%llu/base", node);
+	snprintf(path, sizeof(path), "%s/windows/%llu/base", fabric_sysfs(), node);
 	if (read_u64(path, &base))
 		goto no_window;
-	snprintf(path, sizeof(path), EMU_SYSFS "/windows/%llu/size", node);
+	snprintf(path, sizeof(path), "%s/windows/%llu/size", fabric_sysfs(), node);
 	if (read_u64(path, &size) || pa + h->length > size) {
 		fprintf(stderr, PROG ": export is outside the window onto node %llu\n", node);
 		return -1;

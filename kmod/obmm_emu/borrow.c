@@ -61,26 +61,25 @@ void obmm_borrow_init(void)
 		nodes_weight(obmm_remote_nodes));
 }
 
-void obmm_borrow_lock(void)
+/*
+ * Every wait for the lock is killable, never interruptible: the real
+ * driver's hot-plug calls block in lock_device_hotplug() (no EINTR for a
+ * handled signal), and a fatal signal must still end the wait (no hung
+ * task behind a long removal).  -EINTR when killed.
+ */
+int obmm_borrow_lock_killable(void)
 {
-	mutex_lock(&obmm_borrow_mutex);
+	return mutex_lock_killable(&obmm_borrow_mutex);
 }
 
 /*
- * For the unplug work: an UNIMPORT may hold the lock for as long as its
- * removal waits for a pinned page (until a signal); the work must not
- * sleep uninterruptibly behind it (a hung task), it is queued again by
- * the next scan.
+ * For the unplug thread: an UNIMPORT may hold the lock for as long as its
+ * removal waits for a pinned page (until a signal); the thread backs off
+ * and tries again instead of sleeping behind it.
  */
 bool obmm_borrow_trylock(void)
 {
 	return mutex_trylock(&obmm_borrow_mutex);
-}
-
-/* For ioctls: a long removal elsewhere must not make them unkillable. */
-int obmm_borrow_lock_interruptible(void)
-{
-	return mutex_lock_interruptible(&obmm_borrow_mutex);
 }
 
 void obmm_borrow_unlock(void)
@@ -107,12 +106,14 @@ static int obmm_borrow_unused_node(void)
 
 /*
  * A preimport declaration reserves its node (@nid, or an unused one for
- * NUMA_NO_NODE).  Returns the node, or NUMA_NO_NODE when there is none:
- * add_memory_remote() would fail.
+ * NUMA_NO_NODE).  Returns the node, NUMA_NO_NODE when there is none
+ * (add_memory_remote() would fail), or -EINTR when killed waiting for the
+ * lock.
  */
 int obmm_borrow_claim_node(int nid)
 {
-	mutex_lock(&obmm_borrow_mutex);
+	if (obmm_borrow_lock_killable())
+		return -EINTR;
 	if (nid == NUMA_NO_NODE)
 		nid = obmm_borrow_unused_node();
 	else if (!obmm_borrow_node_remote(nid))
@@ -123,12 +124,12 @@ int obmm_borrow_claim_node(int nid)
 	return nid;
 }
 
-void obmm_borrow_release_node(int nid)
+/* Borrow mutex held (UNDECLARE takes it before it takes the declaration away). */
+void obmm_borrow_release_node_locked(int nid)
 {
-	mutex_lock(&obmm_borrow_mutex);
+	lockdep_assert_held(&obmm_borrow_mutex);
 	if (!WARN_ON(!obmm_borrow_node_remote(nid) || !obmm_node_claims[nid]))
 		obmm_node_claims[nid]--;
-	mutex_unlock(&obmm_borrow_mutex);
 }
 
 static bool obmm_borrow_range_online(phys_addr_t pa, u64 size)
@@ -144,12 +145,18 @@ static bool obmm_borrow_range_online(phys_addr_t pa, u64 size)
 
 /*
  * The "System RAM (Remote)" resource of a plugged import: a child of its
- * ubmem resource (a preimport range's holds one per import into it).
+ * ubmem resource (a preimport range's holds one per import into it).  The
+ * children of a ubmem resource change only under the borrow mutex (hot-add
+ * and removal, and the MEMID resources under them): the walk takes no
+ * resource lock (none is exported), so it must hold that mutex.
  */
 struct resource *obmm_borrow_ram_res(struct obmm_region *r)
 {
 	struct resource *child;
 
+	lockdep_assert_held(&obmm_borrow_mutex);
+	/* The same rule where lockdep is off (production kernels). */
+	WARN_ON_ONCE(!mutex_is_locked(&obmm_borrow_mutex));
 	if (!r->plugged)
 		return NULL;
 	for (child = r->ubmem->child; child; child = child->sibling)

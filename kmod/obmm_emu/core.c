@@ -13,6 +13,7 @@
  */
 #define pr_fmt(fmt) "OBMM: " fmt
 
+#include <linux/delay.h>
 #include <linux/fs.h>
 #include <linux/miscdevice.h>
 #include <linux/module.h>
@@ -87,7 +88,7 @@ static struct miscdevice obmm_misc = {
  */
 static int __init obmm_emu_fabric_up(void)
 {
-	const struct obmm_emu_window *own;
+	const struct tb_fabric_window *own;
 	int ret;
 
 	ret = obmm_fabric_init();
@@ -170,6 +171,27 @@ err_imports:
 	return ret;
 }
 
+#ifdef OBMM_EMU_TEST
+/*
+ * Test only: module exit waits this long once the fabric is down, so that
+ * a test can show no work of the module still runs against it then.
+ */
+static unsigned int test_exit_delay_ms;
+module_param(test_exit_delay_ms, uint, 0600);
+MODULE_PARM_DESC(test_exit_delay_ms,
+		 "test only: module exit waits this long after the fabric is down (ms, at most 5000)");
+
+static void obmm_emu_test_exit_delay(void)
+{
+	msleep(min_t(unsigned int, READ_ONCE(test_exit_delay_ms),
+		     OBMM_TEST_DELAY_MAX_MS));
+}
+#else
+static void obmm_emu_test_exit_delay(void)
+{
+}
+#endif
+
 static void __exit obmm_emu_exit(void)
 {
 	pr_info("obmm_module: exit started\n");
@@ -177,9 +199,11 @@ static void __exit obmm_emu_exit(void)
 	obmm_ubc_exit();
 	obmm_sysfs_exit();
 	obmm_shmdev_exit();
-	obmm_emu_fabric_down();
-	obmm_imports_exit();
+	/* Before the fabric: the EXPORT_PID quarantine work reads the control region. */
 	obmm_exports_exit();
+	obmm_emu_fabric_down();
+	obmm_emu_test_exit_delay();
+	obmm_imports_exit();
 	obmm_regions_exit();
 	pr_info("obmm_module: exit completed\n");
 }

@@ -455,15 +455,32 @@ struct obmm_pid_quarantine {
 	u64 epoch;
 };
 
+#ifdef OBMM_EMU_TEST
 /*
  * Test only (0, the default: off): EXPORT_PID waits this long between
  * taking the target's mm and pinning its pages, so that a test can make
  * the target exit, and be reaped, in that window.  The pin must then still
- * find the whole address space: the mm is held (mmget) across it.
+ * find the whole address space: the mm is held (mmget) across it.  A
+ * signal ends the wait.
  */
 static unsigned int test_pin_delay_ms;
 module_param(test_pin_delay_ms, uint, 0600);
-MODULE_PARM_DESC(test_pin_delay_ms, "test only: EXPORT_PID waits this long before pinning (ms)");
+MODULE_PARM_DESC(test_pin_delay_ms,
+		 "test only: EXPORT_PID waits this long before pinning (ms, at most 5000)");
+
+static void obmm_pid_test_pin_delay(void)
+{
+	unsigned int ms = min_t(unsigned int, READ_ONCE(test_pin_delay_ms),
+				OBMM_TEST_DELAY_MAX_MS);
+
+	if (ms)
+		msleep_interruptible(ms);
+}
+#else
+static void obmm_pid_test_pin_delay(void)
+{
+}
+#endif
 
 static LIST_HEAD(obmm_pid_quarantine_list);
 static DEFINE_MUTEX(obmm_pid_quarantine_lock);
@@ -631,8 +648,7 @@ long obmm_export_pid_ioctl(void __user *uarg)
 				  "no memory for the quarantine entry");
 		goto err_id;
 	}
-	if (READ_ONCE(test_pin_delay_ms))
-		msleep_interruptible(READ_ONCE(test_pin_delay_ms));
+	obmm_pid_test_pin_delay();
 	ret = obmm_pid_pin(r, (unsigned long)cmd.va);
 	/* Pinned (or not): from now on the region needs the mm_struct only. */
 	mmgrab(mm);

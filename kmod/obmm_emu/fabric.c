@@ -1,12 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * obmm_emu: the emulated UB fabric on this node.
- *
- * Every node of an N-node cluster sees, as ivshmem-plain PCI devices on
- * bus 0, one window per node at slot OBMM_EMU_WIN_SLOT0 + j (BAR2 = node
- * j's whole RAM file, its own included for loopback) and the shared
- * control region at slot OBMM_EMU_CTL_SLOT.  A window is the emulated UB
- * memory decoder: byte P of node j is at window[j].base + P.
+ * obmm_emu: the emulated UB fabric on this node: the windows (found by
+ * kmod/common/testbed_fabric.c), and the control region's node table,
+ * heartbeat and export records.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -15,17 +11,11 @@
 #include <linux/jiffies.h>
 #include <linux/module.h>
 #include <linux/moduleparam.h>
-#include <linux/pci.h>
 #include <linux/random.h>
 #include <linux/workqueue.h>
 
 #include "obmm_emu.h"
 
-#define OBMM_EMU_IVSHMEM_VENDOR		0x1af4
-#define OBMM_EMU_IVSHMEM_DEVICE		0x1110
-#define OBMM_EMU_IVSHMEM_BAR		2
-#define OBMM_EMU_CTL_SLOT		0x0f
-#define OBMM_EMU_WIN_SLOT0		0x10
 #define OBMM_EMU_DEFAULT_HEARTBEAT_MS	250
 #define OBMM_EMU_MIN_HEARTBEAT_MS	10
 /* Seqcount read attempts before an entry counts as unreadable. */
@@ -45,11 +35,8 @@ MODULE_PARM_DESC(heartbeat_ms, "Control-region heartbeat period in ms (default 2
 
 struct obmm_fabric {
 	bool enabled;
-	struct pci_dev *win_pdev[OBMM_EMU_MAX_NODES];
-	struct obmm_emu_window win[OBMM_EMU_MAX_NODES];
-	struct pci_dev *ctl_pdev;
-	phys_addr_t ctl_base;
-	u64 ctl_size;
+	/* windows and control region (win, ctl_base, ctl_size) */
+	struct tb_fabric tb;
 	void *ctl;
 	u64 boot_id;
 	/* this node's export pool, published in its node table entry */
@@ -66,6 +53,13 @@ struct obmm_fabric {
 	u32 node_state;
 	u64 withdraw_epoch;
 	struct obmm_emu_ctl_ack acks[OBMM_EMU_MAX_NODES];
+	/*
+	 * Between obmm_fabric_init() and obmm_fabric_exit(): the locks exist.
+	 * Module exit cancels every work that reads the fabric before it goes;
+	 * one that still ran after would use destroyed locks and an unmapped
+	 * region, and WARNs instead.
+	 */
+	bool up;
 	struct mutex node_lock;	/* serialises the writers of this node's entry */
 	struct delayed_work heartbeat_work;
 	struct mutex rec_lock;	/* protects rec_used, rec_seq, rec_gen, records */
@@ -91,45 +85,32 @@ u32 obmm_fabric_eid(void)
 	return eid;
 }
 
-const struct obmm_emu_window *obmm_fabric_window(int node)
+const struct tb_fabric_window *obmm_fabric_window(int node)
 {
 	if (node < 0 || node >= OBMM_EMU_MAX_NODES)
 		return NULL;
-	return &fab.win[node];
+	return &fab.tb.win[node];
 }
 
 phys_addr_t obmm_fabric_ctl_base(void)
 {
-	return fab.ctl_base;
+	return fab.tb.ctl_base;
 }
 
 u64 obmm_fabric_ctl_size(void)
 {
-	return fab.ctl_size;
+	return fab.tb.ctl_size;
 }
 
-/*
- * The node whose window holds all of [start, start + len), and (when
- * offset is not NULL) the offset of start in that node's memory; -1 when
- * no single window holds it.  This is ub_memory_validate_pa(): a range
- * is UB memory when it lies in one decoder window.
- */
+struct tb_fabric *obmm_fabric_tb(void)
+{
+	return &fab.tb;
+}
+
+/* ub_memory_validate_pa(): a range is UB memory when one window holds it. */
 int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset)
 {
-	const struct obmm_emu_window *w;
-	int j;
-
-	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
-		w = &fab.win[j];
-		if (w->present && start >= w->base &&
-		    start - w->base < w->size &&
-		    len <= w->size - (start - w->base)) {
-			if (offset)
-				*offset = start - w->base;
-			return j;
-		}
-	}
-	return -1;
+	return tb_fabric_window_node(&fab.tb, start, len, offset);
 }
 
 u64 obmm_fabric_boot_id(void)
@@ -139,9 +120,7 @@ u64 obmm_fabric_boot_id(void)
 
 u64 obmm_fabric_make_uba(phys_addr_t pa)
 {
-	return OBMM_EMU_UBA_VALID |
-	       ((u64)obmm_emu_node_id << OBMM_EMU_UBA_NODE_SHIFT) |
-	       (pa & OBMM_EMU_UBA_PA_MASK);
+	return tb_uba_make(obmm_emu_node_id, pa);
 }
 
 static struct obmm_emu_ctl_node *obmm_ctl_node(int node)
@@ -292,7 +271,7 @@ static int obmm_ctl_init_header(void)
 static void obmm_ctl_node_write_locked(void)
 {
 	struct obmm_emu_ctl_node *n = obmm_ctl_node(obmm_emu_node_id);
-	const struct obmm_emu_window *own = &fab.win[obmm_emu_node_id];
+	const struct tb_fabric_window *own = &fab.tb.win[obmm_emu_node_id];
 	__le32 eid_le = cpu_to_le32(eid);
 
 	lockdep_assert_held(&fab.node_lock);
@@ -413,6 +392,8 @@ u64 obmm_fabric_withdraw_epoch(void)
 {
 	u64 epoch;
 
+	if (WARN_ON_ONCE(!fab.up))
+		return 0;
 	mutex_lock(&fab.node_lock);
 	epoch = fab.withdraw_epoch;
 	mutex_unlock(&fab.node_lock);
@@ -430,7 +411,8 @@ void obmm_ctl_write_ack(int node, u64 boot_id, u64 epoch)
 		.epoch = cpu_to_le64(epoch),
 	};
 
-	if (!fab.ctl || node < 0 || node >= OBMM_EMU_MAX_NODES)
+	if (WARN_ON_ONCE(!fab.up) || !fab.ctl || node < 0 ||
+	    node >= OBMM_EMU_MAX_NODES)
 		return;
 	mutex_lock(&fab.node_lock);
 	if (memcmp(&fab.acks[node], &ack, sizeof(ack))) {
@@ -467,64 +449,6 @@ static void obmm_ctl_clear_own_records(void)
 	}
 }
 
-static void obmm_fabric_add(struct pci_dev *pdev)
-{
-	unsigned int slot = PCI_SLOT(pdev->devfn);
-	phys_addr_t base = pci_resource_start(pdev, OBMM_EMU_IVSHMEM_BAR);
-	u64 size = pci_resource_len(pdev, OBMM_EMU_IVSHMEM_BAR);
-	int node;
-
-	if (pci_domain_nr(pdev->bus) || pdev->bus->number ||
-	    PCI_FUNC(pdev->devfn) || !size)
-		return;
-	/* A BAR the PCI core could not place is no window. */
-	if (!base || pci_resource_flags(pdev, OBMM_EMU_IVSHMEM_BAR) &
-	    IORESOURCE_UNSET) {
-		pci_warn(pdev, "BAR%d unassigned: ignored\n",
-			 OBMM_EMU_IVSHMEM_BAR);
-		return;
-	}
-	if (slot == OBMM_EMU_CTL_SLOT && !fab.ctl_pdev) {
-		if (pci_enable_device_mem(pdev))
-			return;
-		fab.ctl_pdev = pci_dev_get(pdev);
-		fab.ctl_base = base;
-		fab.ctl_size = size;
-		return;
-	}
-	if (slot < OBMM_EMU_WIN_SLOT0 ||
-	    slot >= OBMM_EMU_WIN_SLOT0 + OBMM_EMU_MAX_NODES)
-		return;
-	node = slot - OBMM_EMU_WIN_SLOT0;
-	if (fab.win_pdev[node] || pci_enable_device_mem(pdev))
-		return;
-	fab.win_pdev[node] = pci_dev_get(pdev);
-	fab.win[node].present = true;
-	fab.win[node].base = base;
-	fab.win[node].size = size;
-	fab.win[node].res = &pdev->resource[OBMM_EMU_IVSHMEM_BAR];
-}
-
-static void obmm_fabric_put_devices(void)
-{
-	int j;
-
-	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
-		if (!fab.win_pdev[j])
-			continue;
-		pci_disable_device(fab.win_pdev[j]);
-		pci_dev_put(fab.win_pdev[j]);
-		fab.win_pdev[j] = NULL;
-		fab.win[j].present = false;
-		fab.win[j].res = NULL;
-	}
-	if (fab.ctl_pdev) {
-		pci_disable_device(fab.ctl_pdev);
-		pci_dev_put(fab.ctl_pdev);
-		fab.ctl_pdev = NULL;
-	}
-}
-
 /*
  * Find the windows and the control region and map the region.  Without
  * this node's own window or the control region the fabric stays disabled
@@ -532,8 +456,6 @@ static void obmm_fabric_put_devices(void)
  */
 int obmm_fabric_init(void)
 {
-	struct pci_dev *pdev = NULL;
-
 	if (!cna)
 		cna = obmm_emu_node_id + 1;
 	if (!eid)
@@ -542,15 +464,14 @@ int obmm_fabric_init(void)
 		heartbeat_ms = OBMM_EMU_MIN_HEARTBEAT_MS;
 	mutex_init(&fab.rec_lock);
 	mutex_init(&fab.node_lock);
+	fab.up = true;
 	INIT_DELAYED_WORK(&fab.heartbeat_work, obmm_heartbeat_fn);
 	fab.boot_id = get_random_u64();
 
-	while ((pdev = pci_get_device(OBMM_EMU_IVSHMEM_VENDOR,
-				      OBMM_EMU_IVSHMEM_DEVICE, pdev)))
-		obmm_fabric_add(pdev);
+	tb_fabric_probe(&fab.tb);
 
-	if (!fab.win[obmm_emu_node_id].present || !fab.ctl_pdev ||
-	    fab.ctl_size < OBMM_EMU_CTL_MIN_SIZE) {
+	if (!fab.tb.win[obmm_emu_node_id].present || !fab.tb.ctl_pdev ||
+	    fab.tb.ctl_size < OBMM_EMU_CTL_MIN_SIZE) {
 		pr_warn("own window or control region missing: fabric disabled\n");
 		return 0;
 	}
@@ -560,9 +481,10 @@ int obmm_fabric_init(void)
 	 * region must stay mappable through sysfs resource2 (the host tools
 	 * and the Python library read it there).
 	 */
-	fab.ctl = memremap(fab.ctl_base, fab.ctl_size, MEMREMAP_WC);
+	fab.ctl = memremap(fab.tb.ctl_base, fab.tb.ctl_size, MEMREMAP_WC);
 	if (!fab.ctl) {
-		obmm_fabric_put_devices();
+		tb_fabric_release(&fab.tb);
+		fab.up = false;
 		mutex_destroy(&fab.node_lock);
 		mutex_destroy(&fab.rec_lock);
 		return -ENOMEM;
@@ -571,7 +493,7 @@ int obmm_fabric_init(void)
 		/* Not an error of the load: the fabric is absent (EOPNOTSUPP). */
 		memunmap(fab.ctl);
 		fab.ctl = NULL;
-		obmm_fabric_put_devices();
+		tb_fabric_release(&fab.tb);
 		return 0;
 	}
 	obmm_ctl_clear_own_records();
@@ -579,9 +501,9 @@ int obmm_fabric_init(void)
 }
 
 /* This node's own window once obmm_fabric_init() mapped the fabric. */
-const struct obmm_emu_window *obmm_fabric_own_window(void)
+const struct tb_fabric_window *obmm_fabric_own_window(void)
 {
-	return fab.ctl ? &fab.win[obmm_emu_node_id] : NULL;
+	return fab.ctl ? &fab.tb.win[obmm_emu_node_id] : NULL;
 }
 
 /* Go online in the node table (with this node's pool) and beat. */
@@ -612,7 +534,8 @@ void obmm_fabric_exit(void)
 		memunmap(fab.ctl);
 		fab.ctl = NULL;
 	}
-	obmm_fabric_put_devices();
+	tb_fabric_release(&fab.tb);
+	fab.up = false;
 	mutex_destroy(&fab.node_lock);
 	mutex_destroy(&fab.rec_lock);
 }

@@ -17,25 +17,30 @@
  * which is refused with -EACCES: memory nobody exported is never hot-added.
  * The revocation scan then walks the import ranges
  * (obmm_imports_revoke_scan()).  A revoked borrow is unplugged by
- * a work item, and until it is, this node does not acknowledge the
+ * a kernel thread, and until it is, this node does not acknowledge the
  * exporter's withdrawals: the exporter cannot reuse memory this kernel
- * may still be using.
+ * may still be using.  The thread's tries are bounded (offlining a range
+ * with a pinned page retries until a signal): it never holds the hot-plug
+ * locks for long, and every other wait for them is killable.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/bitmap.h>
+#include <linux/kthread.h>
 #include <linux/list.h>
 #include <linux/memory.h>
 #include <linux/module.h>
 #include <linux/mutex.h>
 #include <linux/proc_fs.h>
 #include <linux/sched.h>
+#include <linux/sched/signal.h>
 #include <linux/seq_file.h>
+#include <linux/signal.h>
 #include <linux/slab.h>
 #include <linux/stringify.h>
 #include <linux/sysfs.h>
+#include <linux/timer.h>
 #include <linux/uaccess.h>
-#include <linux/workqueue.h>
 
 #include "obmm_emu.h"
 
@@ -69,13 +74,23 @@ struct obmm_preimport {
 	struct resource res;	/* "PREIMPORT_UBMEM" */
 };
 
+/* Lock order: the borrow mutex (borrow.c) before this one. */
 static DEFINE_MUTEX(obmm_import_mutex);
 static LIST_HEAD(obmm_import_ranges);
 /* The revocation scan saw a loopback borrow not yet unplugged. */
 static bool obmm_own_borrow_pending;
 
-static void obmm_unplug_work_fn(struct work_struct *work);
-static DECLARE_WORK(obmm_unplug_work, obmm_unplug_work_fn);
+/*
+ * The unplug thread: one try to offline a revoked borrow holds the borrow
+ * mutex and the kernel's hot-plug locks for at most OBMM_UNPLUG_TRY_MS
+ * (a signal then ends offline_pages()' retries), and a failed round waits
+ * OBMM_UNPLUG_BACKOFF_MS with every lock free before the next.
+ */
+#define OBMM_UNPLUG_TRY_MS	1000
+#define OBMM_UNPLUG_BACKOFF_MS	2000
+
+static struct task_struct *obmm_unplug_task;
+static bool obmm_unplug_wanted;
 
 #define OBMM_PROC_DIR		"obmm"
 #define OBMM_PROC_PREIMPORT	"preimport_info"
@@ -140,24 +155,35 @@ static int obmm_preimport_info_show(struct seq_file *m, void *v)
 	return 0;
 }
 
+static int obmm_unplug_thread(void *unused);
+
 int obmm_imports_init(void)
 {
+	struct task_struct *task;
+
 	obmm_borrow_init();
 	obmm_proc_dir = proc_mkdir(OBMM_PROC_DIR, NULL);
 	if (!obmm_proc_dir)
 		return -ENOMEM;
 	if (!proc_create_single(OBMM_PROC_PREIMPORT, OBMM_PROC_MODE,
-				obmm_proc_dir, obmm_preimport_info_show)) {
-		proc_remove(obmm_proc_dir);
-		obmm_proc_dir = NULL;
-		return -ENOMEM;
-	}
+				obmm_proc_dir, obmm_preimport_info_show))
+		goto err_proc;
+	task = kthread_run(obmm_unplug_thread, NULL, OBMM_EMU_NAME "_unplug");
+	if (IS_ERR(task))
+		goto err_proc;
+	obmm_unplug_task = task;
 	return 0;
+err_proc:
+	proc_remove(obmm_proc_dir);
+	obmm_proc_dir = NULL;
+	return -ENOMEM;
 }
 
+/* After the revocation scan stopped; every region is gone (orphans hold a module reference). */
 void obmm_imports_exit(void)
 {
-	cancel_work_sync(&obmm_unplug_work);
+	kthread_stop(obmm_unplug_task);
+	obmm_unplug_task = NULL;
 	proc_remove(obmm_proc_dir);
 	obmm_proc_dir = NULL;
 }
@@ -348,6 +374,36 @@ static int obmm_range_track(struct obmm_region *r)
 }
 
 /*
+ * NUMA_REMOTE, under the borrow mutex and just before the hot-add: the
+ * export may have been withdrawn while the IMPORT waited for that mutex,
+ * the import revoked, the withdrawal acknowledged and the memory given to a
+ * new export.  Checked under the import mutex, serialised with the
+ * revocation scan: either the scan sees r->plugging and holds its
+ * acknowledgment back, or this sees the revocation or the withdrawal.
+ * -EACCES when the export is gone.
+ */
+static int obmm_range_plug_begin(struct obmm_region *r)
+{
+	bool unsure = false;
+	int ret = 0;
+
+	mutex_lock(&obmm_import_mutex);
+	if (obmm_shmdev_revoked(r) || obmm_access_dep_lost(&r->dep, &unsure))
+		ret = -EACCES;
+	else
+		WRITE_ONCE(r->plugging, true);
+	mutex_unlock(&obmm_import_mutex);
+	return ret;
+}
+
+static void obmm_unplug_kick(void)
+{
+	WRITE_ONCE(obmm_unplug_wanted, true);
+	if (obmm_unplug_task)
+		wake_up_process(obmm_unplug_task);
+}
+
+/*
  * The revocation scan: revoke every import whose export is gone.  A
  * revoked import that is still mapped is zapped again on every scan, so a
  * mapping that raced with the revocation (set up by an mmap that passed
@@ -389,14 +445,14 @@ unsigned long obmm_imports_revoke_scan(void)
 		if (mapped)
 			obmm_shmdev_revoke(r);
 		/* Not acknowledged while this kernel may use the memory. */
-		if (READ_ONCE(r->plugged))
+		if (READ_ONCE(r->plugged) || READ_ONCE(r->plugging))
 			borrowed |= BIT(r->dep.node);
 	}
 	WRITE_ONCE(obmm_own_borrow_pending,
 		   !!(borrowed & BIT(obmm_emu_node_id)));
 	mutex_unlock(&obmm_import_mutex);
 	if (borrowed)
-		queue_work(system_unbound_wq, &obmm_unplug_work);
+		obmm_unplug_kick();
 	return unsure_mask | borrowed;
 }
 
@@ -405,43 +461,120 @@ bool obmm_imports_own_borrow_pending(void)
 	return READ_ONCE(obmm_own_borrow_pending);
 }
 
+static void obmm_import_destroy(struct obmm_region *r);
+
 /*
- * Unplug revoked borrows: offline (migrating the pages in use to local
- * memory) and remove them.  The region stays, revoked, until UNIMPORT.
- * A removal that fails is retried when the next scan queues this again.
+ * The next region the unplug thread has work for: a revoked borrow still
+ * plugged, or an orphan.  Borrow mutex held: no UNIMPORT or failing IMPORT
+ * can free a NUMA_REMOTE region meanwhile (both take it first).
  */
-static void obmm_unplug_work_fn(struct work_struct *work)
+static struct obmm_region *obmm_unplug_next(void)
 {
 	struct obmm_import_range *ir;
+	struct obmm_region *r, *found = NULL;
+
+	mutex_lock(&obmm_import_mutex);
+	list_for_each_entry(ir, &obmm_import_ranges, link) {
+		r = ir->region;
+		if (r && (r->orphan ||
+			  (r->plugged && obmm_shmdev_revoked(r)))) {
+			found = r;
+			break;
+		}
+	}
+	mutex_unlock(&obmm_import_mutex);
+	return found;
+}
+
+struct obmm_unplug_deadline {
+	struct timer_list timer;
+	struct task_struct *task;
+};
+
+static void obmm_unplug_deadline_fn(struct timer_list *t)
+{
+	struct obmm_unplug_deadline *d = from_timer(d, t, timer);
+
+	send_sig(SIGKILL, d->task, 1);
+}
+
+/*
+ * One bounded try to offline and remove a borrowed range (the region lives
+ * on, revoked, until UNIMPORT; an orphan's MEMID goes with the memory).  A
+ * kernel thread gets no signal of its own, and offline_pages() retries a
+ * page that cannot move (pinned) until one is pending: the deadline sends
+ * it, the removal fails with -EINTR and every lock is dropped.
+ */
+static int obmm_unplug_try(struct obmm_region *r)
+{
+	struct obmm_unplug_deadline d = { .task = current };
+	int ret;
+
+	timer_setup_on_stack(&d.timer, obmm_unplug_deadline_fn, 0);
+	mod_timer(&d.timer, jiffies + msecs_to_jiffies(OBMM_UNPLUG_TRY_MS));
+	ret = obmm_borrow_remove_locked(r, !r->orphan);
+	del_timer_sync(&d.timer);
+	destroy_timer_on_stack(&d.timer);
+	flush_signals(current);
+	return ret;
+}
+
+/* One round over the thread's work; true when nothing is left to do. */
+static bool obmm_unplug_round(void)
+{
 	struct obmm_region *r;
 	int ret;
 
 	if (!obmm_borrow_trylock())
-		return;
-	for (;;) {
-		r = NULL;
-		mutex_lock(&obmm_import_mutex);
-		list_for_each_entry(ir, &obmm_import_ranges, link) {
-			if (ir->region && ir->region->plugged &&
-			    obmm_shmdev_revoked(ir->region)) {
-				r = ir->region;
-				break;
-			}
-		}
-		mutex_unlock(&obmm_import_mutex);
-		/* UNIMPORT waits for the borrow lock before it frees r. */
-		if (!r)
-			break;
-		ret = obmm_borrow_remove_locked(r, true);
+		return false;
+	while ((r = obmm_unplug_next())) {
+		ret = r->plugged ? obmm_unplug_try(r) : 0;
 		if (ret) {
-			pr_warn_ratelimited("import mem_id %d: revoked borrowed memory not removed yet: %d\n",
+			pr_warn_ratelimited("import mem_id %d: borrowed memory not removed yet: %d\n",
 					    r->id, ret);
-			break;
+			obmm_borrow_unlock();
+			return false;
 		}
-		pr_info("import mem_id %d: revoked borrowed memory removed from node %d\n",
+		if (!r->orphan) {
+			pr_info("import mem_id %d: revoked borrowed memory removed from node %d\n",
+				r->id, r->numa_id);
+			continue;
+		}
+		if (r->memid_res.parent)
+			release_resource(&r->memid_res);
+		pr_info("import mem_id %d: the borrowed memory of a failed import removed from node %d\n",
 			r->id, r->numa_id);
+		obmm_import_destroy(r);
+		module_put(THIS_MODULE);
 	}
 	obmm_borrow_unlock();
+	return true;
+}
+
+/*
+ * Unplug revoked borrows and orphans: offline (migrating the pages in use
+ * to local memory) and remove them.  Kicked by the revocation scan, which
+ * does so every period while such a borrow is left; a failed round backs
+ * off with no lock held.
+ */
+static int obmm_unplug_thread(void *unused)
+{
+	/* The deadline's signal, sent by the kernel only. */
+	allow_kernel_signal(SIGKILL);
+	while (!kthread_should_stop()) {
+		set_current_state(TASK_INTERRUPTIBLE);
+		if (!READ_ONCE(obmm_unplug_wanted)) {
+			schedule();
+			continue;
+		}
+		__set_current_state(TASK_RUNNING);
+		WRITE_ONCE(obmm_unplug_wanted, false);
+		if (obmm_unplug_round())
+			continue;
+		WRITE_ONCE(obmm_unplug_wanted, true);
+		schedule_timeout_interruptible(msecs_to_jiffies(OBMM_UNPLUG_BACKOFF_MS));
+	}
+	return 0;
 }
 
 /*
@@ -462,7 +595,8 @@ ssize_t obmm_imports_show_revoked(char *buf)
 
 	mutex_lock(&obmm_import_mutex);
 	list_for_each_entry(ir, &obmm_import_ranges, link) {
-		if (!ir->region || !obmm_shmdev_revoked(ir->region))
+		if (!ir->region || ir->region->orphan ||
+		    !obmm_shmdev_revoked(ir->region))
 			continue;
 		if (len + OBMM_REVOKED_ENTRY_MAX > room) {
 			more = true;
@@ -551,23 +685,28 @@ static int obmm_import_claim_ubmem(struct obmm_region *r,
 	return 0;
 }
 
-/* Step 11: "MEMID_<id>", under the borrowed "System RAM" if there is one. */
-static int obmm_import_claim_memid(struct obmm_region *r)
+/*
+ * Step 11: "MEMID_<id>", under @parent: the import's ubmem resource, or
+ * the borrowed "System RAM (Remote)" (found, and claimed under, with the
+ * borrow mutex held: sibling imports of a preimport range add and remove
+ * children of the same resource).
+ */
+static int obmm_import_claim_memid(struct obmm_region *r,
+				   struct resource *parent)
 {
-	struct resource *parent = obmm_borrow_ram_res(r);
-
 	snprintf(r->memid_name, sizeof(r->memid_name), "MEMID_%d", r->id);
 	r->memid_res.name = r->memid_name;
 	r->memid_res.start = r->pa;
 	r->memid_res.end = r->pa + r->size - 1;
 	r->memid_res.flags = IORESOURCE_MEM;
-	if (request_resource(parent ?: r->ubmem, &r->memid_res))
+	if (request_resource(parent, &r->memid_res))
 		return obmm_refuse(OBMM_OP_IMPORT, -EBUSY,
 				   "memid=%d: failed to setup memdev resource: %pe",
 				   r->id, ERR_PTR(-EBUSY));
 	return 0;
 }
 
+/* Direct imports; a borrow's MEMID went with obmm_import_unplug(). */
 static void obmm_import_release_iomem(struct obmm_region *r)
 {
 	if (r->memid_res.parent)
@@ -577,34 +716,69 @@ static void obmm_import_release_iomem(struct obmm_region *r)
 }
 
 /*
- * Take a borrowed range out again: UNIMPORT (a signal may end the wait
- * for the lock) and IMPORT's rollback (which must not stop half-way).
+ * NUMA_REMOTE: take the borrowed range out again, and its MEMID resource,
+ * under the borrow mutex (UNIMPORT, and IMPORT's rollback after a
+ * hot-add).  remove_memory_remote()'s errno: -EINTR for a signal (or
+ * killed waiting for the mutex), -EBUSY for an unmovable page.
  */
-static int obmm_import_unplug(struct obmm_region *r, bool rollback)
+static int obmm_import_unplug(struct obmm_region *r)
 {
 	int ret;
 
-	if (!r->numa_remote)
-		return 0;
-	if (rollback)
-		obmm_borrow_lock();
-	else if (obmm_borrow_lock_interruptible())
-		return -EINTR;
+	ret = obmm_borrow_lock_killable();
+	if (ret)
+		return ret;
 	ret = obmm_borrow_remove_locked(r, false);
+	if (!ret && r->memid_res.parent)
+		release_resource(&r->memid_res);
 	obmm_borrow_unlock();
 	return ret;
+}
+
+/* What UNIMPORT and the unplug thread (for an orphan) leave of a region: nothing. */
+static void obmm_import_destroy(struct obmm_region *r)
+{
+	obmm_shmdev_unpublish(r);
+	obmm_import_release_iomem(r);
+	if (r->pre)
+		obmm_preimport_uncommit(r);
+	obmm_range_remove(r);
+	obmm_region_remove_id(r);
+	obmm_region_free(r);
+}
+
+/*
+ * IMPORT failed after its hot-add, and the memory could not be taken out
+ * (a signal interrupted the offlining, a page could not move, or the
+ * caller was killed): -ENOTRECOVERABLE, as the real driver, but nothing is
+ * released under memory that is still online.  The region becomes an
+ * orphan of the unplug thread, which removes the memory with its bounded
+ * tries and then the region.  Until then it is
+ * revoked, keeps its resources (and its preimport blocks: the declaration
+ * stays in use), holds back this node's acknowledgment of the exporter's
+ * withdrawals like any revoked borrow, and holds a module reference.
+ */
+static void obmm_import_orphan(struct obmm_region *r)
+{
+	__module_get(THIS_MODULE);
+	obmm_shmdev_revoke(r);
+	mutex_lock(&obmm_import_mutex);
+	r->orphan = true;
+	mutex_unlock(&obmm_import_mutex);
+	obmm_unplug_kick();
 }
 
 /*
  * Step 10, NUMA_REMOTE: every window range is cacheable (so the real
  * driver's EINVAL for a non-cacheable one cannot occur); the emulated
  * UMMU check comes before anything is added; then add_memory_remote()
- * (EPERM for any failure, as the real driver).  base_dist is validated in
- * step 4 but not applied: x86 Linux cannot change node distances after
- * boot (FIDELITY.md).
+ * (EPERM for any failure, as the real driver) and the MEMID resource under
+ * the added memory.  base_dist is validated in step 4 but not applied: x86
+ * Linux cannot change node distances after boot (FIDELITY.md).  *added is
+ * set once memory was hot-added: the caller must take it out on failure.
  */
 static int obmm_import_numa(struct obmm_region *r,
-			    const struct obmm_cmd_import *cmd)
+			    const struct obmm_cmd_import *cmd, bool *added)
 {
 	u64 block = obmm_memory_block_bytes();
 	int nid, ret;
@@ -632,25 +806,40 @@ static int obmm_import_numa(struct obmm_region *r,
 		return obmm_refuse(OBMM_OP_IMPORT, ret,
 				   "emulated UMMU: the export covering pa=%#llx was withdrawn during the import",
 				   cmd->addr);
-	ret = obmm_borrow_lock_interruptible();
+	/* As the real IMPORT in lock_device_hotplug(): no EINTR (FIDELITY.md). */
+	ret = obmm_borrow_lock_killable();
 	if (ret)
-		return ret;
+		return obmm_refuse(OBMM_OP_IMPORT, ret,
+				   "killed while waiting for a memory hot-plug to finish (pa=%#llx)",
+				   cmd->addr);
+	ret = obmm_range_plug_begin(r);
+	if (ret) {
+		obmm_borrow_unlock();
+		return obmm_refuse(OBMM_OP_IMPORT, ret,
+				   "emulated UMMU: the export covering pa=%#llx was withdrawn while the import waited for a memory hot-plug",
+				   cmd->addr);
+	}
 	nid = obmm_borrow_add_locked(r, nid);
-	obmm_borrow_unlock();
-	if (nid < 0)
+	WRITE_ONCE(r->plugging, false);
+	if (nid < 0) {
+		obmm_borrow_unlock();
 		return obmm_refuse(OBMM_OP_IMPORT, -EPERM,
 				   "Remote NUMA creation failed: %pe (pa=%#llx, size=%#llx)",
 				   ERR_PTR(nid), cmd->addr, cmd->length);
+	}
+	*added = true;
 	r->numa_id = nid;
-	return 0;
+	ret = obmm_import_claim_memid(r, obmm_borrow_ram_res(r));
+	obmm_borrow_unlock();
+	return ret;
 }
 
 long obmm_import_ioctl(void __user *uarg)
 {
 	struct obmm_cmd_import cmd;
 	struct obmm_region *r;
-	bool ranged = false, numa, pre;
-	int node, ret;
+	bool ranged = false, added = false, numa, pre;
+	int node, ret, undo;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
 		return obmm_refuse(OBMM_OP_IMPORT, -EFAULT,
@@ -712,24 +901,25 @@ long obmm_import_ioctl(void __user *uarg)
 	if (ret)
 		goto err_range;
 	if (numa) {
-		ret = obmm_import_numa(r, &cmd);
+		ret = obmm_import_numa(r, &cmd, &added);
+		if (ret)
+			goto err_unplug;
+	} else {
+		ret = obmm_import_claim_memid(r, r->ubmem);
 		if (ret)
 			goto err_iomem;
-	}
-	ret = obmm_import_claim_memid(r);
-	if (ret)
-		goto err_unplug;
-	/*
-	 * Emulated UMMU: the import reaches the export that covers it.  With
-	 * none (or one withdrawn meanwhile) it is made all the same, as by the
-	 * real driver, and starts revoked: every access faults, as the UMMU
-	 * makes them fault on hardware.
-	 */
-	if (!numa && (!obmm_access_find_export(cmd.addr, cmd.length, &r->dep) ||
-		      obmm_range_track(r))) {
-		r->revoked = true;
-		pr_info("import mem_id %d: no live export covers pa=%#llx size=%#llx: its accesses fault (emulated UMMU)\n",
-			r->id, cmd.addr, cmd.length);
+		/*
+		 * Emulated UMMU: the import reaches the export that covers
+		 * it.  With none (or one withdrawn meanwhile) it is made all
+		 * the same, as by the real driver, and starts revoked: every
+		 * access faults, as the UMMU makes them fault on hardware.
+		 */
+		if (!obmm_access_find_export(cmd.addr, cmd.length, &r->dep) ||
+		    obmm_range_track(r)) {
+			r->revoked = true;
+			pr_info("import mem_id %d: no live export covers pa=%#llx size=%#llx: its accesses fault (emulated UMMU)\n",
+				r->id, cmd.addr, cmd.length);
+		}
 	}
 
 	r->allow_mmap = !numa;
@@ -754,9 +944,15 @@ long obmm_import_ioctl(void __user *uarg)
 	return 0;
 
 err_unplug:
-	if (r->memid_res.parent)
-		release_resource(&r->memid_res);
-	WARN_ON(obmm_import_unplug(r, true));
+	undo = added ? obmm_import_unplug(r) : 0;
+	if (undo) {
+		/* The real driver's errno and line (obmm_import.c, the import's rollback). */
+		ret = obmm_refuse(OBMM_OP_IMPORT, -ENOTRECOVERABLE,
+				  "failed to teardown remote numa on rollback, ret=%pe (emulator: mem_id %d is removed in the background)",
+				  ERR_PTR(undo), r->id);
+		obmm_import_orphan(r);
+		return ret;
+	}
 err_iomem:
 	obmm_import_release_iomem(r);
 	if (r->pre)
@@ -786,20 +982,14 @@ long obmm_unimport_ioctl(void __user *uarg)
 	if (ret)
 		return ret;
 	/* remove_memory_remote()'s errno when the memory cannot go yet. */
-	ret = obmm_import_unplug(r, false);
+	ret = r->numa_remote ? obmm_import_unplug(r) : 0;
 	if (ret) {
 		obmm_region_reactivate(r);
 		return obmm_refuse(OBMM_OP_UNIMPORT, ret,
 				   "remove_memory_remote(nid=%d, size=%#llx) failed: ret=%pe",
 				   r->numa_id, r->size, ERR_PTR(ret));
 	}
-	obmm_shmdev_unpublish(r);
-	obmm_import_release_iomem(r);
-	if (r->pre)
-		obmm_preimport_uncommit(r);
-	obmm_range_remove(r);
-	obmm_region_remove_id(r);
-	obmm_region_free(r);
+	obmm_import_destroy(r);
 	return 0;
 }
 
@@ -856,6 +1046,31 @@ static void obmm_preimport_unlist(struct obmm_preimport *pre)
 }
 
 /*
+ * The bitmap of a declaration's memory blocks, after the overlap check as
+ * in the real driver (obmm_preimport_prefilled.c:
+ * create_prefilled_preimport_range(), called by
+ * preimport_prepare_prefilled() after occupy_pa_range()): -ENOMEM when
+ * bitmap_zalloc() fails there, which it does for any length whose bitmap
+ * is larger than kmalloc can give (above 2^52 bytes with 128 MiB blocks).
+ * Such a length is refused before anything is allocated: asking kmalloc
+ * for it trips the page allocator's WARN on a too large order.
+ */
+static int obmm_preimport_alloc_blocks(struct obmm_preimport *pre, u64 length)
+{
+	pre->nbits = length / obmm_memory_block_bytes();
+	if (BITS_TO_LONGS(pre->nbits) > KMALLOC_MAX_SIZE / sizeof(long))
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENOMEM,
+				   "failed to allocate preimport range bitmap (length %#llx: %lu memory blocks)",
+				   length, pre->nbits);
+	pre->blocks = bitmap_zalloc(pre->nbits, GFP_KERNEL | __GFP_NOWARN);
+	if (!pre->blocks)
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENOMEM,
+				   "failed to allocate preimport range bitmap (%lu memory blocks)",
+				   pre->nbits);
+	return 0;
+}
+
+/*
  * Whether insert_resource() at the top of iomem, where the real driver
  * puts "PREIMPORT_UBMEM" (obmm_resource.c:setup_ubmem_resource()), would
  * refuse the range: it does when the range partly overlaps a resource.
@@ -882,8 +1097,9 @@ static int obmm_preimport_iomem_conflict(phys_addr_t start, phys_addr_t end)
  * DECLARE_PREIMPORT: the real driver's checks and order
  * (obmm_preimport.c:obmm_preimport(), obmm_preimport_prefilled.c:
  * preimport_prepare_prefilled(): module get EPERM, check_preimport_cmd(),
- * EEXIST overlap, EBUSY iomem, EINVAL not UB memory, EPERM no node), then
- * the range is listed with its node.  No memory is added yet.
+ * EEXIST overlap, ENOMEM block bitmap, EBUSY iomem, EINVAL not UB memory,
+ * EPERM no node), then the range is listed with its node.  No memory is
+ * added yet.
  */
 static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 {
@@ -895,13 +1111,8 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 		return ret;
 	pre = kzalloc(sizeof(*pre), GFP_KERNEL);
 	if (!pre)
-		return -ENOMEM;
-	pre->nbits = cmd->length / obmm_memory_block_bytes();
-	pre->blocks = bitmap_zalloc(pre->nbits, GFP_KERNEL);
-	if (!pre->blocks) {
-		kfree(pre);
-		return -ENOMEM;
-	}
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENOMEM,
+				   "no memory for a preimport range");
 	pre->range.start = cmd->pa;
 	pre->range.end = cmd->pa + cmd->length - 1;
 	pre->range.pre = pre;
@@ -922,6 +1133,9 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 			    &pre->range.start, &pre->range.end);
 		goto err_free;
 	}
+	ret = obmm_preimport_alloc_blocks(pre, cmd->length);
+	if (ret)
+		goto err_unlist;
 	ret = obmm_preimport_iomem_conflict(pre->range.start, pre->range.end);
 	if (ret) {
 		obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, ret,
@@ -948,6 +1162,11 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 	}
 	/* add_memory_remote(numa_id, ..., MEMORY_KEEP_ISOLATED) */
 	nid = obmm_borrow_claim_node(cmd->numa_id);
+	if (nid == -EINTR) {
+		ret = obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, nid,
+				  "killed while waiting for a memory hot-plug to finish");
+		goto err_res;
+	}
 	if (nid == NUMA_NO_NODE) {
 		ret = obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EPERM,
 				  "failed to call add_memory_remote(nid=%d): no such unused remote NUMA node",
@@ -1013,6 +1232,10 @@ long obmm_undeclare_preimport_ioctl(void __user *uarg)
 		return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EINVAL,
 				   "undefined unpreimport flags specified in %#llx",
 				   cmd.flags);
+	/* remove_memory_remote() of the declared range: the hot-plug lock first. */
+	if (obmm_borrow_lock_killable())
+		return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EINTR,
+				   "killed while waiting for a memory hot-plug to finish");
 	mutex_lock(&obmm_import_mutex);
 	ir = obmm_range_find(cmd.pa);
 	if (!ir)
@@ -1037,10 +1260,13 @@ long obmm_undeclare_preimport_ioctl(void __user *uarg)
 		list_del(&pre->range.link);
 	}
 	mutex_unlock(&obmm_import_mutex);
+	if (!ret) {
+		release_resource(&pre->res);
+		obmm_borrow_release_node_locked(pre->numa_id);
+	}
+	obmm_borrow_unlock();
 	if (ret)
 		return ret;
-	release_resource(&pre->res);
-	obmm_borrow_release_node(pre->numa_id);
 	obmm_preimport_free(pre);
 	module_put(THIS_MODULE);
 	return 0;

@@ -157,6 +157,18 @@ struct obmm_region {
 	bool preimport;
 	/* NUMA_REMOTE: the range is hot-added (borrow.c lock) */
 	bool plugged;
+	/*
+	 * NUMA_REMOTE: an IMPORT is hot-adding the range (borrow.c lock
+	 * held): the revocation scan holds back its acknowledgment as for a
+	 * plugged range, since the memory is about to be this kernel's.
+	 */
+	bool plugging;
+	/*
+	 * A failed IMPORT whose hot-added memory could not be taken out at
+	 * once (offlining interrupted or busy): owned by the unplug thread,
+	 * which removes the memory, then the region (import.c).
+	 */
+	bool orphan;
 	struct obmm_preimport *pre;	/* PREIMPORT: its declaration */
 	struct obmm_export_dep dep;
 	bool tracked;		/* under the revocation scan */
@@ -203,6 +215,14 @@ static inline struct obmm_region *to_obmm_region(struct device *dev)
 {
 	return container_of(dev, struct obmm_region, dev);
 }
+
+/*
+ * Test hooks (module parameters test_*, each a delay that widens a race
+ * window for a guest test) exist only in the build the project's suites
+ * load: make ... OBMM_EMU_TEST=y (Kbuild: -DOBMM_EMU_TEST).  The module
+ * users load has none.  Every delay is bounded.
+ */
+#define OBMM_TEST_DELAY_MAX_MS		5000
 
 /* core.c */
 extern int obmm_emu_node_id;
@@ -293,24 +313,18 @@ vm_flags_t obmm_vmap_vm_flags(const struct obmm_vmap *vm, unsigned long from,
 			      unsigned long to);
 
 /* fabric.c */
-struct obmm_emu_window {
-	bool present;
-	phys_addr_t base;
-	u64 size;
-	struct resource *res;	/* the BAR in iomem: imports nest under it */
-};
-
 int obmm_fabric_init(void);
-const struct obmm_emu_window *obmm_fabric_own_window(void);
+const struct tb_fabric_window *obmm_fabric_own_window(void);
 void obmm_fabric_start(phys_addr_t pool_base, u64 pool_size);
 void obmm_fabric_stop(void);
 void obmm_fabric_exit(void);
 bool obmm_fabric_enabled(void);
 u32 obmm_fabric_cna(void);
 u32 obmm_fabric_eid(void);
-const struct obmm_emu_window *obmm_fabric_window(int node);
+const struct tb_fabric_window *obmm_fabric_window(int node);
 phys_addr_t obmm_fabric_ctl_base(void);
 u64 obmm_fabric_ctl_size(void);
+struct tb_fabric *obmm_fabric_tb(void);
 u64 obmm_fabric_make_uba(phys_addr_t pa);
 int obmm_ctl_publish_export(struct obmm_region *r);
 u64 obmm_ctl_withdraw_export(struct obmm_region *r);
@@ -337,13 +351,12 @@ const char *obmm_access_dep_lost(struct obmm_export_dep *dep,
 /* borrow.c: NUMA_REMOTE memory hot-plug */
 u64 obmm_memory_block_bytes(void);
 void obmm_borrow_init(void);
-void obmm_borrow_lock(void);
-int obmm_borrow_lock_interruptible(void);
+int obmm_borrow_lock_killable(void);
 bool obmm_borrow_trylock(void);
 void obmm_borrow_unlock(void);
 bool obmm_borrow_node_remote(int nid);
 int obmm_borrow_claim_node(int nid);
-void obmm_borrow_release_node(int nid);
+void obmm_borrow_release_node_locked(int nid);
 int obmm_borrow_add_locked(struct obmm_region *r, int nid);
 int obmm_borrow_remove_locked(struct obmm_region *r, bool keep_memid);
 struct resource *obmm_borrow_ram_res(struct obmm_region *r);

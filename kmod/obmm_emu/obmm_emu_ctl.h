@@ -37,7 +37,9 @@
 #include <linux/bits.h>
 #include <linux/types.h>
 
-#define OBMM_EMU_MAX_NODES		8
+#include "testbed_fabric.h"
+
+#define OBMM_EMU_MAX_NODES		TB_FABRIC_MAX_NODES
 #define OBMM_EMU_EID_LEN		16
 
 /* ASCII "OBMMEMU1" read as a little-endian u64 */
@@ -70,15 +72,11 @@
  */
 #define OBMM_EMU_REC_FLAG_SCATTERED	BIT(17)
 
-/*
- * UBA of an export: bit 48 set (so a UBA is never 0), exporter node id in
- * bits 40..47, exporter physical address in bits 0..39.  An importer on
- * node B reaches it at window[node].base + pa.
- */
-#define OBMM_EMU_UBA_VALID		BIT_ULL(48)
-#define OBMM_EMU_UBA_NODE_SHIFT		40
-#define OBMM_EMU_UBA_NODE_MASK		GENMASK_ULL(47, 40)
-#define OBMM_EMU_UBA_PA_MASK		GENMASK_ULL(39, 0)
+/* The UBA encoding is the fabric's (kmod/common/testbed_fabric.h). */
+#define OBMM_EMU_UBA_VALID		TB_UBA_VALID
+#define OBMM_EMU_UBA_NODE_SHIFT		TB_UBA_NODE_SHIFT
+#define OBMM_EMU_UBA_NODE_MASK		TB_UBA_NODE_MASK
+#define OBMM_EMU_UBA_PA_MASK		TB_UBA_PA_MASK
 
 struct obmm_emu_ctl_header {
 	__le64 magic;

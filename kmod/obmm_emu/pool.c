@@ -119,13 +119,23 @@ module_param(quarantine_ms, uint, 0444);
 MODULE_PARM_DESC(quarantine_ms,
 		 "Time in ms unexported memory waits before reuse (default 1000, min 4 revoke_scan_ms)");
 
-/* Bounds test_zero_delay_ms: a stuck worker would stall module unload. */
-#define OBMM_POOL_TEST_ZERO_DELAY_MAX_MS	5000
-
+#ifdef OBMM_EMU_TEST
 static unsigned int test_zero_delay_ms;
 module_param(test_zero_delay_ms, uint, 0600);
 MODULE_PARM_DESC(test_zero_delay_ms,
 		 "test only: the zero worker holds each granule it claimed this long before clearing it (ms, at most 5000)");
+
+static unsigned int obmm_pool_test_zero_delay(void)
+{
+	return min_t(unsigned int, READ_ONCE(test_zero_delay_ms),
+		     OBMM_TEST_DELAY_MAX_MS);
+}
+#else
+static unsigned int obmm_pool_test_zero_delay(void)
+{
+	return 0;
+}
+#endif
 
 struct obmm_pool_state {
 	bool present;
@@ -148,6 +158,7 @@ struct obmm_pool_state {
 	/* the granule the zero worker claimed, OBMM_POOL_NOT_ZEROING if none */
 	unsigned long zeroing;
 	wait_queue_head_t zeroing_wq;	/* woken when the claim ends */
+	bool stopping;		/* module unload: the zero worker stops */
 	struct resource *res;
 	struct mutex lock;	/* protects the bitmaps and counters */
 	struct work_struct zero_work;
@@ -298,13 +309,22 @@ static int obmm_pool_zero_granule(unsigned long idx)
 	return 0;
 }
 
+/*
+ * Clear freed granules one by one, lowest first, until none is dirty or
+ * the module unloads (what is left dirty then is nobody's: a load clears
+ * the whole pool anew).
+ */
 static void obmm_pool_zero_work(struct work_struct *work)
 {
-	unsigned long idx = 0;
+	unsigned long idx = 0, delay;
 	int ret;
 
 	for (;;) {
 		mutex_lock(&the_pool.lock);
+		if (the_pool.stopping) {
+			mutex_unlock(&the_pool.lock);
+			return;
+		}
 		for (;;) {
 			idx = find_next_bit(the_pool.dirty_map, the_pool.nr, idx);
 			if (idx >= the_pool.nr || !test_bit(idx, the_pool.used_map))
@@ -320,9 +340,10 @@ static void obmm_pool_zero_work(struct work_struct *work)
 		WRITE_ONCE(the_pool.zeroing, idx);
 		mutex_unlock(&the_pool.lock);
 
-		if (READ_ONCE(test_zero_delay_ms))
-			msleep(min_t(unsigned int, READ_ONCE(test_zero_delay_ms),
-				     OBMM_POOL_TEST_ZERO_DELAY_MAX_MS));
+		delay = msecs_to_jiffies(obmm_pool_test_zero_delay());
+		if (delay)
+			wait_event_timeout(the_pool.zeroing_wq,
+					   READ_ONCE(the_pool.stopping), delay);
 		ret = obmm_pool_zero_granule(idx);
 
 		mutex_lock(&the_pool.lock);
@@ -854,6 +875,11 @@ void obmm_pool_exit(void)
 		return;
 	obmm_pool_sysfs_exit();
 	cancel_delayed_work_sync(&the_pool.quarantine_work);
+	/* The worker stops after the granule it is clearing, not at the last one. */
+	mutex_lock(&the_pool.lock);
+	the_pool.stopping = true;
+	mutex_unlock(&the_pool.lock);
+	wake_up_all(&the_pool.zeroing_wq);
 	cancel_work_sync(&the_pool.zero_work);
 	the_pool.present = false;
 	obmm_pool_free_maps();

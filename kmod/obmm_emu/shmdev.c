@@ -26,12 +26,28 @@
 #define OBMM_SHMDEV_VMA_NAME	"OBMM_SHM"
 
 /*
- * PMD-granule mappings get huge (2 MiB) entries, installed on first touch
- * by obmm_vm_fault() with vmf_insert_pfn_pmd() (the real driver maps them
- * at mmap with the OLK-only remap_pfn_range_try_pmd()).  Without THP the
- * kernel has no huge pfn entries: they are mapped with 4 KiB PTEs.
+ * PMD-granule mappings are installed on first touch, 2 MiB at a time, by
+ * obmm_vm_fault() (the real driver maps them at mmap with the OLK-only
+ * remap_pfn_range_try_pmd()).  Without THP the kernel has no huge pfn
+ * entries and no 2 MiB-aligned placement: they are mapped with 4 KiB PTEs
+ * at mmap, as the page granule.
+ *
+ * A huge (2 MiB) entry is used only where the kernel marks huge pfn entries
+ * special (pmd_special(), CONFIG_ARCH_SUPPORTS_PMD_PFNMAP, 6.12 on x86_64
+ * and arm64).  Before that, get_user_pages_fast() takes any huge PMD for a
+ * THP and grabs its struct page: there is none for a window BAR or for pool
+ * memory above mem=, and a futex, vmsplice, O_DIRECT or EXPORT_PID on such
+ * an address oopsed (the flaw that made drm/ttm drop its huge pfn
+ * mappings).  There each 2 MiB gets its 512 PTEs at once instead, special
+ * like every pfn PTE, which GUP-fast leaves to the slow path (VM_PFNMAP:
+ * EFAULT).
  */
 #ifdef CONFIG_TRANSPARENT_HUGEPAGE
+#define OBMM_PMD_LAZY		1
+#else
+#define OBMM_PMD_LAZY		0
+#endif
+#if defined(CONFIG_TRANSPARENT_HUGEPAGE) && defined(CONFIG_ARCH_SUPPORTS_PMD_PFNMAP)
 #define OBMM_PMD_HUGE		1
 #else
 #define OBMM_PMD_HUGE		0
@@ -185,12 +201,13 @@ static void obmm_vm_open(struct vm_area_struct *vma)
 }
 
 /*
- * x86 PAT: vmf_insert_pfn_pmd() takes the caching mode of the pfn from the
- * memtype reservation that covers it (none: uncached), and only
- * remap_pfn_range() reserves one for a VMA.  So while a PMD-granule
+ * x86 PAT: vmf_insert_pfn_pmd() and vmf_insert_pfn() take the caching mode
+ * of the pfn from the memtype reservation that covers it (none: uncached),
+ * and only remap_pfn_range() reserves one for a VMA.  So while a PMD-granule
  * region is mapped it holds a kernel mapping of itself with the VMA's
  * protection: the same reservation remap_pfn_range() would make (WB or
- * WC, as PAT and the MTRRs allow), which the huge entries then get.
+ * WC, as PAT and the MTRRs allow), which the entries installed on touch
+ * then get.
  * mmap_lock held.
  */
 static int obmm_pmd_memtype_get(struct obmm_region *r, pgprot_t prot)
@@ -227,9 +244,10 @@ static void obmm_vm_close(struct vm_area_struct *vma)
 	obmm_vmap_put(vma->vm_private_data);
 }
 
-static bool obmm_vma_huge(const struct obmm_region *r)
+/* A PMD-granule region whose 2 MiB pieces are installed on first touch. */
+static bool obmm_vma_lazy(const struct obmm_region *r)
 {
-	return OBMM_PMD_HUGE && r->mmap_granu == OBMM_MMAP_GRANU_PMD;
+	return OBMM_PMD_LAZY && r->mmap_granu == OBMM_MMAP_GRANU_PMD;
 }
 
 /*
@@ -258,9 +276,31 @@ static pgprot_t obmm_state_prot(u8 state)
 			 (obmm_state_vm_flags(state) & (VM_READ | VM_WRITE)), state);
 }
 
-#if OBMM_PMD_HUGE
-/* The huge entry of the 2 MiB around vmf->address. */
-static vm_fault_t obmm_pmd_fault(struct vm_fault *vmf, struct obmm_region *r)
+#if OBMM_PMD_LAZY
+/* Every 4 KiB PTE of the 2 MiB at haddr (a kernel without special huge pfn PMDs). */
+static vm_fault_t obmm_pmd_fault_ptes(struct vm_area_struct *vma,
+				      struct obmm_region *r, unsigned long haddr,
+				      pgprot_t prot)
+{
+	vm_fault_t ret = VM_FAULT_NOPAGE;
+	unsigned long addr;
+
+	for (addr = haddr; addr < haddr + PMD_SIZE; addr += PAGE_SIZE) {
+		ret = vmf_insert_pfn_prot(vma, addr,
+					  PHYS_PFN(r->pa + obmm_vma_offset(vma, addr)),
+					  prot);
+		if (ret != VM_FAULT_NOPAGE)
+			break;
+	}
+	return ret;
+}
+
+/*
+ * The 2 MiB around vmf->address: one huge entry (with the VMA's protection,
+ * which UPDATE_RANGE sets), or its 512 PTEs with @prot, the granule entry's.
+ */
+static vm_fault_t obmm_pmd_fault(struct vm_fault *vmf, struct obmm_region *r,
+				 pgprot_t prot)
 {
 	struct vm_area_struct *vma = vmf->vma;
 	unsigned long haddr = vmf->address & PMD_MASK;
@@ -270,6 +310,8 @@ static vm_fault_t obmm_pmd_fault(struct vm_fault *vmf, struct obmm_region *r)
 	if (haddr < vma->vm_start || haddr + PMD_SIZE > vma->vm_end ||
 	    off + PMD_SIZE > r->size)
 		return VM_FAULT_SIGBUS;
+	if (!OBMM_PMD_HUGE)
+		return obmm_pmd_fault_ptes(vma, r, haddr, prot);
 	if (pmd_none(*vmf->pmd))
 		return vmf_insert_pfn_pmd(vmf, phys_to_pfn_t(r->pa + off, PFN_DEV),
 					  vmf->flags & FAULT_FLAG_WRITE);
@@ -303,9 +345,9 @@ static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
 		ret = VM_FAULT_SIGSEGV;
 		goto out;
 	}
-#if OBMM_PMD_HUGE
-	if (obmm_vma_huge(r)) {
-		ret = obmm_pmd_fault(vmf, r);
+#if OBMM_PMD_LAZY
+	if (obmm_vma_lazy(r)) {
+		ret = obmm_pmd_fault(vmf, r, obmm_state_prot(state));
 		goto out;
 	}
 #endif
@@ -375,8 +417,9 @@ static const char *obmm_vm_name(struct vm_area_struct *vma)
  * ptrace / GDB access (access_process_vm() falls back to this for pfnmap
  * VMAs).  Page-granule mappings use generic_access_phys(), which maps the
  * page with the memtype of its PTE.  It walks to a PTE and cannot take a
- * huge entry, so for PMD mappings the physical address comes from the
- * region instead, mapped with the VMA's protection.  (The region-based
+ * huge entry nor a 2 MiB piece not touched yet, so for PMD mappings the
+ * physical address comes from the region instead, mapped with the VMA's
+ * protection.  (The region-based
  * path for page mappings too got EIO for an untouched cacheable 4 KiB
  * mapping: fuzzer --seed 5 --ops 1000 --only 348,361,399,413.)
  */
@@ -389,7 +432,7 @@ static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 	void __iomem *maddr;
 	int ret = -EINVAL;
 
-	if (!obmm_vma_huge(r))
+	if (!obmm_vma_lazy(r))
 		return generic_access_phys(vma, addr, buf, len, write);
 
 	/*
@@ -493,7 +536,7 @@ static int obmm_make_first_page_tables(struct vm_area_struct *vma,
 	return 0;
 }
 
-/* Install the mapping: every PTE now, or (PMD granule) huge entries on touch. */
+/* Install the mapping: every PTE now, or (PMD granule) 2 MiB at a time on touch. */
 static int obmm_shm_map(struct obmm_region *r, struct vm_area_struct *vma,
 			u64 offset, enum obmm_mmap_granu granu)
 {
@@ -503,7 +546,7 @@ static int obmm_shm_map(struct obmm_region *r, struct vm_area_struct *vma,
 
 	/* The flags remap_pfn_range() sets, as if it ran. */
 	obmm_vma_set_flags(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
-	if (OBMM_PMD_HUGE && granu == OBMM_MMAP_GRANU_PMD)
+	if (OBMM_PMD_LAZY && granu == OBMM_MMAP_GRANU_PMD)
 		return obmm_pmd_memtype_get(r, vma->vm_page_prot);
 	ret = obmm_make_first_page_tables(vma, pfn);
 	if (ret)
@@ -613,7 +656,7 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	 * reaches .fault, which refuses it.
 	 */
 	if (!obmm_state_reader(state) &&
-	    !(OBMM_PMD_HUGE && granu == OBMM_MMAP_GRANU_PMD))
+	    !(OBMM_PMD_LAZY && granu == OBMM_MMAP_GRANU_PMD))
 		zap_vma_ptes(vma, vma->vm_start, len);
 	/* Only a counted mapping gets the close hook. */
 	vma->vm_private_data = vm;
@@ -766,7 +809,7 @@ static void obmm_update_range_apply(struct obmm_region *r, unsigned long start,
 		first = max(start, vma->vm_start);
 		last = min(end, vma->vm_end);
 		zap_vma_ptes(vma, first, last - first);
-		if (obmm_vma_huge(r) || r->revoked || !obmm_state_reader(state))
+		if (obmm_vma_lazy(r) || r->revoked || !obmm_state_reader(state))
 			continue;
 		prot = obmm_state_prot(state);
 		for (addr = first; addr < last; addr += PAGE_SIZE)

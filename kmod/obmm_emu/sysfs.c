@@ -18,8 +18,6 @@
 
 #include "obmm_emu.h"
 
-#define OBMM_EMU_WIN_NAME_LEN	8
-
 /* ---- per region: /sys/devices/obmm/obmm_shmdev<id>/ ---- */
 
 /* A root-only (0400) attribute printing one value of the region `r`. */
@@ -282,76 +280,11 @@ static const struct attribute_group obmm_emu_group = {
 	.attrs = obmm_emu_attrs,
 };
 
-static const struct obmm_emu_window *obmm_kobj_window(struct kobject *kobj)
-{
-	int node;
-
-	if (kstrtoint(kobject_name(kobj), 0, &node))
-		return NULL;
-	return obmm_fabric_window(node);
-}
-
-static ssize_t base_show(struct kobject *kobj, struct kobj_attribute *attr,
-			 char *buf)
-{
-	const struct obmm_emu_window *w = obmm_kobj_window(kobj);
-
-	return w ? sysfs_emit(buf, "0x%llx\n", (u64)w->base) : -ENODEV;
-}
-
-static struct kobj_attribute obmm_win_base_attr = __ATTR_RO_MODE(base, 0400);
-
-static ssize_t win_size_show(struct kobject *kobj,
-			     struct kobj_attribute *attr, char *buf)
-{
-	const struct obmm_emu_window *w = obmm_kobj_window(kobj);
-
-	return w ? sysfs_emit(buf, "0x%llx\n", w->size) : -ENODEV;
-}
-
-static struct kobj_attribute obmm_win_size_attr =
-	__ATTR(size, 0444, win_size_show, NULL);
-
-static ssize_t node_show(struct kobject *kobj, struct kobj_attribute *attr,
-			 char *buf)
-{
-	int node;
-
-	if (kstrtoint(kobject_name(kobj), 0, &node))
-		return -ENODEV;
-	return sysfs_emit(buf, "%d\n", node);
-}
-
-static struct kobj_attribute obmm_win_node_attr = __ATTR_RO(node);
-
-static struct attribute *obmm_win_attrs[] = {
-	&obmm_win_base_attr.attr,
-	&obmm_win_size_attr.attr,
-	&obmm_win_node_attr.attr,
-	NULL,
-};
-
-static const struct attribute_group obmm_win_group = {
-	.attrs = obmm_win_attrs,
-};
-
 static struct kobject *obmm_emu_kobj;
-static struct kobject *obmm_windows_kobj;
-static struct kobject *obmm_win_kobj[OBMM_EMU_MAX_NODES];
 
 static void obmm_sysfs_emu_exit(void)
 {
-	int j;
-
-	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
-		if (!obmm_win_kobj[j])
-			continue;
-		sysfs_remove_group(obmm_win_kobj[j], &obmm_win_group);
-		kobject_put(obmm_win_kobj[j]);
-		obmm_win_kobj[j] = NULL;
-	}
-	kobject_put(obmm_windows_kobj);
-	obmm_windows_kobj = NULL;
+	tb_fabric_sysfs_remove(obmm_fabric_tb());
 	if (obmm_emu_kobj)
 		sysfs_remove_group(obmm_emu_kobj, &obmm_emu_group);
 	kobject_put(obmm_emu_kobj);
@@ -360,8 +293,7 @@ static void obmm_sysfs_emu_exit(void)
 
 static int obmm_sysfs_emu_init(void)
 {
-	char name[OBMM_EMU_WIN_NAME_LEN];
-	int j, ret;
+	int ret;
 
 	obmm_emu_kobj = kobject_create_and_add(OBMM_EMU_NAME, kernel_kobj);
 	if (!obmm_emu_kobj)
@@ -372,28 +304,10 @@ static int obmm_sysfs_emu_init(void)
 		obmm_emu_kobj = NULL;
 		return ret;
 	}
-	obmm_windows_kobj = kobject_create_and_add("windows", obmm_emu_kobj);
-	if (!obmm_windows_kobj) {
-		ret = -ENOMEM;
+	/* windows/<node>/{node,base,size} */
+	ret = tb_fabric_sysfs_add(obmm_fabric_tb(), obmm_emu_kobj);
+	if (ret)
 		goto err;
-	}
-	for (j = 0; j < OBMM_EMU_MAX_NODES; j++) {
-		if (!obmm_fabric_window(j)->present)
-			continue;
-		snprintf(name, sizeof(name), "%d", j);
-		obmm_win_kobj[j] = kobject_create_and_add(name,
-							  obmm_windows_kobj);
-		if (!obmm_win_kobj[j]) {
-			ret = -ENOMEM;
-			goto err;
-		}
-		ret = sysfs_create_group(obmm_win_kobj[j], &obmm_win_group);
-		if (ret) {
-			kobject_put(obmm_win_kobj[j]);
-			obmm_win_kobj[j] = NULL;
-			goto err;
-		}
-	}
 	return 0;
 err:
 	obmm_sysfs_emu_exit();

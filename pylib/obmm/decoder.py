@@ -5,10 +5,11 @@ decoder so that a window of local physical addresses reaches the exporter's
 memory; OBMM_CMD_IMPORT then takes that local address.  This module does that
 step:
 
-* `EmulatorDecoder` reads the emulated fabric's windows from
-  `/sys/kernel/obmm_emu/windows/<node>/{base,size}` (obmm_emu.ko) and decodes
-  the emulator's UBA (bit 48 set, exporter node in bits 40..47, exporter PA in
-  bits 0..39; see kmod/obmm_emu/obmm_emu_ctl.h).
+* `EmulatorDecoder` reads the testbed fabric's windows from
+  `<fabric sysfs>/windows/<node>/{base,size}` and decodes the testbed's UBA (bit 48 set,
+  exporter node in bits 40..47, exporter PA in bits 0..39; kmod/common/testbed_fabric.h).  The
+  fabric sysfs is the emulated driver's `/sys/kernel/obmm_emu` or, under the real obmm.ko, its
+  compat layer's `/sys/kernel/ub_compat` (`FABRIC_SYSFS`, first present).
 * `CommandDecoder` runs a program the site provides (hardware): it gets the
   request in its environment and prints the local address.
 * `TableDecoder` reads a JSON file of decoder windows the site provides.
@@ -32,9 +33,15 @@ from typing import Protocol
 from obmm import envvars
 
 EMU_SYSFS = "/sys/kernel/obmm_emu"
+#: The real driver's compat layer (kmod/ub_compat) publishes the same fabric files here.
+COMPAT_SYSFS = "/sys/kernel/ub_compat"
+#: Where a testbed node finds its fabric (node id, CNA, EID, windows): the first present.
+FABRIC_SYSFS = (EMU_SYSFS, COMPAT_SYSFS)
 
-# The emulator's UBA encoding (kmod/obmm_emu/obmm_emu_ctl.h).
+# The testbed's UBA encoding (kmod/common/testbed_fabric.h).
 EMU_UBA_VALID = 1 << 48
+#: Memory that is not one physical run on the exporter: no window reaches it in one piece.
+EMU_UBA_SCATTERED = 1 << 49
 EMU_UBA_NODE_SHIFT = 40
 EMU_UBA_NODE_MASK = 0xFF << EMU_UBA_NODE_SHIFT
 EMU_UBA_PA_MASK = (1 << 40) - 1
@@ -74,25 +81,39 @@ def read_sysfs_int(path: Path) -> int:
         raise DecoderError(f"cannot read {path}: {exc}") from exc
 
 
+def fabric_sysfs() -> str:
+    """The first of FABRIC_SYSFS that exists (the emulator's when none does, for messages)."""
+    for root in FABRIC_SYSFS:
+        if Path(root).is_dir():
+            return root
+    return EMU_SYSFS
+
+
 def emulator_uba_split(uba: int) -> tuple[int, int]:
-    """(exporter node, exporter PA) of an obmm_emu UBA."""
+    """(exporter node, exporter PA) of a testbed UBA."""
+    if uba & EMU_UBA_VALID and uba >> 49 == 1:
+        raise DecoderError(
+            f"UBA {uba:#x} is of memory that is not one physical run on the exporter "
+            "(the testbed's UMMU maps exporter addresses 1:1, so no window reaches it in "
+            "one piece): export it again, or on hardware"
+        )
     if not uba & EMU_UBA_VALID or uba >> 49:
         raise DecoderError(f"UBA {uba:#x} is not an obmm_emu UBA (bit 48 set, bits 49+ clear)")
     return (uba & EMU_UBA_NODE_MASK) >> EMU_UBA_NODE_SHIFT, uba & EMU_UBA_PA_MASK
 
 
 class EmulatorDecoder:
-    """Windows of the emulated fabric, as the emulator (kmod/obmm_emu) publishes them in sysfs."""
+    """Windows of the testbed fabric, as the emulated obmm.ko (or ub_compat.ko) publishes them."""
 
-    def __init__(self, sysfs: str = EMU_SYSFS) -> None:
-        self.root = Path(sysfs)
+    def __init__(self, sysfs: str | None = None) -> None:
+        self.root = Path(sysfs or fabric_sysfs())
 
     def windows(self) -> list[Window]:
         wdir = self.root / "windows"
         if not wdir.is_dir():
             raise DecoderError(
-                f"{wdir} does not exist: the emulated obmm.ko is not loaded (on real hardware set "
-                f"{envvars.DECODER.name}=cmd:... or file:...)"
+                f"{wdir} does not exist: neither the emulated obmm.ko nor ub_compat.ko is loaded "
+                f"(on real hardware set {envvars.DECODER.name}=cmd:... or file:...)"
             )
         found = []
         for entry in sorted(wdir.iterdir()):
@@ -197,7 +218,7 @@ def decoder_from_spec(spec: str) -> Decoder:
     """`emulator[:SYSFS]`, `cmd:PROGRAM ARGS...` or `file:PATH`."""
     kind, _, arg = spec.partition(":")
     if kind == "emulator":
-        return EmulatorDecoder(arg or EMU_SYSFS)
+        return EmulatorDecoder(arg or None)
     if kind == "cmd":
         return CommandDecoder(arg)
     if kind == "file":

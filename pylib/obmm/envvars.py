@@ -137,9 +137,11 @@ INIT = Var(
 ACCEL = Var(
     "OBMM_TESTBED_ACCEL",
     "testbed",
-    "accelerator: KVM when a probe boots a guest under it (auto), or forced",
+    "accelerator: KVM when a probe boots a guest under it (auto), or forced; `tcg-serial` is "
+    "one TCG thread per node, where cross-node atomics are not atomic (the bench's baseline "
+    "for what parallel TCG costs)",
     default="auto",
-    choices=("auto", "kvm", "tcg"),
+    choices=("auto", "kvm", "tcg", "tcg-serial"),
 )
 SNAPSHOT = Var(
     "OBMM_TESTBED_SNAPSHOT",
@@ -172,9 +174,10 @@ TIMEOUT_SCALE = Var(
 DRIVER = Var(
     "OBMM_TESTBED_DRIVER",
     "testbed",
-    "the OBMM driver loaded on the nodes: the emulator (kmod/obmm_emu)",
+    "the OBMM driver loaded on the nodes: `emu`, the emulator (kmod/obmm_emu); `real`, "
+    "upstream's obmm.ko from $OBMM_UB_UPSTREAM over the compat layer (kmod/ub_compat)",
     default="emu",
-    choices=("emu",),
+    choices=("emu", "real"),
 )
 PARAMS = Var(
     "OBMM_TESTBED_PARAMS",

@@ -4,9 +4,10 @@ Read the way libobmm reads them, so the same code works on obmm_emu and on a rea
 
 * ``cna`` and ``eid``: the first UB controller's sysfs, the directory that holds
   ``ub_bus_controller<i>/*/ubc`` (a file on UB hosts: drivers/ub/ubus/sysfs.c);
-* ``node_id``: the index decoders resolve and handles carry: obmm_emu's
-  ``/sys/kernel/obmm_emu/node_id``, else ``$OBMM_NODE_ID`` (on hardware the site numbers its
-  hosts; the hardware stage sets it to the host's position in its host list).
+* ``node_id``: the index decoders resolve and handles carry: the testbed fabric's
+  ``node_id`` (``/sys/kernel/obmm_emu``, or ``/sys/kernel/ub_compat`` under the real driver),
+  else ``$OBMM_NODE_ID`` (on hardware the site numbers its hosts; the hardware stage sets it to
+  the host's position in its host list).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from obmm import envvars
-from obmm.decoder import EMU_SYSFS, DecoderError, read_sysfs_int
+from obmm.decoder import DecoderError, fabric_sysfs, read_sysfs_int
 
 #: Bytes in an EID, in the UAPI's import command and in a handle.
 EID_SIZE = 16
@@ -51,10 +52,10 @@ def local_eid(sysfs: str = DEFAULT_SYSFS) -> bytes:
     return value.to_bytes(EID_SYSFS_BYTES, sys.byteorder).ljust(EID_SIZE, b"\0")
 
 
-def local_node_id(emu_sysfs: str = EMU_SYSFS) -> int:
-    """The node index handles carry and decoders resolve: obmm_emu's ``node_id``, else
-    ``$OBMM_NODE_ID``."""
-    path = Path(emu_sysfs) / "node_id"
+def local_node_id(emu_sysfs: str | None = None) -> int:
+    """The node index handles carry and decoders resolve: the testbed fabric's ``node_id``,
+    else ``$OBMM_NODE_ID``."""
+    path = Path(emu_sysfs or fabric_sysfs()) / "node_id"
     if path.exists():
         return read_sysfs_int(path)
     text = envvars.NODE_ID.raw() or ""
@@ -62,7 +63,7 @@ def local_node_id(emu_sysfs: str = EMU_SYSFS) -> int:
         return int(text, 0)
     except ValueError:
         raise DecoderError(
-            f"{path} does not exist (not obmm_emu) and ${envvars.NODE_ID.name} is "
+            f"{path} does not exist (no testbed fabric) and ${envvars.NODE_ID.name} is "
             f"{'unset' if not text else repr(text)}: set it to this host's node number"
         ) from None
 
@@ -76,7 +77,7 @@ class NodeIdentity:
     eid: bytes
 
     @classmethod
-    def local(cls, *, sysfs: str = DEFAULT_SYSFS, emu_sysfs: str = EMU_SYSFS) -> NodeIdentity:
+    def local(cls, *, sysfs: str = DEFAULT_SYSFS, emu_sysfs: str | None = None) -> NodeIdentity:
         """Read from this machine (raises DecoderError naming what is missing)."""
         # The controller first: without one this is not a UB node at all.
         cna, eid = local_cna(sysfs), local_eid(sysfs)

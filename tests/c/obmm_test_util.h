@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Helpers shared by the C tests: emulator fabric facts read from
- * /sys/kernel/obmm_emu (the only emulator-specific part: on real UB
- * hardware the decoder address comes from management software).
+ * Helpers shared by the C tests: testbed fabric facts read from
+ * /sys/kernel/obmm_emu, or /sys/kernel/ub_compat under the real obmm.ko (the
+ * only testbed-specific part: on real UB hardware the decoder address comes
+ * from management software).
  */
 #ifndef OBMM_TEST_UTIL_H
 #define OBMM_TEST_UTIL_H
@@ -10,9 +11,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define OBMM_EMU_SYSFS "/sys/kernel/obmm_emu"
+#define OBMM_COMPAT_SYSFS "/sys/kernel/ub_compat"
 #define OBMM_SZ_2M (2UL << 20)
+
+/* The emulator's fabric files, or the real driver's compat layer's. */
+static inline const char *obmm_fabric_sysfs(void)
+{
+	if (access(OBMM_EMU_SYSFS, F_OK) && !access(OBMM_COMPAT_SYSFS, F_OK))
+		return OBMM_COMPAT_SYSFS;
+	return OBMM_EMU_SYSFS;
+}
 
 static inline unsigned long long obmm_read_sysfs_ull(const char *path)
 {
@@ -31,30 +42,38 @@ static inline unsigned long long obmm_read_sysfs_ull(const char *path)
 	return v;
 }
 
-static inline unsigned long long obmm_window_base(int node)
+static inline unsigned long long obmm_fabric_ull(const char *name)
 {
 	char path[128];
 
-	snprintf(path, sizeof(path), OBMM_EMU_SYSFS "/windows/%d/base", node);
+	snprintf(path, sizeof(path), "%s/%s", obmm_fabric_sysfs(), name);
 	return obmm_read_sysfs_ull(path);
+}
+
+static inline unsigned long long obmm_window_base(int node)
+{
+	char name[64];
+
+	snprintf(name, sizeof(name), "windows/%d/base", node);
+	return obmm_fabric_ull(name);
 }
 
 static inline unsigned long long obmm_window_size(int node)
 {
-	char path[128];
+	char name[64];
 
-	snprintf(path, sizeof(path), OBMM_EMU_SYSFS "/windows/%d/size", node);
-	return obmm_read_sysfs_ull(path);
+	snprintf(name, sizeof(name), "windows/%d/size", node);
+	return obmm_fabric_ull(name);
 }
 
 static inline int obmm_node_id(void)
 {
-	return (int)obmm_read_sysfs_ull(OBMM_EMU_SYSFS "/node_id");
+	return (int)obmm_fabric_ull("node_id");
 }
 
 static inline unsigned int obmm_cna(void)
 {
-	return (unsigned int)obmm_read_sysfs_ull(OBMM_EMU_SYSFS "/cna");
+	return (unsigned int)obmm_fabric_ull("cna");
 }
 
 #endif /* OBMM_TEST_UTIL_H */

@@ -25,7 +25,8 @@ it) the nodes are the stage's hosts (:func:`obmm.testbed.hw.stage.cluster_from_e
 booted, built or loaded; the package and helpers go to a fresh directory under the stage's
 ``remote_tmp`` on every host (removed at the end unless ``HW_KEEP=1``); each host's processes get
 ``OBMM_NODE_ID`` (its position in the host list) and ``OBMM_DECODER``; tests marked
-``emulator_only`` are skipped with the reason.
+``emulator_only`` or ``testbed_fabric`` are skipped with the reason.  When the nodes run
+upstream's obmm.ko (``$OBMM_TESTBED_DRIVER=real``), those marked ``emulator_only`` are.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ import pytest
 from xharness import ClusterHarness
 
 from obmm import envvars
-from obmm.testbed.guest_plugin import skip_emulator_only
+from obmm.testbed import provision
+from obmm.testbed.guest_plugin import mark_for_driver
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import repo_root, results_dir
@@ -66,7 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    skip_emulator_only(items, "hardware" if HARDWARE else Settings.from_env().driver)
+    mark_for_driver(items, "hardware" if HARDWARE else Settings.from_env().driver)
 
     # Node-killing tests last; after them only tests that dirty a kernel log on purpose, so no
     # test that scans a node's whole log sees their reports.
@@ -89,13 +91,13 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Session | hwstage.HwClus
     settings = Settings.from_env().with_defaults(name=f"cluster-test-{os.getpid()}")
     assert settings.name is not None
     attach_to = envvars.ATTACH.get()
+    capman = request.config.pluginmanager.getplugin("capturemanager")
     if attach_to:
         session = attach(settings, attach_to)
     else:
         nodes = topology_for(settings, "pair").nodes
         if nodes < 2:
             pytest.exit(f"the cluster suite needs at least 2 nodes, the settings give {nodes}")
-        capman = request.config.pluginmanager.getplugin("capturemanager")
         with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
             session = bring_up(
                 settings,
@@ -106,7 +108,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Session | hwstage.HwClus
     try:
         yield session
     finally:
-        session.stop()
+        # Its "stopping cluster" line reaches the terminal, as the boot's lines do.
+        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+            session.stop()
 
 
 #: Copied into every node's helper directory (``ClusterHarness.helpers``).
@@ -180,6 +184,26 @@ def kernel_log_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     failures = harness.guard_failures(allow_dead=destroys)
     if failures:
         pytest.fail("\n\n".join(failures), pytrace=False)
+
+
+#: How long a test waits for the real driver's pool to refill (its thread wakes every 5 s).
+POOL_SETTLE_S = 30.0
+
+
+@pytest.fixture(autouse=True)
+def settle_real_pool(request: pytest.FixtureRequest) -> None:
+    """On the real obmm.ko, every test starts with each node's pool whole and cleared, as it
+    always is on the emulator: the real driver refills it in the background after an unexport,
+    and an export made meanwhile gets granules out of order (not one run, so no window reaches
+    it in one piece: ub_compat's UMMU), or a borrow's memory block unaligned."""
+    if HARDWARE or "xc" not in request.fixturenames:
+        return
+    cluster = request.getfixturevalue("cluster")
+    if not isinstance(cluster, Session) or cluster.settings.driver != "real":
+        return
+    harness: ClusterHarness = request.getfixturevalue("xc")
+    live = [n for i, n in enumerate(harness.node_list) if harness.alive(i)]
+    on_each(live, lambda n: provision.wait_real_pool(n, cluster.topology, POOL_SETTLE_S))
 
 
 @pytest.fixture

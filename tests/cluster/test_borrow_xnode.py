@@ -10,6 +10,7 @@ memory B's kernel still uses.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -17,10 +18,10 @@ import time
 from collections.abc import Callable
 
 import pytest
-from test_xnode import A, B, Exporter, exporter
+from test_xnode import SZ_2M, A, B, Exporter, exporter
 from xharness import ClusterHarness
 
-pytestmark = pytest.mark.emulator_only
+pytestmark = pytest.mark.testbed_fabric
 
 SZ_128M = 128 << 20
 NUMA_REMOTE = 0x4
@@ -162,6 +163,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
+@pytest.mark.emulator_only
 def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
     xc: ClusterHarness, guest_tmp: str
 ) -> None:
@@ -204,6 +206,7 @@ def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
         assert borrowed_iomem(xc, B) == ""
 
 
+@pytest.mark.emulator_only
 def test_stalled_exporter_is_dead_and_the_borrow_is_unplugged(
     xc: ClusterHarness, guest_tmp: str
 ) -> None:
@@ -232,3 +235,133 @@ def test_stalled_exporter_is_dead_and_the_borrow_is_unplugged(
         finally:
             xc.py(B, f"import xnode\nxnode.unimport({mem_id})\n", timeout=300)
         assert borrowed_iomem(xc, B) == ""
+
+
+# A block export of B's own pool, for a loopback borrow on B: [mem_id, window address, tokenid].
+OWN_BLOCK_EXPORT = f"""
+import json, obmm
+from pathlib import Path
+emu = Path("/sys/kernel/obmm_emu")
+me = int((emu / "node_id").read_text(), 0)
+base = int((emu / "windows" / str(me) / "base").read_text(), 0)
+with obmm.Obmm() as dev:
+    exp = dev.export({SZ_128M})
+    pa = dev.query_pa_by_memid(exp.mem_id)
+    with obmm.ShmDev(exp.mem_id) as shm, shm.mmap({SZ_2M}) as m:
+        m.write(0, MARK)
+print(json.dumps([exp.mem_id, base + pa, exp.tokenid]))
+"""
+
+
+# On B, after B's block export at window address ADDR was withdrawn: exports until that memory
+# comes back (other free memory is taken first), filled with poison; their mem_ids.
+REUSE_OWN = """
+import json
+from pathlib import Path
+from obmm.fuzz import cross
+emu = Path("/sys/kernel/obmm_emu")
+me = int((emu / "node_id").read_text(), 0)
+base = int((emu / "windows" / str(me) / "base").read_text(), 0)
+got = cross.reuse(ADDR - base, SIZE, 0x5eed, 60)
+print(json.dumps([got["reused"], got["mem_ids"]]))
+"""
+
+
+def sleeps_in(xc: ClusterHarness, node: int, pid: int, function: str) -> bool:
+    """Whether `pid` sleeps (state S or D) with `function` on its kernel stack."""
+    out = xc.run(
+        node, f"cat /proc/{pid}/stack; echo; cut -d' ' -f3 /proc/{pid}/stat", check=False
+    ).out.split()
+    return function in " ".join(out) and out[-1:] in (["S"], ["D"])
+
+
+def test_a_borrow_that_waited_for_the_hot_plug_lock_checks_its_export_again(
+    xc: ClusterHarness, guest_tmp: str
+) -> None:
+    """Issue 24, items 2 and 9.  B's UNIMPORT of a borrow with a pinned page holds the hot-plug
+    lock (offlining retries until a signal).  Meanwhile a NUMA_REMOTE IMPORT on B of B's own
+    block export passes every check and waits for that lock:
+
+    * handled signals do not end the wait (the real IMPORT blocks in lock_device_hotplug());
+      it returned EINTR, with no log line;
+    * the export is withdrawn, the import revoked, the withdrawal acknowledged, the quarantine
+      ends and a new export gets the memory.  Once the lock frees, the IMPORT must see that
+      (EACCES): nothing re-checked after the lock, and it put the new export's memory online
+      as a NUMA node of B."""
+    with exporter(xc, guest_tmp, size=SZ_128M, seed=24, name="lockholder") as exp:
+        mem_id, nid = borrow_on(xc, exp)
+        pids: list[int] = []
+        own: list[int] = []
+        waited: dict = {}
+        try:
+            doc = fill_bound_on_b(xc, guest_tmp, nid, "--hold --pin", "lockholder")
+            pids.append(int(doc["pid"]))
+            out_u = f"{guest_tmp}/blocking-unimport.json"
+            unimporter = xc.spawn_xnode(
+                B, ["blocking", "unimport", str(mem_id), "--out", out_u], name="block-unimport"
+            )
+            pids.append(unimporter)
+            xc.wait_file(B, out_u + ".started")
+            time.sleep(3)
+            assert not xc.run(B, f"test -e {out_u}", check=False).ok, "UNIMPORT did not wait"
+            e_id, addr, token = xc.py_json(B, f"MARK = b'first!!!'\n{OWN_BLOCK_EXPORT}")
+            own.append(e_id)
+            if addr % SZ_128M:
+                pytest.skip("B's pool gave no block-aligned range")
+            out_w = f"{guest_tmp}/blocking-import.json"
+            waiter = xc.spawn_xnode(
+                B,
+                ["blocking", "import-numa", hex(addr), hex(SZ_128M), hex(token), "--out", out_w],
+                name="block-import",
+            )
+            pids.append(waiter)
+            xc.wait_file(B, out_w + ".started")
+            # asleep in IMPORT: the hot-plug lock is the only wait there
+            assert wait_until(lambda: sleeps_in(xc, B, waiter, "obmm_import"), 60), xc.run(
+                B, f"cat /proc/{waiter}/stack /proc/{waiter}/stat", check=False
+            ).out
+            # item 9: handled signals do not end the wait
+            for _ in range(3):
+                xc.kill(B, waiter, "USR2")
+                time.sleep(0.5)
+            assert not xc.run(B, f"test -e {out_w}", check=False).ok, (
+                "a handled signal ended the IMPORT's wait: "
+                + xc.run(B, f"cat {out_w}", check=False).out
+            )
+            # item 2: the export goes, and its memory is given to a new export
+            xc.py(B, f"import obmm\nwith obmm.Obmm() as dev:\n    dev.unexport({e_id})\n")
+            own.remove(e_id)
+            reused, ids = xc.py_json(B, f"ADDR, SIZE = {addr}, {SZ_128M}\n{REUSE_OWN}", timeout=180)
+            own.extend(ids)
+            assert reused, f"B's withdrawn block did not come back to a new export: {ids}"
+            # the lock frees: the UNIMPORT ends (EINTR), the IMPORT goes on
+            xc.kill(B, unimporter, "USR1")
+            assert json.loads(xc.wait_file(B, out_u, timeout=120))["errno"] == errno.EINTR
+            waited = json.loads(xc.wait_file(B, out_w, timeout=300))
+            assert waited["signals"] >= 1  # delivered once the call returned (coalesced)
+            assert waited["errno"] == errno.EACCES, waited  # its export is gone
+            remote = [ln for ln in borrowed_iomem(xc, B).splitlines() if "System RAM" in ln]
+            assert not any(ln.strip().startswith(f"{addr:x}-") for ln in remote), remote
+        finally:
+            for pid in pids[1:]:
+                xc.kill(B, pid, "KILL")
+            if pids:
+                xc.kill(B, pids[0], "USR2")  # unpin
+                xc.kill(B, pids[0], "TERM")
+            if waited.get("mem_id"):
+                xc.py(B, f"import xnode\nxnode.unimport({waited['mem_id']})\n", timeout=300)
+            xc.py(
+                B,
+                "import time, xnode\n"
+                "for _ in range(60):\n"
+                "    try:\n"
+                f"        xnode.unimport({mem_id})\n"
+                "        break\n"
+                "    except OSError:\n"
+                "        time.sleep(1)\n",
+                timeout=300,
+            )
+            for e in own:
+                xc.py(B, f"import obmm\nwith obmm.Obmm() as dev:\n    dev.unexport({e})\n")
+        assert borrowed_iomem(xc, B) == ""
+    assert wait_pool_empty(xc, B, 60) == 0

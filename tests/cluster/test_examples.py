@@ -19,7 +19,7 @@ from xharness import ClusterHarness
 
 from obmm.testbed.parallel import on_each
 
-pytestmark = pytest.mark.emulator_only
+pytestmark = pytest.mark.testbed_fabric
 
 A, B = 0, 1
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from xharness import ClusterHarness
 
-from obmm.testbed.guest_plugin import emulator_only_reason
+from obmm.testbed.guest_plugin import TESTBED_FABRIC_SKIP, emulator_only_reason
 from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.session import Session
 
@@ -98,6 +98,8 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
     everything = _collect()
     emulator_only = _collect("-m", "emulator_only")
     assert emulator_only and emulator_only < everything
+    # testbed_fabric: runs on either testbed driver, needs the testbed's decoder windows
+    fabric = _collect("-m", "testbed_fabric and not emulator_only")
     modules_before = [_modules(xc, i) for i in range(xc.nodes)]
     results = results_dir() / "hw-cluster-proof"
     argv = [sys.executable, "-m", "obmm.testbed.hw.stage", "--qemu", cluster.name, "--suite",
@@ -127,17 +129,20 @@ def test_hw_stage_runs_the_cluster_suite_across_the_qemu_nodes(
         for key, case in cases.items()
         if (skip := case.find("skipped")) is not None
     }
-    assert set(skips) == emulator_only
-    assert set(skips.values()) == {emulator_only_reason("hardware")}
+    assert {k for k, why in skips.items() if why == emulator_only_reason("hardware")} == (
+        emulator_only
+    )
+    assert {k for k, why in skips.items() if why == TESTBED_FABRIC_SKIP} == fabric
+    assert set(skips) == emulator_only | fabric
     bad = [k for k, c in cases.items() if c.find("failure") is not None or c.find("error")]
     assert bad == []
     summary = json.loads((results / "summary.json").read_text())
     assert summary["cluster"]["exit"] == 0
     assert summary["cluster"]["counts"] == {
-        "passed": len(everything) - len(emulator_only),
+        "passed": len(everything) - len(skips),
         "failed": 0,
         "error": 0,
-        "skipped": len(emulator_only),
+        "skipped": len(skips),
     }
     assert summary["hosts"] == {}  # --suite cluster: no guest suite ran
 

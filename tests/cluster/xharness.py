@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
+from obmm import envvars
 from obmm.testbed.kguard import MARKER, KernelLogGuard
 from obmm.testbed.node import SshNode
 from obmm.testbed.remote import GUEST_ROOT
@@ -147,7 +148,9 @@ class ClusterHarness:
         conn = self._conns.get(node)
         if conn is not None:
             return conn
-        conn = self.node_list[node].connect(timeout=60, node_only=True)
+        # a debug kernel's sshd answers late under load: its scale, as the boot's
+        timeout = 60 * float(envvars.TIMEOUT_SCALE.get())
+        conn = self.node_list[node].connect(timeout=timeout, node_only=True)
         self._conns[node] = conn
         return conn
 

@@ -18,7 +18,10 @@ OBMM_TAINTED_PATH point it at other files (for testing the guard itself).
 
 Tests marked ``emulator_only`` are skipped, with the reason in the report, where
 the driver under test is not the emulator (the hardware stage, or the real
-driver on the testbed; obmm.testbed.guest_plugin.skip_emulator_only).
+driver on the testbed); those marked ``testbed_fabric`` on real UB hardware; a
+test marked ``real_driver_differs(reason)`` is expected to fail on the real
+driver (strict xfail: its passing would fail it).  One place decides it all:
+obmm.testbed.guest_plugin.mark_for_driver.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 import pytest
 
 from obmm import envvars
-from obmm.testbed.guest_plugin import driver_under_test, skip_emulator_only
+from obmm.testbed.guest_plugin import driver_under_test, mark_for_driver
 from obmm.tools import logscan
 
 # The OBMM fixtures (dev, fabric, leak check) live beside this file; a copy of
@@ -131,7 +134,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skip_emulator_only(items, driver_under_test())
+    mark_for_driver(items, driver_under_test())
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -3,15 +3,19 @@
 Load from a conftest with ``pytest_plugins = ["obmm_fixtures"]``.
 
 * ``dev``: an open ``obmm.Obmm``.
-* ``fabric``: what obmm_emu.ko publishes in /sys/kernel/obmm_emu (node id,
-  CNA, EID, decoder windows); tests that use it are emulator-only because
-  on real UB hardware the decoder address of a loopback import comes from
-  management software.  Skips when the module is not obmm_emu.
+* ``fabric``: the testbed fabric as obmm_emu.ko publishes it in
+  /sys/kernel/obmm_emu, or the real obmm.ko's compat layer in
+  /sys/kernel/ub_compat (node id, CNA, EID, decoder windows, pool); on real UB
+  hardware the decoder address of a loopback import comes from management
+  software, so it skips where neither is loaded.
 * ``obmm_leak_check`` (autouse): after every test no region, shmdev node,
   region sysfs directory or pool usage may be left over, and /proc/iomem
   must read as it did before the test (a resource left behind, or one
   unlinked, fails it).  Leftover regions are removed (so one leak does not
   cascade) and the test fails.
+* ``module_unloads_promptly`` (autouse, session): after the last test, obmm_emu (idle)
+  unloads within 5 s and is loaded again with its parameters; the last test fails otherwise
+  (a worker that outlives its work, an unload that waits for one).  Emulator only.
 * ``export`` / ``imported``: context managers that always clean up.
 * ``run_in_child``: run a snippet in a fresh interpreter, return how it died.
 """
@@ -24,6 +28,7 @@ import difflib
 import errno
 import gc
 import mmap
+import os
 import subprocess
 import sys
 import time
@@ -34,9 +39,12 @@ from pathlib import Path
 import pytest
 
 import obmm
+from obmm import decoder
 
 DEV_OBMM = Path("/dev/obmm")
 EMU_SYSFS = Path("/sys/kernel/obmm_emu")
+#: The fabric's files: the emulator's, or the real driver's compat layer's (obmm.decoder).
+FABRIC_SYSFS = tuple(Path(p) for p in decoder.FABRIC_SYSFS)
 MEMPOOL_SYSFS = Path("/sys/kernel/obmm_mempool")
 SHMDEV_SYSFS = Path("/sys/devices/obmm")
 SZ_4K = 4 << 10
@@ -88,18 +96,19 @@ class Fabric:
 
 
 def load_fabric() -> Fabric | None:
-    if not EMU_SYSFS.is_dir():
+    root = next((r for r in FABRIC_SYSFS if r.is_dir()), None)
+    if root is None:
         return None
     windows = {}
-    for w in sorted((EMU_SYSFS / "windows").iterdir()):
+    for w in sorted((root / "windows").iterdir()):
         windows[read_int(w / "node")] = (read_int(w / "base"), read_int(w / "size"))
     return Fabric(
-        node_id=read_int(EMU_SYSFS / "node_id"),
-        cna=read_int(EMU_SYSFS / "cna"),
-        eid=read_int(EMU_SYSFS / "eid"),
+        node_id=read_int(root / "node_id"),
+        cna=read_int(root / "cna"),
+        eid=read_int(root / "eid"),
         windows=windows,
-        pool_base=read_int(EMU_SYSFS / "pool_base"),
-        pool_size=read_int(EMU_SYSFS / "pool_size"),
+        pool_base=read_int(root / "pool_base"),
+        pool_size=read_int(root / "pool_size"),
     )
 
 
@@ -113,6 +122,31 @@ def pool_used() -> int:
 
 def pool_total() -> int:
     return sum(read_int(d / "total") for d in pool_dirs())
+
+
+#: How long the real driver's pool may take to fill again: its pool thread wakes every 5 s, and
+#: after a failed allocation waits mempool_refill_timeout (the testbed loads it with 1 s).
+POOL_SETTLE_S = 20.0
+
+
+def settle_pool(timeout: float = POOL_SETTLE_S) -> None:
+    """Wait until the pool holds all of the fabric's pool memory, cleared (what is not used).
+
+    obmm_emu's pool is always whole; the real obmm.ko refills its pool in the background after
+    an unexport, so a test that needs the whole pool (sizes from the counters, FAST, a free
+    memory block) waits for it here.  Returns at the deadline either way: the test's own
+    assertion then says what was missing."""
+    fab = load_fabric()
+    want = fab.pool_size if fab is not None else 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dirs = pool_dirs()
+        total = sum(read_int(d / "total") for d in dirs)
+        used = sum(read_int(d / "used") for d in dirs)
+        cleared = sum(read_int(d / "available_cleared") for d in dirs)
+        if dirs and total >= want and cleared == total - used:
+            return
+        time.sleep(0.1)
 
 
 @dataclass(frozen=True)
@@ -182,11 +216,37 @@ def obmm_leak_check() -> Iterator[None]:
     )
 
 
+EMU_MODULE = "obmm_emu"
+EMU_KO = Path("/opt/obmm-testbed/kmod") / f"{EMU_MODULE}.ko"
+EMU_PARAMS = Path("/sys/module") / EMU_MODULE / "parameters"
+#: The parameters the testbed loads the module with (obmm.testbed.provision.insmod_command).
+EMU_RELOAD_PARAMS = ("node_id", "pool_base", "pool_size")
+#: rmmod of the idle module returns within this, whatever the suite did before.
+UNLOAD_S = 5.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def module_unloads_promptly() -> Iterator[None]:
+    yield
+    if os.environ.get("OBMM_TARGET") == "hardware" or not EMU_KO.is_file():
+        return
+    if not EMU_PARAMS.is_dir() or snapshot().region_ids():
+        return  # not loaded by the testbed, or a leak the leak check has reported
+    args = [f"{p}={(EMU_PARAMS / p).read_text().strip()}" for p in EMU_RELOAD_PARAMS]
+    t0 = time.monotonic()
+    done = subprocess.run(["rmmod", EMU_MODULE], capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - t0
+    subprocess.run(["insmod", str(EMU_KO), *args], check=False)
+    assert done.returncode == 0, f"rmmod {EMU_MODULE} after the suite: {done.stderr.strip()}"
+    assert took < UNLOAD_S, f"rmmod {EMU_MODULE} after the suite took {took:.1f} s"
+    print(f"rmmod {EMU_MODULE} after the suite: {took:.2f} s")
+
+
 @pytest.fixture(scope="session")
 def fabric() -> Fabric:
     fab = load_fabric()
     if fab is None:
-        pytest.skip("no /sys/kernel/obmm_emu: not the emulated fabric")
+        pytest.skip("no /sys/kernel/obmm_emu or /sys/kernel/ub_compat: not the testbed fabric")
     return fab
 
 

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from obmm_fixtures import (
@@ -26,14 +27,19 @@ from obmm_fixtures import (
     exported,
     pool_total,
     pool_used,
+    settle_pool,
 )
 
 import obmm
 from obmm import abi
+from obmm.tools import logscan
 
 pytest_plugins = ["obmm_fixtures"]
 
-pytestmark = pytest.mark.emulator_only
+if TYPE_CHECKING:
+    from conftest import KernelLog  # the guest suite's conftest, beside this file
+
+pytestmark = pytest.mark.testbed_fabric
 
 NUMA = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE
 NODE_SYSFS = Path("/sys/devices/system/node")
@@ -84,7 +90,9 @@ def iomem() -> str:
 
 
 def quarantined() -> int:
-    return int((EMU_SYSFS / "quarantined").read_text().strip(), 0)
+    """Memory obmm_emu holds back after an unexport (0 under the real driver: no quarantine)."""
+    path = EMU_SYSFS / "quarantined"
+    return int(path.read_text().strip(), 0) if path.exists() else 0
 
 
 def revoked_ids() -> list[str]:
@@ -108,8 +116,10 @@ def block() -> int:
 @pytest.fixture
 def blk_export(dev: obmm.Obmm, fabric: Fabric, block: int) -> Iterator[obmm.Export]:
     """A live export of one memory block at a block-aligned physical address."""
-    # Quarantined memory from earlier tests could leave only unaligned runs free.
+    # Quarantined memory from earlier tests could leave only unaligned runs free; the real
+    # driver's pool fills again in the background.
     wait_for(lambda: quarantined() == 0, UNPLUG_S)
+    settle_pool()
     if pool_total() - pool_used() < block:
         pytest.skip("the pool has no free memory block")
     with exported(dev, block) as exp:
@@ -435,6 +445,7 @@ def test_unimport_with_a_pinned_page_waits_until_a_signal_eintr(
 # ---- revocation of a borrowed range ----
 
 
+@pytest.mark.emulator_only
 def test_unexport_while_borrowed_unplugs_before_the_memory_is_reused(
     dev: obmm.Obmm, fabric: Fabric, block: int
 ) -> None:
@@ -466,6 +477,120 @@ def test_unexport_while_borrowed_unplugs_before_the_memory_is_reused(
         holder.close()
         dev.unimport(imp.mem_id)
     assert f"MEMID_{imp.mem_id}" not in iomem()
+
+
+# A DECLARE_PREIMPORT and UNDECLARE_PREIMPORT, each in a process of its own: the revocation
+# test below must see them end (or not) without hanging itself in one.
+DECLARE_UNDECLARE = r"""
+import obmm, sys, time
+pa, length, cna = (int(a, 0) for a in sys.argv[1:4])
+t0 = time.monotonic()
+with obmm.Obmm() as dev:
+    dev.declare_preimport(pa, length, scna=cna)
+    dev.undeclare_preimport(pa, length)
+print(round(time.monotonic() - t0, 3))
+"""
+# How long a DECLARE may wait for the hot-plug lock: one bounded try of the unplug thread (1 s)
+# and TCG scheduling.  Before the bound it waited for as long as the page stayed pinned.
+LOCK_WAIT_S = 30.0
+
+
+def test_a_revoked_borrow_that_cannot_go_keeps_no_lock_for_long(
+    dev: obmm.Obmm, fabric: Fabric, block: int
+) -> None:
+    """A revoked borrow with a pinned page: offlining retries until a signal, which a kernel
+    thread never gets.  The unplug work used to retry in a kworker holding the borrow lock and
+    the kernel's hot-plug locks for as long as the pin lasted, and DECLARE, UNDECLARE and an
+    IMPORT's rollback slept uninterruptibly behind it (a hung task after 120 s).  Now each try
+    is bounded and the locks are free between tries: those calls finish while the page stays
+    pinned, and the memory stays borrowed and quarantined until the page is let go."""
+    wait_for(lambda: quarantined() == 0, UNPLUG_S)
+    if pool_total() - pool_used() < block:
+        pytest.skip("the pool has no free memory block")
+    exp = dev.export(block)
+    if fabric.loopback_addr(dev, exp.mem_id) % block:
+        dev.unexport(exp.mem_id)
+        pytest.skip("the pool gave no block-aligned range")
+    imp = borrow(dev, fabric, exp)
+    holder = Holder(4 * SZ_2M, imp.numa_id, pin=True)
+    # a declaration's range: the block above the window base, away from the borrowed one
+    pa = fabric.window_base() + block
+    waited: list[float] = []
+    blocked = False
+    try:
+        dev.unexport(exp.mem_id)
+        assert str(imp.mem_id) in revoked_ids()
+        time.sleep(2)  # the unplug thread is at it
+        for _ in range(3):
+            proc = subprocess.Popen(
+                [sys.executable, "-c", DECLARE_UNDECLARE, hex(pa), hex(block), hex(fabric.cna)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if proc.poll() is None:
+                blocked = True
+                break
+            out, _ = proc.communicate()
+            assert proc.returncode == 0, out
+            waited.append(float(out.strip()))
+        if not blocked:
+            # still held: borrowed, and the exporter's memory quarantined
+            assert node_memory(imp.numa_id) == block
+            assert quarantined() >= block
+    finally:
+        holder.ask("unpin")
+        if blocked:
+            proc.wait(timeout=UNPLUG_S)  # the lock frees with the pin
+        holder.close()
+    assert not blocked, f"DECLARE+UNDECLARE still waiting after {LOCK_WAIT_S} s"
+    print(f"DECLARE+UNDECLARE while a revoked borrow is pinned: {waited} s")
+    assert wait_for(lambda: "System RAM (Remote)" not in iomem(), UNPLUG_S)
+    assert wait_for(lambda: quarantined() == 0, UNPLUG_S)
+    dev.unimport(imp.mem_id)
+
+
+def _iomem_lines() -> list[str]:
+    return [ln.rstrip() for ln in iomem().splitlines()]
+
+
+def test_the_memid_resource_moves_under_the_hot_plug_lock(
+    dev: obmm.Obmm, fabric: Fabric, block: int, kernel_log: KernelLog
+) -> None:
+    """MEMID_<id> sits under the borrowed "System RAM (Remote)" while the memory is there,
+    under the import's DIRECT_IMPORT_UBMEM once a revocation unplugged it, and is gone with
+    UNIMPORT.  Every move (and the walk that finds the System RAM resource) happens under the
+    borrow lock: sibling imports of a preimport range change the same children list, and the
+    walk takes no resource lock (a WARN says so where lockdep does not)."""
+    wait_for(lambda: quarantined() == 0, UNPLUG_S)
+    if pool_total() - pool_used() < block:
+        pytest.skip("the pool has no free memory block")
+    exp = dev.export(block)
+    if fabric.loopback_addr(dev, exp.mem_id) % block:
+        dev.unexport(exp.mem_id)
+        pytest.skip("the pool gave no block-aligned range")
+    kernel_log.take()
+    imp = borrow(dev, fabric, exp)
+    try:
+        rng = f"{imp.addr:x}-{imp.addr + block - 1:x}"
+        lines = _iomem_lines()
+        ubmem = next(i for i, ln in enumerate(lines) if ln.endswith(f"{rng} : DIRECT_IMPORT_UBMEM"))
+        depth = len(lines[ubmem]) - len(lines[ubmem].lstrip())
+        assert lines[ubmem + 1].strip() == f"{rng} : System RAM (Remote)"
+        assert lines[ubmem + 2].strip() == f"{rng} : MEMID_{imp.mem_id}"
+        assert len(lines[ubmem + 2]) - len(lines[ubmem + 2].lstrip()) > depth + 2
+        dev.unexport(exp.mem_id)
+        assert wait_for(lambda: "System RAM (Remote)" not in iomem(), UNPLUG_S)
+        lines = _iomem_lines()
+        ubmem = next(i for i, ln in enumerate(lines) if ln.endswith(f"{rng} : DIRECT_IMPORT_UBMEM"))
+        assert lines[ubmem + 1].strip() == f"{rng} : MEMID_{imp.mem_id}"
+    finally:
+        dev.unimport(imp.mem_id)
+    assert f"MEMID_{imp.mem_id}" not in iomem()
+    log = kernel_log.take()
+    assert not logscan.scan(log, allow=()), log
 
 
 def test_failed_numa_import_leaves_the_range_free(

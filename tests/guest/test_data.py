@@ -13,7 +13,7 @@ import obmm
 
 pytest_plugins = ["obmm_fixtures"]
 
-pytestmark = pytest.mark.emulator_only
+pytestmark = pytest.mark.testbed_fabric
 
 
 def pattern(n: int, seed: int) -> bytes:

@@ -9,6 +9,8 @@ the real obmm.ko is not reloaded under a running suite.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import re
 import stat
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from obmm_fixtures import SZ_2M, Fabric, exported
+from obmm_fixtures import MAP_HUGETLB, SZ_2M, Fabric, exported
 
 import obmm
 from obmm.tools import logscan
@@ -42,13 +44,26 @@ def loaded() -> bool:
     return (Path("/sys/module") / MODULE).is_dir()
 
 
+#: rmmod of an idle module returns within this, after any test (issue 24).
+RMMOD_S = 5.0
+
+
+def rmmod() -> float:
+    """rmmod, which must succeed within RMMOD_S; the seconds it took."""
+    t0 = time.monotonic()
+    subprocess.run(["rmmod", MODULE], check=True, timeout=120)
+    took = time.monotonic() - t0
+    assert took < RMMOD_S, f"rmmod took {took:.1f} s"
+    return took
+
+
 def load_parameters() -> dict[str, str]:
     """Every parameter the module shows that a test may load it with."""
     return {p.name: p.read_text() for p in PARAMS.iterdir() if p.name not in TEST_KNOBS}
 
 
 # Run-time knobs of the tests (root-writable), not load parameters.
-TEST_KNOBS = ("test_pin_delay_ms", "test_zero_delay_ms")
+TEST_KNOBS = ("test_pin_delay_ms", "test_zero_delay_ms", "test_exit_delay_ms")
 
 
 @pytest.fixture
@@ -86,7 +101,7 @@ def test_unload_after_regions_opened_through_other_nodes_leaves_no_inode(
         subprocess.run(["umount", str(mnt)], check=True)
     kernel_log.take()
 
-    subprocess.run(["rmmod", MODULE], check=True)
+    rmmod()
     assert not loaded()
     log = kernel_log.take()
     assert "Busy inodes" not in log, log
@@ -172,7 +187,7 @@ def test_ubc_index_and_device_name_parameters(
     src, exe = tmp_path / "reader.c", tmp_path / "reader"
     src.write_text(HARD_CODED_READER)
     subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
-    subprocess.run(["rmmod", MODULE], check=True)
+    rmmod()
     args = [a for a in reload_args if not a.startswith("ubc_dev=")]
     subprocess.run(["insmod", str(KO), *args, "ubc_index=1", "ubc_dev=00002"], check=True)
     try:
@@ -187,7 +202,7 @@ def test_ubc_index_and_device_name_parameters(
             )
             dev.unimport(imp.mem_id)
     finally:
-        subprocess.run(["rmmod", MODULE], check=True)
+        rmmod()
     subprocess.run(["insmod", str(KO), *args], check=True)
     assert Path("/sys/devices/ub_bus_controller0/00001/primary_cna").is_file()
     assert not REAL_HOST_UBC.exists()
@@ -199,7 +214,7 @@ def test_ubc_index_and_device_name_parameters(
 def test_bad_ubc_parameters_fail_the_load(
     reload_args: list[str], param: str, kernel_log: KernelLog
 ) -> None:
-    subprocess.run(["rmmod", MODULE], check=True)
+    rmmod()
     res = subprocess.run(["insmod", str(KO), *reload_args, param], capture_output=True)
     assert res.returncode != 0
     assert not loaded()
@@ -228,7 +243,7 @@ def test_reload_after_a_borrow_finds_the_pool_again(
     while int(quarantined.read_text(), 0) and time.monotonic() < deadline + 60:
         time.sleep(0.2)
     kernel_log.take()
-    subprocess.run(["rmmod", MODULE], check=True)
+    rmmod()
     subprocess.run(["insmod", str(KO), *reload_args], check=True)
     assert "obmm_emu pool" in Path("/proc/iomem").read_text()
     with obmm.Obmm() as dev, exported(dev, block) as exp:
@@ -236,6 +251,51 @@ def test_reload_after_a_borrow_finds_the_pool_again(
     log = kernel_log.take()
     assert "no export pool" not in log, log
     assert not logscan.scan(log, allow=()), log
+
+
+# ---- unload does not wait for the module's background work, nor runs it after the fabric ----
+
+
+def test_unload_stops_the_zero_worker_at_once(
+    reload_args: list[str], kernel_log: KernelLog
+) -> None:
+    """Loaded with the test build's test_zero_delay_ms at its 5 s maximum, the zero worker
+    holds each of the pool's 127 freshly dirty granules 5 s before clearing it; rmmod waited
+    for all of them (about 10 minutes).  Unload now stops it after the granule it is at."""
+    if not (PARAMS / "test_zero_delay_ms").exists():
+        pytest.skip("not the suites' build of obmm_emu (no test_zero_delay_ms)")
+    rmmod()
+    subprocess.run(["insmod", str(KO), *reload_args, "test_zero_delay_ms=5000"], check=True)
+    time.sleep(1)  # the worker has claimed its first granule and waits
+    rmmod()
+    subprocess.run(["insmod", str(KO), *reload_args], check=True)
+    log = kernel_log.take()
+    assert not logscan.scan(log, allow=()), log
+
+
+def test_unload_cancels_the_export_pid_quarantine_before_the_fabric_goes(
+    reload_args: list[str], hugepages: int, kernel_log: KernelLog
+) -> None:
+    """An unexported EXPORT_PID region stays pinned in a quarantine whose delayed work reads
+    the control region.  Module exit tore the fabric down (control region unmapped, its locks
+    destroyed) before it cancelled that work; with the test build's test_exit_delay_ms holding
+    exit after the fabric's teardown, the work ran then (a WARN: the fabric is gone).  Now it
+    is cancelled first, and the pages are let go at unload."""
+    if not (PARAMS / "test_exit_delay_ms").exists():
+        pytest.skip("not the suites' build of obmm_emu (no test_exit_delay_ms)")
+    buf = mmap.mmap(-1, SZ_2M, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_HUGETLB)
+    buf.write(b"pid-quarantine")
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    with obmm.Obmm() as dev:
+        exp = dev.export_pid(addr, SZ_2M)
+        dev.unexport(exp.mem_id)  # pinned for quarantine_ms (1 s) and every peer's ack
+    (PARAMS / "test_exit_delay_ms").write_text("2500")
+    kernel_log.take()
+    rmmod()
+    subprocess.run(["insmod", str(KO), *reload_args], check=True)
+    log = kernel_log.take()
+    assert not logscan.scan(log, allow=()), log
+    assert buf[:14] == b"pid-quarantine"
 
 
 # ---- module parameters as the real driver has them (ubmempool_allocator.c, obmm_cache.c) ----

@@ -145,3 +145,38 @@ def test_the_host_page_size_of_the_nodes_memory_is_noted() -> None:
     gone = Run(env=Environment.collect_host())
     cluster_hook.note_host_pages(gone, [2**22 + 7])  # no such process: nothing claimed
     assert gone.notes == [] and HOST_PAGES_KEY not in gone.env.extra
+
+
+def test_parallel_tcg_figures_bring_up_both_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's parallel-TCG stage asks bring_up for accel tcg and tcg-serial; the settings
+    refused tcg-serial (SettingsError) and the bench died before its data pair."""
+    from obmm.testbed import session
+
+    class FakeNode:
+        qemu_pid = os.getpid()
+
+        def run(self, command: str, **kw: object) -> None:
+            pass
+
+    class FakeSession:
+        nodes = (FakeNode(), FakeNode())
+
+        def __enter__(self) -> FakeSession:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    accels: list[str] = []
+
+    def fake_bring_up(settings: Settings, **kw: object) -> FakeSession:
+        accels.append(settings.accel)
+        return FakeSession()
+
+    monkeypatch.setattr(session, "bring_up", fake_bring_up)
+    figures = cluster_hook.tcg_parallel_figures(Settings(), 1, lambda _m: None)
+    assert accels == ["tcg", "tcg-serial"]
+    assert {f.name for f in figures} == {
+        "testbed.tcg.workload_wall", "testbed.tcg_serial.workload_wall",
+        "testbed.tcg.qemu_cpu", "testbed.tcg_serial.qemu_cpu",
+    }  # fmt: skip

@@ -343,3 +343,43 @@ def test_up_killed_while_booting_leaves_nothing_after_the_next_command(
     assert cl.reap_dead_owners() == ["booting"]
     assert all(_gone(pid) for pid in pids)
     assert list(run_root.iterdir()) == []
+
+
+DOWN_SCRIPT = """\
+import sys, time
+from obmm.testbed import cluster as cl
+def stuck(self):  # the teardown under way when the SIGKILL comes
+    print("stopping", flush=True)
+    time.sleep(600)
+cl.Cluster._stop = stuck
+cl.Cluster.attach(sys.argv[1]).stop()
+"""
+
+
+def test_a_down_killed_while_it_stops_leaves_nothing_after_the_next_command(
+    run_root: Path, fake_image: Image, tmp_path: Path
+) -> None:
+    """A cluster owned by nobody (`up`) becomes its stopper's: a `down` SIGKILLed during the
+    teardown leaves its hub and run directory to the reaper, not until another `down`."""
+    fake = tmp_path / "fake-qemu"
+    fake.write_text(FAKE_QEMU)
+    fake.chmod(0o755)
+    kept = start_with(str(fake), fake_image, qemu.Topology(nodes=2), name="kept", wait=False,
+                      detach=True)  # fmt: skip
+    kept.disown()
+    pids = [n.pid for n in kept.nodes] + [kept.hub_pid]
+    env = {**os.environ, "OBMM_TESTBED_RUN_ROOT": str(run_root)}
+    down = subprocess.Popen([sys.executable, "-c", DOWN_SCRIPT, "kept"], stdout=subprocess.PIPE,
+                            text=True, env=env)  # fmt: skip
+    try:
+        assert down.stdout is not None and "stopping" in down.stdout.readline()
+    finally:
+        down.kill()
+        down.wait()
+    try:
+        assert cl.reap_dead_owners() == ["kept"]
+        assert all(_gone(pid) for pid in pids if pid is not None)
+        assert list(run_root.iterdir()) == []
+    finally:
+        if cl.rundir_for("kept").exists():
+            cl.Cluster.attach("kept").stop()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import obmm.decoder as decoder_mod
 from obmm.decoder import (
     CommandDecoder,
     DecoderError,
@@ -56,8 +57,25 @@ def test_emulator_refuses_out_of_window_wrong_node_and_foreign_uba(tmp_path: Pat
 
 
 def test_emulator_without_module_says_so(tmp_path: Path) -> None:
-    with pytest.raises(DecoderError, match=r"the emulated obmm\.ko is not loaded"):
+    with pytest.raises(DecoderError, match=r"neither the emulated obmm\.ko nor ub_compat"):
         EmulatorDecoder(str(tmp_path / "none")).resolve(0, _uba(0, 0), 2 << 20)
+
+
+def test_a_scattered_uba_is_refused_with_its_reason() -> None:
+    # ub_compat's UMMU marks an export whose memory is not one physical run (bit 49).
+    with pytest.raises(DecoderError, match="not one physical run"):
+        emulator_uba_split(_uba(1, 0x3000_0000) | 1 << 49)
+
+
+def test_the_fabric_is_found_where_either_driver_publishes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    emu, compat = tmp_path / "obmm_emu", tmp_path / "ub_compat"
+    monkeypatch.setattr(decoder_mod, "FABRIC_SYSFS", (str(emu), str(compat)))
+    compat.mkdir()
+    assert decoder_mod.fabric_sysfs() == str(compat)
+    emu.mkdir()
+    assert decoder_mod.fabric_sysfs() == str(emu)
 
 
 def test_uba_split() -> None:

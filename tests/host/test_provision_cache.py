@@ -64,6 +64,31 @@ def test_a_changed_source_or_a_missing_ko_builds_again(
     assert len(builds) == 3 and kos[0].is_file()
 
 
+def test_the_suites_build_has_the_test_hooks_and_its_own_place(
+    tree: tuple[Path, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suites load obmm_emu built with OBMM_EMU_TEST=y (its test-only parameters); users'
+    bring-ups load the module without them.  Both builds live side by side, each reused."""
+    _kmod, builds = tree
+    seen: list[object] = []
+    fake = kbuild.build_modules
+
+    def spy(headers: Path, src: Path, out: Path, **kw: object) -> list[Path]:
+        seen.append(kw.get("make_vars"))
+        return fake(headers, src, out, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kbuild, "build_modules", spy)
+    out = tmp_path / "out"
+    users = provision.build_guest_modules(FakeImage(), out)  # type: ignore[arg-type]
+    suites = provision.build_guest_modules(FakeImage(), out, test_hooks=True)  # type: ignore[arg-type]
+    assert seen == [None, {"OBMM_EMU_TEST": "y"}]
+    assert users[0].parent == out / FakeImage.kernel_release
+    assert suites[0].parent == out / "test-hooks" / FakeImage.kernel_release
+    provision.build_guest_modules(FakeImage(), out)  # type: ignore[arg-type]
+    provision.build_guest_modules(FakeImage(), out, test_hooks=True)  # type: ignore[arg-type]
+    assert len(builds) == 2
+
+
 def _kmod_command(kmod: Path, out: Path, *extra: str) -> int:
     import argparse
 

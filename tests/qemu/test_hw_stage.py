@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed.guest_plugin import emulator_only_reason
+from obmm.testbed.guest_plugin import TESTBED_FABRIC_SKIP, emulator_only_reason
 from obmm.testbed.guest_suite import GuestSession
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.paths import results_dir
@@ -192,7 +192,11 @@ def _prove_stage(guest_session: GuestSession, results: Path, paths: tuple[str, .
             skips[key] = skip.get("message", "")
     as_emulator = {k for k, why in skips.items() if why == EMULATOR_REASON}
     assert as_emulator == emulator_only
-    others = {k: why for k, why in skips.items() if k not in as_emulator}
+    # testbed_fabric: runs on either testbed driver, needs the testbed's decoder windows
+    fabric = _guest_collect(guest_session, paths=paths, marker="testbed_fabric") - emulator_only
+    as_fabric = {k for k, why in skips.items() if why == TESTBED_FABRIC_SKIP}
+    assert as_fabric == fabric
+    others = {k: why for k, why in skips.items() if k not in as_emulator | as_fabric}
     assert set(others.values()) <= ENVIRONMENT_SKIPS, others
     bad = [k for k, c in cases.items() if c.find("failure") is not None or c.find("error")]
     assert bad == []

@@ -1,11 +1,35 @@
-"""Nothing left behind, whatever stops an entry point: SIGTERM twice (coreutils `timeout`, a CI
-runner cancelling), SIGINT then SIGTERM (Ctrl-C, then a kill), SIGKILL (an OOM kill), at boot,
-during the work and during the teardown.
+"""Nothing left behind, whatever stops an entry point: the whole matrix of
 
-Each case runs an entry point as its own process with a run root and a TMPDIR of its own, signals
-it at a point its output names, and then checks: exit status 130 and one line for an interrupt
-(no traceback); after at most one further `obmm-testbed` command, no QEMU or hub of it runs and
-no run directory (RAM files, sockets, pidfiles) or scratch directory of it is left.
+- entry points: `obmm-testbed up`, `obmm-testbed run`, the guest suite (pytest
+  tests/qemu/guest.guestsuite), the cluster suite (pytest tests/cluster/...), the pytest plugin
+  (a user project using obmm_nodes) and `python -m obmm.bench`;
+- signal patterns: SIGTERM twice (coreutils `timeout`, a CI runner cancelling), SIGINT then
+  SIGTERM (Ctrl-C, then a kill), SIGKILL (an OOM kill), sent to the whole process group;
+- phases: at boot, during the work, during the teardown.
+
+Each case runs the entry point as its own process with a run root and a TMPDIR of its own,
+signals it at a point a line of its output names, and then checks: for an interrupt, exit
+status 130 and one line (the suites: a non-zero status), no traceback; after at most one
+further `obmm-testbed` command, no QEMU or hub of it runs and no run directory (RAM files,
+sockets, pidfiles) or scratch directory of it is left.
+
+The phases, each named by a line (no sleeps):
+- boot: "ssh ports" (the QEMUs run, no node is ready yet);
+- work: the entry's "ready: N node(s)" / "running on" line, then a line that says the work is
+  under way (the command's own output, the test's name that pytest -v prints as it starts it,
+  the bench's "building memprobe");
+- teardown: "stopping cluster NAME", the line Cluster.stop prints on the front end's progress
+  as it begins (the work ends by itself: a command or test that returns at once).  For the
+  interrupt patterns the case also checks that the teardown held the signals (its "waits for
+  it" line), so a teardown that ended before the first signal fails the case instead of passing
+  it vacuously.  A SIGKILL has no such witness: it lands after that line, within the teardown
+  (which outlasts the reaction of this test by far: QMP quit, the QEMU's exit, the hub, the run
+  directory) or, on a very slow machine, after it; either way nothing may be left.
+
+`up` has no work or teardown phase of its own: it returns once the nodes are ready, leaving a
+cluster owned by nobody.  Its "work" is not a phase of the matrix; its teardown is the `down`
+that follows it, signalled while it stops the cluster (the next command after a SIGKILLed
+`down` is a plain `status`, like every other case).
 """
 
 from __future__ import annotations
@@ -18,7 +42,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +53,8 @@ from obmm.testbed.paths import repo_root
 STEP_TIMEOUT_S = 300.0
 #: Seconds between two signals of a pair: the second lands while the first's teardown runs.
 BETWEEN_S = 0.3
+#: How often the output is looked at for the line that names a phase.
+POLL_S = 0.01
 
 
 @dataclass
@@ -39,28 +65,55 @@ class Entry:
     env: dict[str, str]
     cwd: Path
     lines: list[str] = field(default_factory=list)
-    proc: subprocess.Popen[str] | None = None
+    partial: str = ""
+    proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Entry:
         self.proc = subprocess.Popen(
             self.argv, env=self.env, cwd=self.cwd, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         threading.Thread(target=self._read, daemon=True).start()
         return self
 
     def _read(self) -> None:
+        """Lines as they come, and the line being written (pytest -v writes a test's name when
+        it starts it, and the outcome on the same line when it ends)."""
         assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+        fd, tail = self.proc.stdout.fileno(), b""
+        while chunk := os.read(fd, 65536):
+            *done, tail = (tail + chunk).split(b"\n")
+            self.lines.extend(line.decode(errors="replace") for line in done)
+            self.partial = tail.decode(errors="replace")
+        if tail:
+            self.lines.append(tail.decode(errors="replace"))
+        self.partial = ""
 
-    def wait_for(self, text: str, timeout: float = STEP_TIMEOUT_S) -> None:
+    def stop(self) -> None:
+        """Whatever is left of it, after a failed check (its QEMUs: the `place` fixture)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def wait_for(self, *texts: str, timeout: float = STEP_TIMEOUT_S) -> None:
+        """Until a line holds each of `texts`, in this order (each after the previous one's)."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
-        while not any(text in line for line in self.lines):
-            assert self.proc.poll() is None, f"ended before {text!r}:\n" + self.output()
-            assert time.monotonic() < deadline, f"no {text!r} in {timeout} s:\n" + self.output()
-            time.sleep(0.05)
+        start = 0
+        for text in texts:
+            while (at := self._find(text, start)) is None:
+                assert self.proc.poll() is None, f"ended before {text!r}:\n" + self.output()
+                assert time.monotonic() < deadline, f"no {text!r} in {timeout} s:\n" + self.output()
+                time.sleep(POLL_S)
+            start = at + 1
+
+    def _find(self, text: str, start: int) -> int | None:
+        lines = [*self.lines, self.partial]
+        for i in range(start, len(lines)):
+            if text in lines[i]:
+                return i
+        return None
 
     def signal(self, *signals: signal.Signals) -> None:
         """Signals to the whole process group, as `timeout` and CI runners send them."""
@@ -77,7 +130,7 @@ class Entry:
         return status
 
     def output(self) -> str:
-        return "\n".join(self.lines[-60:])
+        return "\n".join([*self.lines[-60:], self.partial])
 
 
 @pytest.fixture
@@ -95,8 +148,9 @@ def place(tmp_path: Path) -> Iterator[dict[str, str]]:
     subprocess.run(["rm", "-rf", str(run_root)], check=False)
 
 
-def _qemus_under(run_root: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", run_root], capture_output=True, text=True).stdout
+def _qemus_under(run_root: str, program: str = "") -> list[int]:
+    pattern = f"{program}.*{run_root}" if program else run_root
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
     return [int(p) for p in out.split() if int(p) != os.getpid()]
 
 
@@ -132,123 +186,158 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "obmm.tools.cli", *args]
 
 
-# -- obmm-testbed run ----------------------------------------------------------------------------
+# -- the matrix ----------------------------------------------------------------------------------
+
+PATTERNS: dict[str, tuple[signal.Signals, ...]] = {
+    "term_term": (signal.SIGTERM, signal.SIGTERM),
+    "int_term": (signal.SIGINT, signal.SIGTERM),
+    "kill": (signal.SIGKILL,),
+}
+PHASES = ("boot", "work", "teardown")
+BOOT = ("ssh ports",)
+TEARDOWN = ("stopping cluster",)
 
 
-def test_run_sigterm_twice_during_the_work(place: dict[str, str], tmp_path: Path) -> None:
-    entry = Entry(_cli("run", "--nodes", "1", "--dir", "none", "--", "sleep 300"), place,
-                  tmp_path).start()  # fmt: skip
-    entry.wait_for("running on 1 node(s)")
-    entry.signal(signal.SIGTERM, signal.SIGTERM)
-    status = entry.finish()
-    _interrupted(entry, status, "obmm-testbed run: interrupted (signal 15); the cluster is stopped")
-    assert_nothing_left(place)
+@dataclass(frozen=True)
+class Case:
+    """How one entry point is started for a phase, and how it says it was interrupted."""
+
+    start: Callable[[str, dict[str, str], Path], Entry]
+    marks: dict[str, tuple[str, ...]]
+    #: The interrupted line's start (`<prog>: interrupted (signal N`); None: a suite (non-zero).
+    prog: str | None
 
 
-def test_run_sigint_then_sigterm_at_boot(place: dict[str, str], tmp_path: Path) -> None:
-    entry = Entry(_cli("run", "--nodes", "2", "--dir", "none", "--", "true"), place,
-                  tmp_path).start()  # fmt: skip
-    entry.wait_for("ssh ports")  # the QEMUs run; no node is ready yet
-    entry.signal(signal.SIGINT, signal.SIGTERM)
-    status = entry.finish()
-    _interrupted(entry, status, "obmm-testbed run: interrupted")
-    assert_nothing_left(place)
+def _pytest(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", *args]
 
 
-def test_run_sigkill_during_the_work_is_reaped_by_the_next_command(
-    place: dict[str, str], tmp_path: Path
-) -> None:
-    """The issue's case: `run` SIGKILLed; its RAM file (host memory) stayed until `down`."""
-    entry = Entry(_cli("run", "--nodes", "1", "--dir", "none", "--", "sleep 300"), place,
-                  tmp_path).start()  # fmt: skip
-    entry.wait_for("running on 1 node(s)")
-    entry.signal(signal.SIGKILL)
-    entry.finish()
-    assert list(Path(place["OBMM_TESTBED_RUN_ROOT"]).iterdir())  # left until the next command
-    assert_nothing_left(place, after_next_command=True)
+def _up(phase: str, env: dict[str, str], cwd: Path) -> Entry:
+    up = _cli("up", "--nodes", "1", "--name", "sig-up")
+    if phase == "teardown":  # `up` to the end, then its `down` is the entry signalled
+        done = subprocess.run(up, env=env, cwd=cwd, capture_output=True, text=True,
+                              timeout=STEP_TIMEOUT_S, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        # A stopped QEMU never answers the QMP quit: `down` waits out its bound (seconds)
+        # before it signals, so the signals land while it stops (a 1-node stop that went well
+        # could end before the first one, whose default action then killed the process).
+        for pid in _qemus_under(env["OBMM_TESTBED_RUN_ROOT"], "qemu-system"):
+            os.kill(pid, signal.SIGSTOP)
+        return Entry(_cli("down", "--name", "sig-up"), env, cwd).start()
+    return Entry(up, env, cwd).start()
 
 
-# -- obmm-testbed up -----------------------------------------------------------------------------
+def _run(phase: str, env: dict[str, str], cwd: Path) -> Entry:
+    command = "echo the work runs; sleep 300" if phase == "work" else "true"
+    return Entry(_cli("run", "--nodes", "1", "--dir", "none", "--", command), env, cwd).start()
 
 
-def test_up_sigterm_twice_while_it_boots(place: dict[str, str], tmp_path: Path) -> None:
-    entry = Entry(_cli("up", "--nodes", "2", "--name", "sig-up", "--snapshot", "off"), place,
-                  tmp_path).start()  # fmt: skip
-    entry.wait_for("ssh ports")
-    entry.signal(signal.SIGTERM, signal.SIGTERM)
-    status = entry.finish()
-    _interrupted(entry, status, "obmm-testbed: interrupted (signal 15)")
-    assert_nothing_left(place)
+GUEST_TESTS = {
+    "work": "tests/guest/_selftest/test_hang.py::test_sleeps_long",
+    "boot": "tests/guest/test_addr_query.py::test_last_byte",
+    "teardown": "tests/guest/test_addr_query.py::test_last_byte",
+}
 
 
-def test_up_sigkill_while_it_boots_is_reaped_by_the_next_command(
-    place: dict[str, str], tmp_path: Path
-) -> None:
-    entry = Entry(_cli("up", "--nodes", "1", "--name", "sig-upk", "--snapshot", "off"), place,
-                  tmp_path).start()  # fmt: skip
-    entry.wait_for("ssh ports")
-    entry.signal(signal.SIGKILL)
-    entry.finish()
-    assert_nothing_left(place, after_next_command=True)
+def _guest_suite(phase: str, env: dict[str, str], cwd: Path) -> Entry:
+    env = dict(env, OBMM_GUEST_PATHS=GUEST_TESTS[phase])
+    return Entry(_pytest("tests/qemu/guest.guestsuite"), env, repo_root()).start()
 
 
-# -- the suites and the plugin -------------------------------------------------------------------
+CLUSTER_TESTS = {
+    "work": "tests/cluster/test_xnode.py",
+    "boot": "tests/cluster/test_xnode.py::test_nodes_reach_each_other_on_link_local_addresses",
+    "teardown": "tests/cluster/test_xnode.py::test_nodes_reach_each_other_on_link_local_addresses",
+}
 
 
-def test_guest_suite_sigterm_twice_during_a_test(place: dict[str, str], tmp_path: Path) -> None:
-    env = dict(place, OBMM_GUEST_PATHS="tests/guest/_selftest/test_hang.py::test_sleeps_long")
-    entry = Entry([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                   "tests/qemu/guest.guestsuite"], env, repo_root()).start()  # fmt: skip
-    entry.wait_for("ready: 1 node(s)")
-    time.sleep(3)  # the guest test runs
-    entry.signal(signal.SIGTERM, signal.SIGTERM)
-    status = entry.finish()
-    assert status != 0 and "Traceback" not in entry.output(), entry.output()
-    assert_nothing_left(place)
+def _cluster_suite(phase: str, env: dict[str, str], cwd: Path) -> Entry:
+    return Entry(_pytest(CLUSTER_TESTS[phase]), env, repo_root()).start()
 
 
-def test_cluster_suite_sigint_then_sigterm_during_a_test(
-    place: dict[str, str], tmp_path: Path
-) -> None:
-    entry = Entry([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                   "tests/cluster/test_xnode.py"], place, repo_root()).start()  # fmt: skip
-    entry.wait_for("ready: 2 node(s)")
-    time.sleep(3)
-    entry.signal(signal.SIGINT, signal.SIGTERM)
-    status = entry.finish()
-    assert status != 0 and "Traceback" not in entry.output(), entry.output()
-    assert_nothing_left(place)
-
-
-def test_pytest_plugin_sigkill_during_a_test_is_reaped_by_the_next_command(
-    place: dict[str, str], tmp_path: Path
-) -> None:
-    project = tmp_path / "proj"
+def _plugin(phase: str, env: dict[str, str], cwd: Path) -> Entry:
+    project = cwd / "proj"
     project.mkdir()
-    (project / "test_slow.py").write_text(
-        "def test_slow(obmm_nodes):\n    obmm_nodes[0].run('sleep 300', timeout=600)\n"
+    command = "sleep 300" if phase == "work" else "true"
+    (project / "test_user.py").write_text(
+        "def test_user(obmm_nodes):\n"
+        "    print('the work runs', flush=True)\n"
+        f"    obmm_nodes[0].run({command!r}, timeout=600)\n"
     )
-    entry = Entry([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s",
-                   "--obmm-nodes", "1", str(project)], place, project).start()  # fmt: skip
-    entry.wait_for("ready: 1 node(s)")
-    time.sleep(2)
-    entry.signal(signal.SIGKILL)
-    entry.finish()
-    assert_nothing_left(place, after_next_command=True)
+    return Entry(_pytest("-s", "--obmm-nodes", "1", str(project)), env, project).start()
 
 
-# -- the bench -----------------------------------------------------------------------------------
+def _bench(phase: str, env: dict[str, str], cwd: Path) -> Entry:
+    # Boot and teardown: the first boot sample's 1-node cluster; the work: the data path
+    # measurements on the bench's pair (no boot samples before it).
+    boots = "" if phase == "work" else "1"
+    return Entry([sys.executable, "-m", "obmm.bench", "--skip-cold-image", "--boot-nodes",
+                  boots, "--boot-inits", "fast", "--boot-samples", "1",
+                  "--inner-loop-samples", "0", "--no-plots", "--out", str(cwd / "out")],
+                 env, cwd).start()  # fmt: skip
 
 
-def test_bench_sigterm_twice_during_its_teardown(place: dict[str, str], tmp_path: Path) -> None:
-    """The issue's case: the bench under `timeout` printed a traceback from the QMP quit of its
-    teardown and left its nodes and /dev/shm/obmm-testbed-bench-* running."""
-    entry = Entry([sys.executable, "-m", "obmm.bench", "--skip-cold-image", "--boot-nodes", "1",
-                   "--boot-inits", "fast", "--boot-samples", "1", "--no-plots", "--out",
-                   str(tmp_path / "out")], place, tmp_path).start()  # fmt: skip
-    entry.wait_for("boot 1 node(s), init fast")
-    entry.wait_for("ssh ready")
-    entry.signal(signal.SIGTERM, signal.SIGTERM)
-    status = entry.finish()
-    _interrupted(entry, status, "python -m obmm.bench: interrupted (signal 15)")
+CASES: dict[str, Case] = {
+    "up": Case(_up, {"boot": BOOT, "teardown": TEARDOWN}, "obmm-testbed"),
+    "run": Case(
+        _run,
+        {"boot": BOOT, "work": ("running on 1 node(s)", "the work runs"), "teardown": TEARDOWN},
+        "obmm-testbed run",
+    ),
+    "guest_suite": Case(
+        _guest_suite,
+        {"boot": BOOT, "work": ("ready: 1 node(s)", "test_sleeps_long"), "teardown": TEARDOWN},
+        None,
+    ),
+    "cluster_suite": Case(
+        _cluster_suite,
+        {"boot": BOOT, "work": ("ready: 2 node(s)", "test_xnode.py::"), "teardown": TEARDOWN},
+        None,
+    ),
+    "plugin": Case(
+        _plugin,
+        {"boot": BOOT, "work": ("ready: 1 node(s)", "the work runs"), "teardown": TEARDOWN},
+        None,
+    ),
+    "bench": Case(
+        _bench,
+        {"boot": BOOT, "work": ("ready: 2 node(s)", "building memprobe"), "teardown": TEARDOWN},
+        "python -m obmm.bench",
+    ),
+}
+
+MATRIX = [
+    pytest.param(entry, pattern, phase, id=f"{entry}-{pattern}-{phase}")
+    for entry, case in CASES.items()
+    for pattern in PATTERNS
+    for phase in PHASES
+    if phase in case.marks  # `up` has no work phase (the module's docstring says why)
+]
+
+
+@pytest.mark.parametrize(("entry_name", "pattern", "phase"), MATRIX)
+def test_nothing_left(
+    entry_name: str, pattern: str, phase: str, place: dict[str, str], tmp_path: Path
+) -> None:
+    case = CASES[entry_name]
+    signals = PATTERNS[pattern]
+    entry = case.start(phase, place, tmp_path)
+    try:
+        entry.wait_for(*case.marks[phase])
+        entry.signal(*signals)
+        status = entry.finish()
+    finally:
+        entry.stop()
+    if pattern == "kill":
+        if phase != "teardown":  # the run directory outlives its SIGKILLed owner ...
+            assert list(Path(place["OBMM_TESTBED_RUN_ROOT"]).iterdir()), entry.output()
+        assert_nothing_left(place, after_next_command=True)  # ... until the next command
+        return
+    if case.prog is not None:
+        _interrupted(entry, status, f"{case.prog}: interrupted (signal {signals[0].value}")
+    else:
+        assert status not in (0, -signals[0]), entry.output()
+        assert "Traceback" not in entry.output(), entry.output()
+    if phase == "teardown":  # the teardown was under way when the signals came: it held them
+        assert any("waits for it" in line for line in entry.lines), entry.output()
     assert_nothing_left(place)

@@ -42,7 +42,10 @@ static unsigned long long window_base(unsigned int node)
 	char path[96];
 	FILE *f;
 
-	snprintf(path, sizeof(path), "/sys/kernel/obmm_emu/windows/%u/base", node);
+	/* the emulator's fabric files, or the real obmm.ko's compat layer's */
+	snprintf(path, sizeof(path), "%s/windows/%u/base",
+		 access("/sys/kernel/obmm_emu", F_OK) ? "/sys/kernel/ub_compat" : "/sys/kernel/obmm_emu",
+		 node);
 	f = fopen(path, "r");
 	if (!f || fscanf(f, "%lli", &base) != 1)
 		perror(path);

@@ -3,6 +3,7 @@
     python3 -m obmm.fuzz --seed 1 --ops 2000                 # single process
     python3 -m obmm.fuzz --seed 1 --ops 300 --mode concurrent
     python3 -m obmm.fuzz --seed 1 --ops 2000 --only 3,17,42  # replay a reproducer
+    python3 -m obmm.fuzz --seed 1 --ops 2000 --record out.jsonl  # outcomes, for make fuzz-diff
 
 Prints one JSON line of figures at the end (ops, seconds, ops/s, fault injection).  On a
 failure: what failed, the replay command, the list shrunk by delta debugging with its own
@@ -28,13 +29,47 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ops", type=int, default=1000, help="operations (concurrent: race rounds)")
     p.add_argument("--mode", choices=("single", "concurrent"), default="single")
-    p.add_argument("--only", default="", help="comma-separated operation indexes to run")
+    p.add_argument("--only", default="", help="comma-separated operation indexes to run "
+                   "(concurrent: scenario names)")  # fmt: skip
     p.add_argument("--no-shrink", action="store_true", help="report the failure unshrunk")
     p.add_argument("--shrink-budget", type=float, default=300.0, help="seconds (default 300)")
     p.add_argument("--no-reload", action="store_true", help="never rmmod/insmod the module")
     p.add_argument("--no-faults", action="store_true", help="no fault injection even if present")
     p.add_argument("--verbose", "-v", action="store_true", help="print every operation")
+    p.add_argument(
+        "--record",
+        metavar="FILE",
+        help="hold nothing against the model: write each operation's outcome to FILE (JSON "
+        "lines), for comparing two drivers; no reload, no fault injection",
+    )
+    p.add_argument("--seconds", type=float, default=0.0,
+                   help="start no operation (concurrent: round) after this many seconds; "
+                   "0: no limit (a campaign sized to end by a given time)")  # fmt: skip
+    p.add_argument("--progress", metavar="FILE",
+                   help="keep the operation about to run in FILE (what is left of a run that a "
+                   "kernel bug killed)")  # fmt: skip
     return p.parse_args(argv)
+
+
+def record(args: argparse.Namespace) -> int:
+    """One run in record mode; status 1 only for a kernel report (or a failed cleanup)."""
+    engine = Engine(reload=False, faults_on=False, log=args.verbose, record=True)
+    ops = generate(args.seed, args.ops)
+    if args.only:
+        ops = select(ops, [int(i) for i in args.only.split(",") if i])
+    t0 = time.monotonic()
+    failure = engine.run(ops)
+    elapsed = time.monotonic() - t0
+    engine.close()
+    with open(args.record, "w") as out:
+        for outcome in engine.outcomes:
+            out.write(json.dumps(outcome) + "\n")
+    if failure is not None:
+        print(f"FUZZ FAILURE: {failure}", flush=True)
+    figures = {"mode": "record", "seed": args.seed, "ops": engine.ops_run,
+               "seconds": round(elapsed, 2), "failed": failure is not None}  # fmt: skip
+    print("fuzz-result " + json.dumps(figures), flush=True)
+    return 1 if failure is not None else 0
 
 
 def report(args: argparse.Namespace, failure: Failure, trace: list[str]) -> None:
@@ -49,7 +84,12 @@ def report(args: argparse.Namespace, failure: Failure, trace: list[str]) -> None
 
 
 def single(args: argparse.Namespace) -> int:
-    engine = Engine(reload=not args.no_reload, faults_on=not args.no_faults, log=args.verbose)
+    engine = Engine(
+        reload=not args.no_reload,
+        faults_on=not args.no_faults,
+        log=args.verbose,
+        progress=args.progress,
+    )
     ops = generate(args.seed, args.ops)
     if args.only:
         ops = select(ops, [int(i) for i in args.only.split(",") if i])
@@ -59,7 +99,7 @@ def single(args: argparse.Namespace) -> int:
     print(f"fuzz: seed {args.seed}, {len(ops)} ops, fault injection {fault_note}, "
           f"module reload {'on' if engine.reload_ok else 'off'}", flush=True)  # fmt: skip
     t0 = time.monotonic()
-    failure = engine.run(ops)
+    failure = engine.run(ops, deadline=t0 + args.seconds if args.seconds > 0 else None)
     elapsed = time.monotonic() - t0
     done = engine.ops_run
     status = 0
@@ -73,7 +113,9 @@ def single(args: argparse.Namespace) -> int:
     figures = {"mode": "single", "seed": args.seed, "ops": done, "seconds": round(elapsed, 2),
                "ops_per_s": round(done / elapsed, 1) if elapsed else 0.0,
                "faults": fault_note, "failed": status != 0,
-               "ms_per_kind": per_kind}  # fmt: skip
+               "count_per_kind": {k: n for k, (n, _) in sorted(engine.stats.items())},
+               "ms_per_kind": per_kind,
+               "handoffs_live_revoked": dict(sorted(engine.handoffs.items()))}  # fmt: skip
     print("fuzz-result " + json.dumps(figures), flush=True)
     return status
 
@@ -108,8 +150,12 @@ def shrink(args: argparse.Namespace, engine: Engine, ops: Sequence[Op], failure:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     try:
+        if args.record:
+            return record(args)
         if args.mode == "concurrent":
-            return race.main(args.seed, args.ops, reload=not args.no_reload)
+            only = [n for n in args.only.split(",") if n]
+            return race.main(args.seed, args.ops, reload=not args.no_reload, only=only,
+                             seconds=args.seconds)  # fmt: skip
         return single(args)
     except RuntimeError as exc:
         print(f"fuzz: {exc}", file=sys.stderr)

@@ -4,6 +4,12 @@ Each ``_op_<kind>`` resolves its operation's random words against the model (whi
 which file, which boundary value), says which errnos the model allows (0 = success), makes the
 call and updates the model from what happened.  After every step :meth:`Engine.check` compares
 the kernel's state with the model and reads the kernel log.
+
+Recording (``Engine(record=True)``, ``python3 -m obmm.fuzz --record FILE``): for comparing two
+drivers on one seed (``make fuzz-diff``).  No errno or state is held against the model (it is
+the emulator's); each operation's outcome is recorded instead: the errno of every call it made,
+the reply fields that do not depend on placement, and any check of the data or the model that
+failed.  The kernel log is still checked: a report ends the run.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import obmm
 from obmm import abi
 from obmm.abi import ffi
 from obmm.errors import errno_name
-from obmm.fuzz import faults, node
+from obmm.fuzz import faults, handoff, target
 from obmm.fuzz.model import MAX_REGION_ID, SZ_2M, SZ_4K, U64, File, Map, Model, Region
 from obmm.fuzz.ops import Op
 
@@ -63,66 +69,95 @@ class Buffer:
 
 
 class Engine:
-    def __init__(self, *, reload: bool = True, faults_on: bool = True, log: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        reload: bool = True,
+        faults_on: bool = True,
+        log: bool = False,
+        record: bool = False,
+        progress: str | None = None,
+    ) -> None:
         self.model = Model()
         self.log = log
+        self.record = record
+        #: record mode: one outcome per operation run (see the module's docstring)
+        self.outcomes: list[dict[str, object]] = []
+        self._outcome: dict[str, object] = {}
+        # the operation about to run, rewritten before each one: what a kernel bug that kills
+        # this process leaves for whoever ran it (make fuzz prints it)
+        self._progress = os.open(progress, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) \
+            if progress else -1  # fmt: skip
         self.trace: list[str] = []
-        self.fabric = node.load_fabric()
-        self.pool_total = node.pool_total()
-        self.module = node.Module()
-        self.reload_ok = reload and self.module.reloadable
-        self.faults = faults.FaultInjection.detect() if faults_on else None
-        self.kmsg = node.KernelLog()
+        self.fabric = target.load_fabric()
+        self.pool_total = target.pool_total()
+        self.module = target.Module()
+        self.reload_ok = reload and self.module.reloadable and not record
+        self.faults = faults.FaultInjection.detect() if faults_on and not record else None
+        self.kmsg = target.KernelLog()
         self.dev = obmm.Obmm()
-        if node.shmdev_ids() or node.sysfs_ids():
+        if target.shmdev_ids() or target.sysfs_ids():
             raise RuntimeError("regions exist already: the fuzzer needs an idle node")
-        self.base_refcnt = node.module_refcnt()
-        self.base_iomem = node.iomem_others()
+        self.base_refcnt = 0 if record else target.module_refcnt()
+        self.base_iomem = target.iomem_others()
         self.peers = [n for n in self.fabric.windows if n != self.fabric.node_id]
         self.buffers = self._buffers()
         self.ops_run = 0
         self.stats: dict[str, tuple[int, float]] = {}  # kind -> (count, seconds)
+        # handoff path -> [calls on a live mapping, calls on a revoked one] that reached the path
+        self.handoffs: dict[str, list[int]] = {}
 
     # ---- setup ----
 
     def _buffers(self) -> list[Buffer]:
         out = []
-        old = node.read_int(node.NR_HUGEPAGES)
+        old = target.read_int(target.NR_HUGEPAGES)
         self._hugepages_old = old
         with contextlib.suppress(OSError):
-            node.NR_HUGEPAGES.write_text(str(old + 2))
+            target.NR_HUGEPAGES.write_text(str(old + 2))
         for _ in range(2):
-            flags = node.MAP_PRIVATE | node.MAP_ANONYMOUS | node.MAP_HUGETLB
-            addr, err = node.mmap(0, SZ_2M, R | W, flags, -1, 0)
+            flags = target.MAP_PRIVATE | target.MAP_ANONYMOUS | target.MAP_HUGETLB
+            addr, err = target.mmap(0, SZ_2M, R | W, flags, -1, 0)
             if not err:
-                node.write_word(addr, bytes(8))  # fault the huge page in
+                target.write_word(addr, bytes(8))  # fault the huge page in
                 out.append(Buffer(addr, SZ_2M, True))
         # an ordinary (not hugetlb) 2 MiB-aligned range: EXPORT_PID refuses it
-        addr, err = node.mmap(0, 2 * SZ_2M, R | W, node.MAP_PRIVATE | node.MAP_ANONYMOUS, -1, 0)
+        addr, err = target.mmap(
+            0, 2 * SZ_2M, R | W, target.MAP_PRIVATE | target.MAP_ANONYMOUS, -1, 0
+        )
         if not err:
             start = (addr + SZ_2M - 1) & ~(SZ_2M - 1)
             for off in range(0, SZ_2M, SZ_4K):
-                node.write_word(start + off, b"\1" * 8)
+                target.write_word(start + off, b"\1" * 8)
             out.append(Buffer(start, SZ_2M, False))
         return out
 
     def close(self) -> None:
+        if self._progress >= 0:
+            os.close(self._progress)
+            self._progress = -1
         self.reset()
         self.dev.close()
         self.kmsg.close()
         with contextlib.suppress(OSError):
-            node.NR_HUGEPAGES.write_text(str(self._hugepages_old))
+            target.NR_HUGEPAGES.write_text(str(self._hugepages_old))
 
     # ---- running ----
 
-    def run(self, ops: Sequence[Op], *, check_every: int = 1) -> Failure | None:
-        """Run ``ops`` from an idle node; the first failure, or None.  Leaves the node idle."""
+    def run(
+        self, ops: Sequence[Op], *, check_every: int = 1, deadline: float | None = None
+    ) -> Failure | None:
+        """Run ``ops`` from an idle node; the first failure, or None.  Leaves the node idle.
+        Past ``deadline`` (time.monotonic()) no further operation starts."""
         failure: Failure | None = None
         try:
             for i, op in enumerate(ops):
                 self.step(op)
-                if (i + 1) % check_every == 0 or i == len(ops) - 1:
+                last = i == len(ops) - 1 or (deadline is not None and time.monotonic() >= deadline)
+                if (i + 1) % check_every == 0 or last:
                     self.check(op)
+                if last:
+                    break
         except Failure as exc:
             failure = exc
         try:
@@ -134,13 +169,38 @@ class Engine:
 
     def step(self, op: Op) -> None:
         handler: Callable[[Op], None] = getattr(self, f"_op_{op.kind}")
+        if self._progress >= 0:
+            line = f"op {op.index} ({op.kind}), {self.ops_run} run before it\n".encode()
+            os.pwrite(self._progress, line.ljust(80), 0)
         t0 = time.monotonic()
+        self._outcome = {"op": op.index, "kind": op.kind, "errnos": []}
         try:
             handler(op)
+        except Failure as exc:
+            if not self.record or exc.kind == "kernel":
+                raise
+            # a data, model or sysfs check failed: part of this driver's outcome
+            self._outcome["check"] = exc.kind
         finally:
             count, spent = self.stats.get(op.kind, (0, 0.0))
             self.stats[op.kind] = (count + 1, spent + time.monotonic() - t0)
+            if self.record:
+                self.outcomes.append(self._outcome)
         self.ops_run += 1
+
+    def skipped(self, op: Op, reason: str) -> bool:
+        """Record mode: leave out a call whose outcome is the emulator's own (the reason names
+        its FIDELITY row), so both drivers stay in the same state; True when left out."""
+        if not self.record:
+            return False
+        self._outcome["skipped"] = reason
+        self.note(op, f"skipped: {reason}")
+        return True
+
+    def reply(self, **fields: int) -> None:
+        """Record mode: reply fields of the operation's call that do not depend on placement."""
+        if self.record:
+            self._outcome.update(fields)
 
     def note(self, op: Op, text: str) -> None:
         line = f"[{op.index}] {op.kind} {text}"
@@ -154,6 +214,11 @@ class Engine:
         # step still prove it left nothing behind.
         allowed = allowed | self.injected(op)
         self.note(op, f"{what} -> {'ok' if got == 0 else errno_name(got)}")
+        if self.record:
+            errnos = self._outcome.setdefault("errnos", [])
+            assert isinstance(errnos, list)
+            errnos.append("ok" if got == 0 else errno_name(got))
+            return
         if got not in allowed:
             raise Failure(
                 op, "errno", f"{what}: got {names([got])}, the model allows {names(allowed)}"
@@ -260,6 +325,9 @@ class Engine:
             want = {priv_err or vendor_err}
         elif total > self._largest_free_run():
             want = {errno.ENOMEM}
+            free = self.pool_total - self.model.pool_used()
+            if total <= free and self.skipped(op, "pool placement: obmm_emu needs one free run"):
+                return
         else:
             want = {OK}
             if self.peers:
@@ -267,11 +335,17 @@ class Engine:
             if int(cmd.flags) & abi.OBMM_EXPORT_FLAG_FAST:
                 want.add(errno.ENOMEM)  # FAST takes only memory already cleared
         want |= self.injected(op)
+        if self.record and int(cmd.flags) & abi.OBMM_EXPORT_FLAG_FAST:
+            # FAST takes only cleared memory, which the real driver's pool refills and clears in
+            # the background (every mempool_refill_timeout): both start from a whole, cleared
+            # pool, so the outcome does not depend on timing
+            target.settle_pool(self.pool_total)
         _, err = self.call(op, lambda: self.dev.ioctl("OBMM_CMD_EXPORT", cmd))
         self.expect(op, f"size={sz[0]:#x} length={n} flags={int(cmd.flags):#x}", err, want)
         if err:
             return
         mem_id = int(cmd.mem_id)
+        self.reply(mem_id=mem_id)
         pa = self.dev.query_pa_by_memid(mem_id)
         self.model.regions[mem_id] = Region(
             mem_id, "export", total, pa, int(cmd.tokenid),
@@ -311,11 +385,17 @@ class Engine:
         else:
             want = {errno.EFAULT, errno.ENOMEM}
         want |= self.injected(op)
+        # the real driver sizes its page array from length first: a kernel WARN (kvmalloc over
+        # INT_MAX) from 1 TiB on
+        too_long = want == {errno.ENOMEM} and length >> 12 > os.sysconf("SC_PHYS_PAGES")
+        if too_long and self.skipped(op, "EXPORT_PID length over RAM: real WARNs (FIDELITY)"):
+            return
         _, err = self.call(op, lambda: self.dev.ioctl("OBMM_CMD_EXPORT_PID", cmd))
         self.expect(op, f"va={va:#x} length={length:#x} pid={pid}", err, want)
         if err:
             return
         mem_id = int(cmd.mem_id)
+        self.reply(mem_id=mem_id)
         segs = tuple(self.dev.query_pa_by_memid(mem_id, o) for o in range(0, length, SZ_2M))
         self.model.regions[mem_id] = Region(
             mem_id, "pid", length, segs[0], int(cmd.tokenid), allow_mmap=False,
@@ -343,6 +423,9 @@ class Engine:
             want = {errno.EINVAL}
         else:
             want = {OK}
+        importers = exp and any(i.dep == mem_id for i in self.model.regions.values())
+        if want == {OK} and importers and self.skipped(op, "UNEXPORT under an import: revokes"):
+            return  # obmm_emu revokes a loopback import (FIDELITY); real: the UMMU would fault
         cmd = abi.new("struct obmm_cmd_unexport" if exp else "struct obmm_cmd_unimport")
         cmd.mem_id = mem_id
         cmd.flags = flags
@@ -444,6 +527,7 @@ class Engine:
         if err:
             return
         mem_id = int(cmd.mem_id)
+        self.reply(mem_id=mem_id, numa_id=int(cmd.numa_id))
         self.model.regions[mem_id] = Region(
             mem_id, "import", length, addr, token, allow_mmap=not numa, numa=numa,
             dep=covering.mem_id if covering and not numa else None,
@@ -478,6 +562,8 @@ class Engine:
         self.expect(op, f"key={key}", err, want)
         if err:
             return
+        if key == 0:
+            self.reply(mem_id=int(cmd.mem_id), offset=int(cmd.offset))
         if key == 0 and hit is not None:
             got = (int(cmd.mem_id), int(cmd.offset))
             if got != (hit.mem_id, hit.offset_of(pa)):
@@ -504,6 +590,8 @@ class Engine:
         _, err = self.call(op, lambda: self.dev.ioctl(name, cmd))
         self.expect(op, f"{name[9:]} pa={key[0]:#x} length={key[1]:#x}", err, want)
         if not err:
+            if declare:
+                self.reply(numa_id=int(cmd.numa_id))
             (self.model.preimports.add if declare else self.model.preimports.discard)(key)
 
     def _op_bad_ioctl(self, op: Op) -> None:
@@ -518,7 +606,7 @@ class Engine:
             request = abi.ioc(3, "x", 8 + op.word(3) % 200, 8)
             want = {errno.ENOTTY}
         self.note(op, "")
-        err = node.raw_ioctl(fd, request, op.pick(4, (*BAD_POINTERS, 0)))
+        err = target.raw_ioctl(fd, request, op.pick(4, (*BAD_POINTERS, 0)))
         self.expect(op, f"{'shmdev' if on_shm else 'obmm'} cmd={request:#x}", err, want)
 
     # ---- shmdev files and mappings ----
@@ -594,9 +682,9 @@ class Engine:
             want.add(errno.EINVAL)
         want |= self.injected(op)
         raw = offset | (PMD_FLAG if pmd else 0)
-        map_flags = node.MAP_SHARED if shared else node.MAP_PRIVATE
+        map_flags = target.MAP_SHARED if shared else target.MAP_PRIVATE
         with self.armed(op):
-            addr, err = node.mmap(0, length, prot, map_flags, f.fd, raw)
+            addr, err = target.mmap(0, length, prot, map_flags, f.fd, raw)
         self.expect(op, f"{r.mem_id} length={length:#x} offset={offset:#x} pmd={pmd}", err, want)
         if err:
             return
@@ -623,7 +711,7 @@ class Engine:
         keep = m.granu * (1 + op.word(2) % (pieces - 1)) if pieces > 1 and op.chance(1, 50) else 0
         if keep and op.chance(3, 20) and m.granu == SZ_2M:
             keep += SZ_4K  # a cut inside a PMD granule: may_split refuses it
-        err = node.munmap(m.addr + keep, m.length - keep)
+        err = target.munmap(m.addr + keep, m.length - keep)
         allowed = {OK} if keep % m.granu == 0 else {errno.EINVAL}
         self.expect(op, f"{m.mem_id} keep={keep:#x} of {m.length:#x}", err, allowed)
         if not err:
@@ -637,7 +725,7 @@ class Engine:
         prot = op.pick(2, (R, R | W, 0))
         # write access a shared mapping of a read-only file may never get: the core says no
         want = errno.EACCES if prot & W and not m.file.write else errno.EOPNOTSUPP
-        err = node.mprotect(m.addr, length, prot)
+        err = target.mprotect(m.addr, length, prot)
         self.expect(op, f"{m.mem_id} length={length:#x} prot={prot}", err, {want})
 
     def _op_mremap(self, op: Op) -> None:
@@ -646,22 +734,22 @@ class Engine:
             return
         how = op.pick(1, ("grow", "shrink", "move"))
         if how == "grow":
-            _, err = node.mremap(m.addr, m.length, m.length + m.granu, 0)
+            _, err = target.mremap(m.addr, m.length, m.length + m.granu, 0)
             self.expect(op, f"{m.mem_id} grow", err, {errno.EFAULT})
         elif how == "shrink" and m.length > m.granu:
             keep = m.length - m.granu
-            _, err = node.mremap(m.addr, m.length, keep, 0)
+            _, err = target.mremap(m.addr, m.length, keep, 0)
             self.expect(op, f"{m.mem_id} shrink to {keep:#x}", err, {OK})
             if not err:
                 self._drop_tail(m, keep)
         elif how == "move":
-            flags = node.MAP_PRIVATE | node.MAP_ANONYMOUS | node.MAP_NORESERVE
-            spare, err = node.mmap(0, m.length, 0, flags, -1, 0)
+            flags = target.MAP_PRIVATE | target.MAP_ANONYMOUS | target.MAP_NORESERVE
+            spare, err = target.mmap(0, m.length, 0, flags, -1, 0)
             if err:
                 return
-            fixed = node.MREMAP_MAYMOVE | node.MREMAP_FIXED
-            _, err = node.mremap(m.addr, m.length, m.length, fixed, spare)
-            node.munmap(spare, m.length)
+            fixed = target.MREMAP_MAYMOVE | target.MREMAP_FIXED
+            _, err = target.mremap(m.addr, m.length, m.length, fixed, spare)
+            target.munmap(spare, m.length)
             self.expect(op, f"{m.mem_id} move", err, {errno.EOPNOTSUPP})
 
     def _op_update_range(self, op: Op) -> None:
@@ -703,6 +791,8 @@ class Engine:
                 if m.addr <= covered < m.addr + m.length:
                     covered = m.addr + m.length
             want = {OK} if covered >= end else {errno.EFAULT}
+        if want == {OK} and self.skipped(op, "UPDATE_RANGE effect: obmm_emu validates only"):
+            return  # the real driver changes the PTEs' access (NO_ACCESS: a read faults)
         _, err = self.call(
             op, lambda: obmm.ShmDev.update_range(self._as_shm(f), start, end, state, cache)
         )
@@ -746,7 +836,7 @@ class Engine:
             return  # an UPDATE_RANGE took the access away: it would fault (SIGSEGV)
         if m.can_write(off) and op.chance(2, 60):
             word = op.word(3).to_bytes(8, "little")
-            node.write_word(m.addr + off, word)
+            target.write_word(m.addr + off, word)
             phys = self.model.phys_of(m, off, self.fabric.own_base)
             if phys is not None:
                 self.model.data[phys] = word
@@ -761,7 +851,7 @@ class Engine:
             if not other.can_read(phys - o_phys0):
                 continue
             want = self._expected_word(other, phys - o_phys0)
-            got = node.read_word(other.addr + phys - o_phys0)
+            got = target.read_word(other.addr + phys - o_phys0)
             if want is not None and got != want:
                 raise Failure(
                     op, "data",
@@ -774,7 +864,7 @@ class Engine:
         if m is None:
             return
         off = (op.word(1) % m.length) & ~7
-        data, err = node.proc_mem_read(m.addr + off, 8)
+        data, err = target.proc_mem_read(m.addr + off, 8)
         revoked = self.model.regions[m.mem_id].revoked or not m.can_read(off)
         self.expect(
             op, f"/proc/self/mem {m.mem_id}+{off:#x}", err, {errno.EIO} if revoked else {OK}
@@ -783,11 +873,96 @@ class Engine:
         if want is not None and data != want:
             raise Failure(op, "data", f"/proc/self/mem read {data.hex()}, model {want.hex()}")
 
+    def _op_handoff(self, op: Op) -> None:
+        """A mapped address handed to another kernel path (obmm.fuzz.handoff): a futex,
+        vmsplice, splice, O_DIRECT, process_vm_*, EXPORT_PID, ptrace, madvise, mlock.  A live
+        mapping is touched first, as a program would (a PMD-granule 2 MiB gets its entries
+        then), and must hold what the model says before and after."""
+        m = self.pick_map(op, 0)
+        if m is None:
+            return
+        r = self.model.regions[m.mem_id]
+        names = [*sorted(handoff.PATHS), "ptrace_poke"]
+        name = op.pick(1, names)
+        off = (op.word(2) % m.length) & ~(SZ_4K - 1)
+        addr = m.addr + off
+        want_word = None if r.revoked else self._expected_word(m, off)
+        if not r.revoked:
+            got = target.read_word(addr)  # the touch
+            if want_word is not None and got != want_word:
+                raise Failure(op, "data", f"{m.mem_id}+{m.offset + off:#x} reads {got.hex()} "
+                              f"before the handoff, the model says {want_word.hex()}")  # fmt: skip
+        if name == "ptrace_poke":
+            word = op.word(3).to_bytes(8, "little")
+            _, err = handoff.ptrace_peek(addr, poke=word)
+            self._count_handoff(name, r.revoked)
+            # PTRACE_POKEDATA writes through .access, where the mapping is writable
+            allowed = {errno.EIO} if r.revoked or not m.writable else {OK}
+            self.expect(op, f"ptrace poke {m.mem_id}+{m.offset + off:#x}", err, allowed)
+            if not err:
+                phys = self.model.phys_of(m, off, self.fabric.own_base)
+                if phys is not None:
+                    self.model.data[phys] = word
+                want_word = word
+        else:
+            answer = handoff.PATHS[name]
+            value = None if r.revoked else int.from_bytes(target.read_word(addr)[:4], "little") ^ 1
+            fd = m.file.fd
+            with self.armed(op) if name == "export_pid" else contextlib.nullcontext():
+                got_err = handoff.call(name, m.addr if name.startswith(("madvise", "mlock"))
+                                       else addr, m.length, fd=fd, dev=self.dev,
+                                       value=0 if r.revoked else value)  # fmt: skip
+            if got_err is None:
+                self.note(op, f"{name}: not here")
+                return
+            self._count_handoff(name, r.revoked)
+            want = answer.revoked if r.revoked else answer.live
+            allowed = {OK if want == "ok" else getattr(errno, want)}
+            if name == "export_pid":
+                allowed |= self.injected(op)
+            self.expect(op, f"{name} {m.mem_id}+{m.offset + off:#x}", got_err, allowed)
+        if not r.revoked:
+            got = target.read_word(addr)
+            if want_word is not None and got != want_word:
+                raise Failure(op, "data", f"{m.mem_id}+{m.offset + off:#x} reads {got.hex()} "
+                              f"after {name}, the model says {want_word.hex()}")  # fmt: skip
+
+    def _count_handoff(self, name: str, revoked: bool) -> None:
+        self.handoffs.setdefault(name, [0, 0])[1 if revoked else 0] += 1
+
+    #: DECLARE_PREIMPORT lengths, block multiples: those whose block bitmap kmalloc cannot give
+    #: (above 2^52 bytes with 128 MiB blocks: ENOMEM, the real driver's errno there) and some
+    #: that a window cannot hold (EINVAL).
+    BIG_LENGTHS = (1 << 57, 1 << 60, 1 << 62, 1 << 53, 1 << 52, 1 << 45, 1 << 40)
+
+    def _op_declare_big(self, op: Op) -> None:
+        fab = self.fabric
+        block = 128 << 20
+        length = op.pick(0, self.BIG_LENGTHS)
+        pa = fab.own_base + block * (op.word(1) % 8)
+        cmd = abi.new("struct obmm_cmd_preimport")
+        cmd.pa, cmd.length, cmd.scna, cmd.numa_id, cmd.base_dist = pa, length, fab.cna, -1, 20
+        ranges = [(r.pa, r.size) for r in self.model.regions.values() if r.kind == "import"]
+        ranges += sorted(self.model.preimports)
+        bitmap = ((length // block + 63) // 64) * 8
+        if any(a < pa + length and pa < a + s for a, s in ranges):
+            want = {errno.EEXIST}
+        elif bitmap > 4 << 20:  # KMALLOC_MAX_SIZE of x86_64 and arm64 with 4 KiB pages
+            want = {errno.ENOMEM}
+        else:
+            want = {errno.EINVAL}  # outside every window
+            if bitmap > 1 << 20:
+                want.add(errno.ENOMEM)  # a costly allocation may fail
+        _, err = self.call(op, lambda: self.dev.ioctl("OBMM_CMD_DECLARE_PREIMPORT", cmd))
+        self.expect(op, f"pa={pa:#x} length={length:#x}", err, want)
+        if not err:
+            self.model.preimports.add((pa, length))
+
     def _op_fork(self, op: Op) -> None:
         pid = os.fork()
         if pid == 0:
             # VM_DONTCOPY: no obmm mapping in the child
-            code = 3 if node.mapped_bytes() else 0
+            code = 3 if target.mapped_bytes() else 0
             os._exit(code)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
@@ -795,9 +970,9 @@ class Engine:
 
     def _op_sysfs(self, op: Op) -> None:
         ids = self.model.ids()
-        dirs = [node.EMU, node.MEMPOOL / f"obmm-{0}"]
+        dirs = [target.EMU, target.MEMPOOL / f"obmm-{0}"]
         if ids:
-            dirs.append(node.SHMDEV_SYSFS / f"obmm_shmdev{ids[op.word(0) % len(ids)]}")
+            dirs.append(target.SHMDEV_SYSFS / f"obmm_shmdev{ids[op.word(0) % len(ids)]}")
         for d in dirs:
             for p in sorted(d.iterdir()) if d.is_dir() else ():
                 if p.is_file():
@@ -807,7 +982,7 @@ class Engine:
                         raise Failure(op, "sysfs", f"{p}: {exc}") from exc
         if ids:
             mem_id = ids[op.word(0) % len(ids)]
-            size = node.read_int(node.SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "size")
+            size = target.read_int(target.SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "size")
             if size != self.model.regions[mem_id].size:
                 raise Failure(op, "sysfs", f"obmm_shmdev{mem_id}/size {size:#x}")
         self.note(op, f"{len(dirs)} directories")
@@ -820,6 +995,7 @@ class Engine:
 
     def _op_reload(self, op: Op) -> None:
         if not self.reload_ok:
+            self.skipped(op, "module reload: not in record mode")
             return
         idle = self.model.idle()
         self.dev.close()
@@ -829,10 +1005,12 @@ class Engine:
         except Exception as exc:
             raise Failure(op, "reload", f"insmod: {exc}") from exc
         self.dev = obmm.Obmm()
+        if self.module.last_rmmod_s > self.module.UNLOAD_S:
+            raise Failure(op, "reload", f"rmmod took {self.module.last_rmmod_s:.1f} s")
         if ok:
-            self.fabric = node.load_fabric()
-            self.pool_total = node.pool_total()
-        self.base_refcnt = node.module_refcnt() - self.expected_refs()
+            self.fabric = target.load_fabric()
+            self.pool_total = target.pool_total()
+        self.base_refcnt = target.module_refcnt() - self.expected_refs()
         self.expect(op, f"rmmod ({'idle' if idle else 'busy'})", OK if ok else errno.EBUSY,
                     {OK} if idle else {errno.EBUSY})  # fmt: skip
 
@@ -845,47 +1023,53 @@ class Engine:
         return len(m.regions) + 2 * len(m.live_files()) + len(m.preimports)
 
     def check(self, op: Op | None) -> None:
+        if self.record:
+            # the model is the emulator's: only the kernel log holds for every driver
+            report = self.kmsg.reports()
+            if report:
+                raise Failure(op, "kernel", report)
+            return
         m = self.model
         ids = set(m.regions)
-        for what, got in (("/dev nodes", node.shmdev_ids()), ("sysfs", node.sysfs_ids())):
+        for what, got in (("/dev nodes", target.shmdev_ids()), ("sysfs", target.sysfs_ids())):
             if got != ids:
                 raise Failure(op, "state", f"{what} {sorted(got)}, model {sorted(ids)}")
-        used = node.pool_used()
+        used = target.pool_used()
         if used != m.pool_used():
             raise Failure(op, "state", f"pool used {used:#x}, live exports {m.pool_used():#x}")
-        memids, direct = node.iomem_memids()
+        memids, direct = target.iomem_memids()
         imports = {i for i, r in m.regions.items() if r.kind == "import" and not r.numa}
         numa = {i for i, r in m.regions.items() if r.numa}
         if not imports <= memids <= imports | numa or direct < len(imports):
             raise Failure(
                 op, "state", f"/proc/iomem MEMID {sorted(memids)}, imports {sorted(imports)}"
             )
-        declared = node.iomem_preimports()
+        declared = target.iomem_preimports()
         if declared != m.preimports:
             raise Failure(
                 op, "state", f"/proc/iomem PREIMPORT_UBMEM {sorted(declared)}, declared "
                 f"{sorted(m.preimports)}"
             )  # fmt: skip
-        others = node.iomem_others()
+        others = target.iomem_others()
         if others != self.base_iomem:
             gone = sorted(set(self.base_iomem) - set(others))
             new = sorted(set(others) - set(self.base_iomem))
             raise Failure(op, "state", f"/proc/iomem changed: lost {gone}, gained {new}")
         revoked = {i for i, r in m.regions.items() if r.revoked}
-        if node.revoked_ids() != revoked:
+        if target.revoked_ids() != revoked:
             raise Failure(
-                op, "state", f"revoked {sorted(node.revoked_ids())}, model {sorted(revoked)}"
+                op, "state", f"revoked {sorted(target.revoked_ids())}, model {sorted(revoked)}"
             )
-        refs = node.module_refcnt() - self.base_refcnt
+        refs = target.module_refcnt() - self.base_refcnt
         if refs != self.expected_refs():
             raise Failure(op, "state", f"module refcnt +{refs}, model +{self.expected_refs()}")
         mapped: dict[int, int] = {}
         for mp in m.maps:
             mapped[mp.mem_id] = mapped.get(mp.mem_id, 0) + mp.length
-        got_maps = node.mapped_bytes()
+        got_maps = target.mapped_bytes()
         if got_maps != mapped:
             raise Failure(op, "state", f"mapped bytes {got_maps}, model {mapped}")
-        lines = node.preimport_lines()
+        lines = target.preimport_lines()
         if lines and lines != 1 + len(m.preimports):
             raise Failure(op, "state", f"preimport_info {lines} lines, model {len(m.preimports)}")
         report = self.kmsg.reports()
@@ -897,7 +1081,7 @@ class Engine:
     def reset(self) -> None:
         m = self.model
         for mp in list(m.maps):
-            node.munmap(mp.addr, mp.length)
+            target.munmap(mp.addr, mp.length)
         m.maps.clear()
         for f in m.files:
             if f.fd >= 0:

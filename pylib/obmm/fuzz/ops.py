@@ -35,6 +35,10 @@ KINDS: dict[str, int] = {
     "sysfs": 3,
     "reload": 2,
     "drain": 1,
+    # a mapped address handed to other kernel paths (obmm.fuzz.handoff)
+    "handoff": 12,
+    # DECLARE_PREIMPORT of lengths up to 2^63 (the block bitmap's size)
+    "declare_big": 1,
 }
 
 

@@ -20,14 +20,16 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import obmm
 from obmm.errors import errno_name
-from obmm.fuzz import node
+from obmm.fuzz import target
 from obmm.fuzz.engine import Engine, Failure
 from obmm.fuzz.model import SZ_2M
 from obmm.fuzz.ops import Op
@@ -40,6 +42,8 @@ class Round:
     rng: random.Random
     engine: Engine
     calls: int = 0
+    #: the scenario's preconditions did not hold (no free memory block, no huge page): not run
+    skipped: bool = False
 
     @property
     def op(self) -> Op:
@@ -185,7 +189,7 @@ def close_vs_revocation(rd: Round) -> None:
     rd.allow(
         "UNEXPORT under a mapped import", rd.errno_of(lambda: rd.dev.unexport(exp.mem_id)), {0}
     )
-    if imp.mem_id not in node.revoked_ids():
+    if imp.mem_id not in target.revoked_ids():
         raise rd.fail(f"import {imp.mem_id} not revoked when UNEXPORT returned")
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) != signal.SIGBUS:
@@ -205,12 +209,12 @@ def export_pid_vs_exit(rd: Round) -> None:
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        flags = node.MAP_PRIVATE | node.MAP_ANONYMOUS | (node.MAP_HUGETLB if huge else 0)
-        addr, err = node.mmap(0, 2 * SZ_2M, 3, flags, -1, 0)
+        flags = target.MAP_PRIVATE | target.MAP_ANONYMOUS | (target.MAP_HUGETLB if huge else 0)
+        addr, err = target.mmap(0, 2 * SZ_2M, 3, flags, -1, 0)
         if err:
             os._exit(2)
         start = (addr + SZ_2M - 1) & ~(SZ_2M - 1) if not huge else addr
-        node.write_word(start, b"pinned!!")
+        target.write_word(start, b"pinned!!")
         os.write(w, start.to_bytes(8, "little"))
         time.sleep(life / 1000)
         os._exit(0)
@@ -219,6 +223,7 @@ def export_pid_vs_exit(rd: Round) -> None:
     os.close(r)
     if len(raw) != 8:
         os.waitpid(pid, 0)
+        rd.skipped = True
         return  # no huge page for the child: nothing to race
     va = int.from_bytes(raw, "little")
     rd.delay(life)
@@ -296,7 +301,7 @@ def unexport_vs_import(rd: Round) -> None:
     for e in errs:
         rd.allow("IMPORT racing UNEXPORT", e, {errno.EACCES})
     for i in got:
-        if i.mem_id not in node.revoked_ids():
+        if i.mem_id not in target.revoked_ids():
             raise rd.fail(f"import {i.mem_id} of a withdrawn export is not revoked")
         rd.dev.unimport(i.mem_id)
 
@@ -333,16 +338,270 @@ def rmmod_vs_open(rd: Round) -> None:
         eng.module.insmod()
         eng.dev = obmm.Obmm()
     if unloaded and unloaded[0]:
-        eng.fabric = node.load_fabric()
-        eng.pool_total = node.pool_total()
-    eng.base_refcnt = node.module_refcnt()
+        eng.fabric = target.load_fabric()
+        eng.pool_total = target.pool_total()
+    eng.base_refcnt = target.module_refcnt()
+
+
+# ---- mapped addresses faulted, touched and handed off while the region goes ----
+
+#: What the child of fault_vs_unexport runs: map the import (page or PMD granule: the PMD
+#: granule installs each 2 MiB at its first touch, in the fault), then touch random words and
+#: hand the addresses to GUP paths until revocation kills it (SIGBUS).  Exit 0 after
+#: `seconds`; 3 for a read that is not the export's pattern (it wrote nothing).
+_TOUCHER = r"""
+import os, random, sys, time
+import obmm
+from obmm.fuzz import handoff
+mem_id, size, pmd, seed, seconds = (int(a) for a in sys.argv[1:6])
+rng = random.Random(seed)
+shm = obmm.ShmDev(mem_id)
+m = shm.mmap(size, pmd=bool(pmd))
+os.write(1, b"mapped\n")
+paths = ["futex_wake", "vmsplice", "process_vm_readv", "o_direct_write", "ptrace_peek"]
+end = time.monotonic() + seconds / 1000
+while time.monotonic() < end:
+    off = rng.randrange(0, size, 4096)
+    if m.read(off, 8) != b"pattern!":
+        sys.exit(3)
+    if rng.random() < 0.2:
+        handoff.call(rng.choice(paths), m.addr + off, 4096, fd=shm.fd)
+sys.exit(0)
+"""
+
+
+def fault_vs_unexport(rd: Round) -> None:
+    """A child faults in and touches an import's mapping, handing its addresses to GUP paths,
+    while UNEXPORT revokes the import: the child ends by SIGBUS or in time, reads nothing but
+    the export's bytes, and nothing is left."""
+    size = rd.rng.choice((SZ_2M, 2 * SZ_2M))
+    exp = rd.dev.export(size)
+    with obmm.ShmDev(exp.mem_id) as shm, shm.mmap(size) as m:
+        for off in range(0, size, 4096):
+            m.write(off, b"pattern!")
+    imp = rd.loopback(exp)
+    pmd = rd.rng.random() < 0.5
+    ms = rd.rng.randint(5, 200)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TOUCHER, str(imp.mem_id), str(size), str(int(pmd)),
+         str(rd.rng.getrandbits(32)), str(ms)],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    rd.delay(ms)
+    rd.allow("UNEXPORT under a touched, handed-off import",
+             rd.errno_of(lambda: rd.dev.unexport(exp.mem_id)), {0})  # fmt: skip
+    if imp.mem_id not in target.revoked_ids():
+        raise rd.fail(f"import {imp.mem_id} not revoked when UNEXPORT returned")
+    status = proc.wait(timeout=120)
+    if status not in (0, -signal.SIGBUS):
+        raise rd.fail(f"the toucher ended with {status} (3: it read bytes not the export's)")
+    rd.until_ok("UNIMPORT after the toucher ended", lambda: rd.dev.unimport(imp.mem_id))
+
+
+def update_range_vs_mmap(rd: Round) -> None:
+    """OBMM_SHMDEV_UPDATE_RANGE over the address range a mapping had, or has, while another
+    thread maps and unmaps the region through the same file at either granule: every answer
+    is one the checks give (EFAULT once the range is no longer the region's)."""
+    exp = rd.dev.export(2 * SZ_2M)
+    n = rd.rng.randint(5, 30)
+    done = threading.Event()
+    where: list[tuple[int, int]] = []
+    shm = obmm.ShmDev(exp.mem_id)
+
+    def mapper() -> None:
+        try:
+            for _ in range(n):
+                rd.calls += 1
+                try:
+                    with shm.mmap(2 * SZ_2M, pmd=rd.rng.random() < 0.5) as m:
+                        where.append((m.addr, m.length))
+                        m.write(rd.rng.randrange(0, 2 * SZ_2M, 8), b"racing!!")
+                except OSError as exc:
+                    rd.allow("mmap racing UPDATE_RANGE", exc.errno or 0, {errno.EPERM})
+        finally:
+            done.set()
+
+    def updater() -> None:
+        while not done.is_set():
+            if not where:
+                time.sleep(0.001)
+                continue
+            addr, length = where[-1]
+            start = addr + rd.rng.choice((0, 4096, SZ_2M))
+            end = start + rd.rng.choice((4096, SZ_2M, length))
+            rd.calls += 1
+            try:
+                shm.update_range(start, end, 0x9, 4)
+                err = 0
+            except OSError as exc:
+                err = exc.errno or errno.EIO
+            rd.allow("UPDATE_RANGE racing mmap", err, {0, errno.EINVAL, errno.EFAULT})
+
+    try:
+        _run_threads(mapper, updater)
+    finally:
+        shm.close()
+    rd.until_ok("UNEXPORT after the race", lambda: rd.dev.unexport(exp.mem_id))
+
+
+# ---- signals delivered to calls that wait ----
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """A handled signal (Python installs it without SA_RESTART: a wait it ends is EINTR)."""
+
+
+def signal_vs_export_wait(rd: Round) -> None:
+    """An EXPORT that only quarantined memory could satisfy waits for it, interruptibly: a
+    signal ends the wait (EINTR), or it gets the memory; nothing is allocated either way."""
+    deadline = time.monotonic() + 10
+    while target.quarantined() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    free = target.pool_total() - target.pool_used() - target.quarantined()
+    size = (free // SZ_2M // 2) * SZ_2M
+    if size < SZ_2M:
+        rd.skipped = True
+        return
+    big = rd.dev.export(size)
+    keep = rd.dev.export(free - size) if free - size >= SZ_2M else None
+    rd.dev.unexport(big.mem_id)  # quarantined for quarantine_ms: the next EXPORT waits
+    got: list[obmm.Export] = []
+    errs: list[int] = []
+    ident: list[int] = []
+
+    def waiter() -> None:
+        ident.append(threading.get_ident())
+        try:
+            got.append(rd.dev.export(size))
+        except OSError as exc:
+            errs.append(exc.errno or 0)
+
+    def signaller() -> None:
+        rd.delay(400)
+        for _ in range(rd.rng.randint(1, 3)):
+            if ident and not (got or errs):
+                signal.pthread_kill(ident[0], signal.SIGUSR1)
+            rd.delay(50)
+
+    old = signal.signal(signal.SIGUSR1, _on_signal)
+    try:
+        _run_threads(waiter, signaller)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    rd.calls += 2
+    for e in errs:
+        rd.allow("EXPORT waiting for quarantine, signalled", e, {errno.EINTR, errno.EBUSY})
+    for exp in got:
+        rd.dev.unexport(exp.mem_id)
+    if keep is not None:
+        rd.dev.unexport(keep.mem_id)
+
+
+#: The borrowed node's page pinned by a child: it binds a buffer to node sys.argv[1], writes
+#: it, holds one page in a pipe (vmsplice), says "pinned" and waits for stdin to close.
+_PINNER = r"""
+import ctypes, mmap, os, platform, sys
+node = int(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+buf = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+mask = ctypes.c_ulong(1 << node)
+nr = {"x86_64": 237, "aarch64": 235}[platform.machine()]
+if libc.syscall(nr, ctypes.c_void_p(addr), ctypes.c_ulong(1 << 20), 2, ctypes.byref(mask),
+                ctypes.c_ulong(node + 2), 0):
+    sys.exit("mbind")
+buf[:] = b"p" * (1 << 20)
+class IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+r, w = os.pipe()
+if libc.vmsplice(w, ctypes.byref(IoVec(addr, 4096)), 1, 0) != 4096:
+    sys.exit("vmsplice")
+print("pinned", flush=True)
+sys.stdin.read()
+"""
+
+
+def signal_vs_borrow_lock(rd: Round) -> None:
+    """UNIMPORT of a borrow with a pinned page holds the hot-plug lock, retrying until a
+    signal.  A DECLARE_PREIMPORT waits for that lock as the real driver does in
+    lock_device_hotplug(): handled signals do not end that wait (no EINTR); once the UNIMPORT
+    is signalled (EINTR) the DECLARE goes on.  Then everything goes away."""
+    fab = rd.engine.fabric
+    block = 128 << 20
+    deadline = time.monotonic() + 10
+    while target.quarantined() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if target.pool_total() - target.pool_used() - target.quarantined() < block:
+        rd.skipped = True
+        return
+    exp = rd.dev.export(block)
+    addr = fab.own_base + rd.dev.query_pa_by_memid(exp.mem_id)
+    if addr % block:
+        rd.dev.unexport(exp.mem_id)
+        rd.skipped = True
+        return
+    imp = rd.dev.import_(addr, block, scna=fab.cna, tokenid=exp.tokenid,
+                         flags=obmm.abi.OBMM_IMPORT_FLAG_NUMA_REMOTE)  # fmt: skip
+    pinner = subprocess.Popen([sys.executable, "-c", _PINNER, str(imp.numa_id)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert pinner.stdout is not None and pinner.stdin is not None
+    pinned = pinner.stdout.readline().strip() == "pinned"
+    results: dict[str, int] = {}
+    idents: dict[str, int] = {}
+    pa = fab.own_base + block  # a declaration away from the borrowed range
+
+    def unimporter() -> None:
+        idents["unimport"] = threading.get_ident()
+        results["unimport"] = rd.errno_of(lambda: rd.dev.unimport(imp.mem_id))
+
+    def declarer() -> None:
+        rd.delay(300)  # the UNIMPORT holds the lock by now
+        idents["declare"] = threading.get_ident()
+        results["declare"] = rd.errno_of(lambda: rd.dev.declare_preimport(pa, block, scna=fab.cna))
+
+    def signaller() -> None:
+        rd.delay(800)
+        for _ in range(rd.rng.randint(1, 3)):
+            if "declare" in idents and "declare" not in results:
+                signal.pthread_kill(idents["declare"], signal.SIGUSR1)
+            rd.delay(100)
+        if "declare" in results and results["declare"] == errno.EINTR:
+            return
+        deadline = time.monotonic() + 60
+        while "unimport" not in results and time.monotonic() < deadline:
+            signal.pthread_kill(idents["unimport"], signal.SIGUSR1)
+            time.sleep(0.2)
+
+    old = signal.signal(signal.SIGUSR1, _on_signal)
+    try:
+        _run_threads(unimporter, declarer, signaller)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+        pinner.stdin.close()
+        pinner.wait(timeout=60)
+    failure = None
+    if pinned:
+        # the UNIMPORT ends with its signal (or in time, if the page moved after all)
+        if results.get("unimport") not in (0, errno.EINTR):
+            failure = f"UNIMPORT of a pinned borrow: {results.get('unimport')}"
+        if results.get("declare") not in (0, errno.EPERM):
+            failure = f"DECLARE waiting for the hot-plug lock, signalled: {results.get('declare')}"
+    if results.get("declare") == 0:
+        rd.dev.undeclare_preimport(pa, block)
+    if results.get("unimport") != 0:
+        rd.until_ok("UNIMPORT once the page is let go", lambda: rd.dev.unimport(imp.mem_id), 60)
+    rd.dev.unexport(exp.mem_id)
+    if failure:
+        raise rd.fail(failure)
 
 
 def scrub(dev: obmm.Obmm) -> None:
     """After a failed round: remove whatever regions it left (imports first)."""
     for kind in ("import", "export"):
-        for mem_id in sorted(node.sysfs_ids()):
-            path = node.SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "type"
+        for mem_id in sorted(target.sysfs_ids()):
+            path = target.SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "type"
             try:
                 if path.read_text().strip() != kind:
                     continue
@@ -352,6 +611,10 @@ def scrub(dev: obmm.Obmm) -> None:
 
 
 SCENARIOS: dict[str, Callable[[Round], None]] = {
+    "fault_vs_unexport": fault_vs_unexport,
+    "update_range_vs_mmap": update_range_vs_mmap,
+    "signal_vs_export_wait": signal_vs_export_wait,
+    "signal_vs_borrow_lock": signal_vs_borrow_lock,
     "unexport_vs_mmap": unexport_vs_mmap,
     "unimport_vs_mmap": unimport_vs_mmap,
     "close_vs_revocation": close_vs_revocation,
@@ -362,19 +625,29 @@ SCENARIOS: dict[str, Callable[[Round], None]] = {
 }
 
 
-def main(seed: int, rounds: int, *, reload: bool = True) -> int:
+def main(
+    seed: int, rounds: int, *, reload: bool = True, only: Sequence[str] = (), seconds: float = 0
+) -> int:
+    """``rounds`` rounds of scenarios drawn from ``seed`` (from ``only`` when given); none
+    starts after ``seconds`` (0: no limit)."""
     engine = Engine(reload=reload, faults_on=False)
     with contextlib.suppress(OSError):
-        node.NR_HUGEPAGES.write_text(str(node.read_int(node.NR_HUGEPAGES) + 2))
+        target.NR_HUGEPAGES.write_text(str(target.read_int(target.NR_HUGEPAGES) + 2))
     master = random.Random(seed)
-    names = sorted(SCENARIOS)
+    unknown = set(only) - set(SCENARIOS)
+    if unknown:
+        raise RuntimeError(f"no such scenario: {', '.join(sorted(unknown))}")
+    names = sorted(only or SCENARIOS)
     print(f"fuzz: seed {seed}, {rounds} race rounds over {', '.join(names)}, "
           f"module reload {'on' if engine.reload_ok else 'off'}", flush=True)  # fmt: skip
     t0 = time.monotonic()
     calls = 0
     status = 0
     done = 0
+    ran: dict[str, int] = {}  # scenario -> rounds whose preconditions held
     for i in range(rounds):
+        if seconds > 0 and time.monotonic() - t0 >= seconds:
+            break
         name = master.choice(names)
         rd = Round(i, name, random.Random(master.getrandbits(64)), engine)
         try:
@@ -389,11 +662,12 @@ def main(seed: int, rounds: int, *, reload: bool = True) -> int:
             break
         calls += rd.calls
         done += 1
+        ran[name] = ran.get(name, 0) + (0 if rd.skipped else 1)
     elapsed = time.monotonic() - t0
     engine.close()
     figures = {"mode": "concurrent", "seed": seed, "rounds": done,
                "ops": calls, "seconds": round(elapsed, 2),
                "ops_per_s": round(calls / elapsed, 1) if elapsed else 0.0,
-               "failed": status != 0}  # fmt: skip
+               "failed": status != 0, "rounds_run": dict(sorted(ran.items()))}  # fmt: skip
     print("fuzz-result " + json.dumps(figures), flush=True)
     return status

@@ -242,6 +242,8 @@ class Cluster:
     hub_popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
     qemu_binary: str = envvars.QEMU.default
     _ready: dict[int, Connection] = field(default_factory=dict, repr=False, compare=False)
+    #: Where the start's lines went (its front end's); the stop says it begins there too.
+    progress: Progress | None = field(default=None, repr=False, compare=False)
 
     # -- discovery --------------------------------------------------------------------------
 
@@ -353,6 +355,7 @@ class Cluster:
             # nothing (disown() hands a detached cluster to nobody once it is ready).
             owner=ownership.Owner.me(),
             qemu_binary=qemu_binary,
+            progress=progress,
         )
         key: snapshot_mod.Key | None = None
         snap: snapshot_mod.Snapshot | None = None
@@ -838,9 +841,24 @@ class Cluster:
         """Kill every QEMU (QMP quit, then SIGTERM, then SIGKILL) and remove the run dir.
 
         Once begun it finishes: SIGINT and SIGTERM meanwhile wait for it (one line says so),
-        then take effect."""
+        then take effect.  One line says it begins (on the start's progress, else stderr): the
+        few seconds until the command ends are the teardown, not a hang."""
         with interrupts.signals_deferred(f"stopping cluster {self.name}"):
+            if self.owner is None:
+                self._claim()
+            with contextlib.suppress(OSError, ValueError):  # a closed stderr stops nothing
+                progress = self.progress or Progress(f"cluster {self.name}")
+                progress.line(f"stopping cluster {self.name}")
             self._stop()
+
+    def _claim(self) -> None:
+        """A cluster owned by nobody (`up`) is this process's while it stops it: if this
+        process dies meanwhile (a SIGKILLed `down`), the next testbed command removes what is
+        left (the hub and the run directory would otherwise stay until another `down`)."""
+        self.owner = ownership.Owner.me()
+        with contextlib.suppress(OSError):
+            (self.rundir / OWNER_FILE).write_text(json.dumps(self.owner.to_dict()) + "\n")
+            self.save()
 
     def _stop(self) -> None:
         self.close_connections()

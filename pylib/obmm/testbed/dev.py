@@ -76,7 +76,10 @@ def command(args: argparse.Namespace) -> int:
     session = _session(settings, progress)
     try:
         kos = provision.module_load_order(
-            provision.build_guest_modules(session.cluster.image, results_dir() / "kmod")
+            # the guest suite's build: its tests may use the test-only parameters
+            provision.build_guest_modules(
+                session.cluster.image, results_dir() / "kmod", settings.driver, test_hooks=True
+            )
         )
         t1 = time.monotonic()
         provision.push_payload(session.nodes, kos)
@@ -106,7 +109,9 @@ def _session(settings: Settings, progress: Progress) -> Session:
             f"{settings.name}` and run dev again"
         )
     progress.line(f"no cluster {settings.name} yet: bringing one up (it stays up)")
-    session = bring_up(settings, purpose="dev", default_topology="single", detach=True)
+    session = bring_up(
+        settings, purpose="dev", default_topology="single", detach=True, test_hooks=True
+    )
     session.cluster.disown()
     _record(session, session.modules, settings.params)
     return session
@@ -129,7 +134,7 @@ def _reload_if_changed(session: Session, kos: Sequence[Path], params: Sequence[s
 
     def reload(node: Node) -> None:
         provision.unload_modules(node, kos)
-        provision.load_modules(node, topology, kos, params=params)
+        provision.load_modules(node, topology, kos, params=params, driver=session.settings.driver)
 
     on_each(session.nodes, reload)
     _record(session, kos, params)

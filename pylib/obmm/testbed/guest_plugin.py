@@ -44,6 +44,29 @@ def skip_emulator_only(items: list[pytest.Item], driver: str) -> None:
             item.add_marker(skip)
 
 
+#: Why a test marked testbed_fabric is skipped on a UB host (it runs on either testbed driver).
+TESTBED_FABRIC_SKIP = (
+    "testbed_fabric: needs the testbed's decoder windows (/sys/kernel/obmm_emu or "
+    "/sys/kernel/ub_compat); on real UB hardware decoder addresses come from management software"
+)
+
+
+def mark_for_driver(items: list[pytest.Item], driver: str) -> None:
+    """What the driver markers mean under `driver` (:func:`driver_under_test`), for both suites:
+    ``emulator_only`` skips off the emulator; ``testbed_fabric`` skips on a UB host;
+    ``real_driver_differs(reason)`` is a strict xfail on the real obmm.ko of the testbed (the
+    difference is known; the test passing there fails it, so the marker cannot go stale)."""
+    skip_emulator_only(items, driver)
+    fabric_skip = pytest.mark.skip(reason=TESTBED_FABRIC_SKIP)
+    for item in items:
+        if driver == "hardware" and item.get_closest_marker("testbed_fabric") is not None:
+            item.add_marker(fabric_skip)
+        differs = item.get_closest_marker("real_driver_differs")
+        if driver == "real" and differs is not None:
+            why = differs.args[0] if differs.args else "the real driver does otherwise"
+            item.add_marker(pytest.mark.xfail(reason=f"real_driver_differs: {why}", strict=True))
+
+
 def _longrepr(report: pytest.CollectReport | pytest.TestReport) -> str:
     if report.longrepr is None:
         return ""

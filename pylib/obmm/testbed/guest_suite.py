@@ -293,7 +293,12 @@ class GuestSession:
             if self.attach_to:
                 self.session = attach(self.settings, self.attach_to)
                 kos = provision.module_load_order(
-                    provision.build_guest_modules(self.session.cluster.image, self.results / "kmod")
+                    provision.build_guest_modules(
+                        self.session.cluster.image,
+                        self.results / "kmod",
+                        self.settings.driver,
+                        test_hooks=True,
+                    )
                 )
                 provision.push_payload(self.session.nodes, kos)
             else:
@@ -303,6 +308,7 @@ class GuestSession:
                     default_topology=self.default_topology,
                     logdir=self.logdir,
                     progress=Progress(f"{self.purpose} {self.name}"),
+                    test_hooks=True,
                 )
         except BaseException as exc:
             self.boot_error = exc

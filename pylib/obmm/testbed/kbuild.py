@@ -6,6 +6,11 @@ host's apt lists, unpacks the matching headers into a private cache (never
 the host's /usr/src) and builds every module under ``kmod/`` against them
 with ``W=1``, so host-built ``.ko`` files load in the guest.
 
+Two drivers can be built (``DRIVERS``): ``emu``, the emulated driver of ``kmod/obmm_emu``
+(with every other module of ``kmod/``), and ``real``, upstream's ``drivers/ub/obmm`` built from a
+tree given by path (:func:`obmm.testbed.paths.ub_upstream_dir`) over the compat layer
+``kmod/ub_compat`` (:func:`build_real_driver`), into a directory of its own.
+
 Debug CLI: ``python -m obmm.testbed.kbuild [--release R] [--arch A] [--out DIR]``.
 """
 
@@ -27,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from obmm import envvars
 from obmm.testbed import paths
 from obmm.testbed.errors import TestbedError
 
@@ -47,6 +53,10 @@ _MAKE_CHATTER_RE = re.compile(r"^make(\[\d+\])?: (Entering|Leaving) directory")
 
 class KbuildError(TestbedError, RuntimeError):
     """A kernel headers fetch or module build failed; the message says which step and why."""
+
+
+class UpstreamMissing(KbuildError):
+    """The upstream driver tree is not where the setting points; callers skip in one line."""
 
 
 class BuildWarningsError(KbuildError):
@@ -511,6 +521,23 @@ def _mirror_siblings(kmod_dir: Path, work: Path) -> None:
         link.symlink_to(entry.resolve())
 
 
+#: kmod/'s directories of sources built into several modules (not modules themselves).
+SHARED_SOURCE_DIRS = ("common",)
+
+
+def _copy_shared(kmod_dir: Path, work: Path) -> None:
+    """Copy the shared source directories beside the module copies, so ``$(src)/../common``
+    resolves in each module's build."""
+    for name in SHARED_SOURCE_DIRS:
+        entry = kmod_dir / name
+        if not entry.is_dir():
+            continue
+        copy = work / kmod_dir.name / name
+        if copy.exists():
+            shutil.rmtree(copy)
+        shutil.copytree(entry, copy, ignore=_build_ignore)
+
+
 def find_warnings(output: str) -> list[str]:
     """Lines of a kbuild log that are compiler, modpost or linker warnings."""
     return [line for line in output.splitlines() if _WARNING_RE.search(line)]
@@ -607,6 +634,7 @@ def _build_locked(
     warnings_as_errors: bool,
 ) -> list[Path]:
     _mirror_siblings(kmod_dir, work)
+    _copy_shared(kmod_dir, work)
     built: list[Path] = []
     for src in dirs:
         copy = work / kmod_dir.name / src.name
@@ -646,6 +674,146 @@ def _build_locked(
             time.monotonic() - started,
         )
     return built
+
+
+#: The drivers a node can run: the emulator, or upstream's obmm.ko over the compat layer.
+DRIVER_EMU = "emu"
+DRIVER_REAL = "real"
+#: The setting's choices (envvars.DRIVER, the settings' ``driver`` knob).
+DRIVERS = envvars.DRIVER.choices
+#: kmod/'s compat layer (loaded with the real driver only) and the log-scanner testhook (both).
+COMPAT_MODULE = "ub_compat"
+TESTHOOK_MODULE = "obmm_testhook"
+#: The upstream driver directory built as the real obmm.ko, and what marks a tree as one.
+UPSTREAM_DRIVER_SUBDIR = "drivers/ub/obmm"
+UPSTREAM_MARKERS = (f"{UPSTREAM_DRIVER_SUBDIR}/Makefile", "include/uapi/ub/obmm.h")
+#: The upstream headers the driver includes (hashed with its sources).
+UPSTREAM_HEADER_DIRS = ("include/uapi/ub", "include/ub")
+#: Written into the build copy of the upstream driver: our flags, then its own object list.
+UPSTREAM_KBUILD = "include $(UB_COMPAT_DIR)/upstream.mk\ninclude $(src)/Makefile\n"
+#: Beside the real driver's .ko files: the warnings upstream's sources printed (not fatal).
+UPSTREAM_WARNINGS = "upstream-warnings.txt"
+
+
+def emu_modules(kmod: Path) -> list[str]:
+    """The module directories the emulated driver's nodes load: every one but the compat layer."""
+    return [d.name for d in module_dirs(kmod) if d.name != COMPAT_MODULE]
+
+
+def check_upstream(tree: Path) -> Path:
+    """``tree`` resolved, if it is an upstream UB driver tree; else UpstreamMissing (one line)."""
+    for marker in UPSTREAM_MARKERS:
+        if not (tree / marker).is_file():
+            raise UpstreamMissing(
+                f"no upstream UB driver tree at {tree} (no {marker}): set "
+                f"${envvars.UB_UPSTREAM.name} or --upstream to an OLK kernel or "
+                "ub-os-component-dkms checkout"
+            )
+    return tree.resolve()
+
+
+def _build_upstream(
+    headers_dir: Path,
+    upstream: Path,
+    compat: Path,
+    out_dir: Path,
+    work: Path,
+    jobs: int | None,
+    make_vars: Mapping[str, str] | None,
+) -> Path:
+    """Build a copy of upstream's driver directory over the compat build in ``compat``: our
+    warnings (from the forced compat header) fail it, upstream's are written beside it."""
+    copy = work / "upstream" / Path(UPSTREAM_DRIVER_SUBDIR).name
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(upstream / UPSTREAM_DRIVER_SUBDIR, copy, ignore=_build_ignore)
+    (copy / "Kbuild").write_text(UPSTREAM_KBUILD)
+    argv = [
+        "make",
+        f"-j{jobs or os.cpu_count() or 1}",
+        "-C",
+        str(headers_dir),
+        f"M={copy}",
+        "W=1",
+        "CONFIG_OBMM=m",
+        f"UB_COMPAT_DIR={compat}",
+        f"UB_UPSTREAM_DIR={upstream}",
+        f"KBUILD_EXTRA_SYMBOLS={compat / 'Module.symvers'}",
+        *(f"{key}={value}" for key, value in (make_vars or {}).items()),
+        "modules",
+    ]
+    env = {**os.environ, "LANG": "C", "LC_CTYPE": "C", "LC_MESSAGES": "C"}
+    started = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    output = "\n".join(
+        line
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if not _MAKE_CHATTER_RE.match(line)
+    )
+    if proc.returncode != 0:
+        raise KbuildError(
+            f"upstream {UPSTREAM_DRIVER_SUBDIR}: make exited {proc.returncode}:\n{output}"
+        )
+    warnings = find_warnings(output)
+    ours = [w for w in warnings if str(compat) in w or f"/{paths.kmod_dir().name}/" in w]
+    if ours:
+        raise BuildWarningsError(f"{COMPAT_MODULE} (forced into upstream obmm)", ours, output)
+    theirs = [w for w in warnings if w not in ours]
+    (out_dir / UPSTREAM_WARNINGS).write_text("".join(f"{w}\n" for w in theirs))
+    for line in theirs:
+        log.debug("upstream obmm: %s", line)
+    ko = copy / "obmm.ko"
+    if not ko.is_file():
+        raise KbuildError(f"upstream {UPSTREAM_DRIVER_SUBDIR}: make succeeded but made no obmm.ko")
+    dest = out_dir / ko.name
+    tmp = dest.with_name(f".{ko.name}.{os.getpid()}")
+    shutil.copy2(ko, tmp)
+    os.replace(tmp, dest)
+    log.info(
+        "upstream obmm: built %s in %.1fs (%d upstream warning(s))",
+        dest,
+        time.monotonic() - started,
+        len(theirs),
+    )
+    return dest
+
+
+def build_real_driver(
+    headers_dir: Path,
+    kmod_dir: Path,
+    upstream: Path,
+    out_dir: Path,
+    *,
+    jobs: int | None = None,
+    make_vars: Mapping[str, str] | None = None,
+) -> list[Path]:
+    """The real driver's modules in ``out_dir``: the testhook and ``ub_compat.ko`` (ours, W=1:
+    a warning fails), then upstream's ``obmm.ko`` built over them (its warnings are reported
+    in ``upstream-warnings.txt``, not fatal).  UpstreamMissing when ``upstream`` is no tree."""
+    upstream = check_upstream(Path(upstream))
+    headers_dir = Path(headers_dir).resolve()
+    out_dir = Path(out_dir).resolve()
+    kmod_dir = Path(kmod_dir).resolve()
+    work = out_dir / ".build"
+    dirs = [d for d in module_dirs(kmod_dir) if d.name in (TESTHOOK_MODULE, COMPAT_MODULE)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work.with_name(work.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        kos = _build_locked(headers_dir, kmod_dir, dirs, out_dir, work, (), jobs, make_vars, True)
+        compat = work / kmod_dir.name / COMPAT_MODULE
+        kos.append(_build_upstream(headers_dir, upstream, compat, out_dir, work, jobs, make_vars))
+    return kos
+
+
+def real_sources_digest(release: str, kmod: Path, upstream: Path) -> str:
+    """sources_digest() of kmod/ plus the upstream driver's sources and headers."""
+    h = hashlib.sha256(sources_digest(release, kmod).encode())
+    for rel in (UPSTREAM_DRIVER_SUBDIR, *UPSTREAM_HEADER_DIRS):
+        for path in sorted(p for p in (upstream / rel).rglob("*") if p.is_file()):
+            h.update(f"\n{path.relative_to(upstream)}\n".encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def built_modules(build_dir: Path) -> list[Path]:
@@ -723,6 +891,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-werror", action="store_true", help="report warnings but do not fail")
     parser.add_argument(
+        "--driver",
+        choices=DRIVERS,
+        help="emu: kmod/*; real: upstream's obmm.ko over kmod/ub_compat, into "
+        f"results/kmod-real/RELEASE (default ${envvars.DRIVER.name}, else emu)",
+    )
+    parser.add_argument(
+        "--upstream",
+        type=Path,
+        help="upstream UB driver tree for --driver real (default "
+        f"${envvars.UB_UPSTREAM.name}, else the pinned copy)",
+    )
+    parser.add_argument(
         "--reuse",
         action="store_true",
         help="skip the build when the .ko files in the output are of these very sources",
@@ -737,13 +917,24 @@ def command(args: argparse.Namespace) -> int:
     from obmm.tools import elfcheck  # deferred: the library part must not need pyelftools
 
     t0 = time.monotonic()
+    real = (getattr(args, "driver", None) or envvars.DRIVER.get()) == DRIVER_REAL
+    upstream = args.upstream or paths.ub_upstream_dir() if real else None
+    if upstream is not None:
+        try:
+            upstream = check_upstream(upstream)
+        except UpstreamMissing as exc:
+            print(f"kbuild: real driver skipped: {exc}")
+            return 0
     release = args.release or debian_kernel_release(args.arch, args.suite)
     headers = fetch_headers(release, args.arch, args.cache, suite=args.suite)
     t1 = time.monotonic()
-    out = args.out or paths.results_dir() / "kmod" / release
+    out = args.out or paths.results_dir() / ("kmod-real" if real else "kmod") / release
     # Only a whole build that allows no warning is what the testbed's own builds would make.
     full = not args.modules and not args.no_werror
-    digest = sources_digest(release, args.kmod) if full else ""
+    if upstream is not None:
+        digest = real_sources_digest(release, args.kmod, upstream) if full else ""
+    else:
+        digest = sources_digest(release, args.kmod) if full else ""
     reused = reusable_build(out, digest) if full and args.reuse else None
     print(f"kbuild: headers {release} ready in {t1 - t0:.1f}s: {headers}")
     if reused is not None:
@@ -751,9 +942,22 @@ def command(args: argparse.Namespace) -> int:
         print(f"kbuild: modules unchanged since their last build, reusing {out}")
     else:
         try:
-            kos = build_modules(
-                headers, args.kmod, out, warnings_as_errors=not args.no_werror, modules=args.modules
-            )
+            if upstream is not None:
+                kos = build_real_driver(headers, args.kmod, upstream, out)
+                warned = (out / UPSTREAM_WARNINGS).read_text().splitlines()
+                print(
+                    f"kbuild: upstream obmm.ko from {upstream}: {len(warned)} upstream warning(s)"
+                )
+                for line in warned:
+                    print(f"  {line}")
+            else:
+                kos = build_modules(
+                    headers,
+                    args.kmod,
+                    out,
+                    warnings_as_errors=not args.no_werror,
+                    modules=args.modules,
+                )
         except BuildWarningsError as exc:
             # The warnings are the command's output; the error after them is their count.
             print(exc.output, file=sys.stderr)

@@ -2,8 +2,10 @@
 
 * :func:`payload_tar`: the package, uapi header, guest tests and modules, as one tarball that
   unpacks under :data:`GUEST_ROOT` (one SSH round trip);
-* :func:`build_guest_modules`: kmod/* built against the guest kernel's headers, each .ko
-  pre-flighted on the host so a bad module fails here, not as an insmod error in the guest;
+* :func:`build_guest_modules`: the driver's modules (the settings' ``driver``: the emulator of
+  kmod/, or upstream's obmm.ko over kmod/ub_compat) built against the guest kernel's headers,
+  each .ko pre-flighted on the host so a bad module fails here, not as an insmod error in the
+  guest;
 * :func:`module_load_order` and :func:`insmod_command`: which module first, with which fabric
   parameters and the user's (``--param``);
 * :func:`prepare`: all of it on every node (:func:`obmm.testbed.session.bring_up` calls it).
@@ -21,11 +23,11 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from obmm import abi
-from obmm.testbed import bytecode, kmemleak, qemu
+from obmm.testbed import bytecode, kbuild, kmemleak, qemu
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.image import Image
 from obmm.testbed.parallel import on_each
-from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir, repo_root
+from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir, repo_root, ub_upstream_dir
 from obmm.testbed.remote import GUEST_ROOT
 
 if TYPE_CHECKING:
@@ -40,6 +42,18 @@ GUEST_SELFTEST = "tests/guest/_selftest"
 
 class ProvisionError(TestbedError, RuntimeError):
     """A node could not be prepared (a module did not load)."""
+
+
+#: The real driver's pool must be full and cleared before a test exports (seconds).
+REAL_POOL_READY_TIMEOUT_S = 120
+REAL_POOL_SYSFS = "/sys/kernel/obmm_mempool/obmm-0"
+
+
+def real_driver_params(topology: qemu.Topology) -> dict[str, str]:
+    """The real obmm.ko's parameters on the testbed: its pool is all of the memory ub_compat
+    hands out (upstream's default is 1G), and after a failed allocation it fills again after
+    1 s, not 30 (tests provoke ENOMEM, and the next test needs its pool back)."""
+    return {"mempool_size": str(topology.pool_size), "mempool_refill_timeout": "1000"}
 
 
 #: What goes to a guest from the root (a checkout or the installed package data), beside the
@@ -97,28 +111,56 @@ def _package_sources(package: Path, arcname: str) -> Iterable[tuple[Path, str]]:
         yield src, f"{arcname}/{rel.as_posix()}"
 
 
-def build_guest_modules(image: Image, out: Path) -> list[Path]:
-    """Build kmod/* against the guest kernel's headers and pre-flight each .ko on the host
-    (:func:`obmm.testbed.kbuild.build_modules` plus the ELF checks).
+#: The make variable of the suites' build: obmm_emu with its test-only module parameters
+#: (kmod/obmm_emu/obmm_emu.h, "Test hooks"); every other bring-up loads the module users load.
+TEST_HOOKS_VARS = {"OBMM_EMU_TEST": "y"}
+#: Where the suites' build goes, under the `out` of :func:`build_guest_modules`.
+TEST_HOOKS_DIR = "test-hooks"
+
+
+def build_guest_modules(
+    image: Image, out: Path, driver: str = kbuild.DRIVER_EMU, *, test_hooks: bool = False
+) -> list[Path]:
+    """Build the driver's modules against the guest kernel's headers and pre-flight each .ko on
+    the host (:mod:`obmm.testbed.kbuild` plus the ELF checks); the .ko files to load.
+
+    ``emu``: kmod/* into ``out`` (ub_compat is built too, as a W=1 check, but not loaded);
+    ``test_hooks``: the suites' build of it, with the test-only module parameters, into
+    ``out/test-hooks``.  ``real``: the testhook, ub_compat and upstream's obmm.ko (tree:
+    $OBMM_UB_UPSTREAM or the pinned copy; absent: kbuild.UpstreamMissing, one line) into
+    ``out``'s sibling ``-real`` (the real driver has no test hooks).
 
     A run builds the suites' modules several times over (qemu-test, the cluster suite, the
     hardware proofs): when the sources are those of the last build into `out`, its .ko files
     are used again (still ELF-checked)."""
-    from obmm.testbed import kbuild
     from obmm.tools import elfcheck
 
+    real = driver == kbuild.DRIVER_REAL
     release = image.kernel_release
+    test_hooks = test_hooks and not real
+    if test_hooks:
+        out = out / TEST_HOOKS_DIR
     # The debug kernel's own build tree, else Debian's headers for the release.
     headers = image.kdir or kbuild.fetch_headers(release)
     # A rebuilt debug kernel keeps its release; its build tree's path names its config.
-    digest = kbuild.sources_digest(
-        release if image.kdir is None else f"{release} {image.kdir}", kmod_dir()
-    )
+    key = release if image.kdir is None else f"{release} {image.kdir}"
+    if real:
+        upstream = kbuild.check_upstream(ub_upstream_dir())
+        out = out.with_name(f"{out.name}-{kbuild.DRIVER_REAL}")
+        digest = kbuild.real_sources_digest(key, kmod_dir(), upstream)
+    else:
+        digest = kbuild.sources_digest(key + (" test-hooks" if test_hooks else ""), kmod_dir())
     kos = kbuild.reusable_build(out / release, digest)
     if kos is not None:
         log.info("modules: sources unchanged since the last build, using %s", out / release)
     else:
-        kos = kbuild.build_modules(headers, kmod_dir(), out / release)
+        if real:
+            kos = kbuild.build_real_driver(headers, kmod_dir(), upstream, out / release)
+        else:
+            kos = kbuild.build_modules(
+                headers, kmod_dir(), out / release,
+                make_vars=TEST_HOOKS_VARS if test_hooks else None,
+            )  # fmt: skip
         kbuild.record_build(out / release, digest, kos)
     symvers = elfcheck.Symvers.load(headers / "Module.symvers")
     exports = {sym for ko in kos for sym in elfcheck.module_exports(ko)}
@@ -126,6 +168,8 @@ def build_guest_modules(image: Image, out: Path) -> list[Path]:
         elfcheck.require_loadable(
             ko, kernel_release=release, arch="x86_64", symvers_path=symvers, extra_exports=exports
         )
+    if not real:
+        kos = [ko for ko in kos if ko.stem != kbuild.COMPAT_MODULE]
     return kos
 
 
@@ -133,9 +177,12 @@ DRIVER_STEMS = ("obmm_emu", "obmm")
 
 
 def module_load_order(kos: Iterable[Path]) -> list[Path]:
-    # The placeholder first: if the emulated driver's load splats, the testhook is already
-    # there for the log-scanner tests.
-    return sorted(kos, key=lambda p: (p.stem != "obmm_testhook", p.stem))
+    # The placeholder first: if the driver's load splats, the testhook is already there for the
+    # log-scanner tests.  The compat layer before the real driver, which needs its symbols.
+    first = (kbuild.TESTHOOK_MODULE, kbuild.COMPAT_MODULE)
+    return sorted(
+        kos, key=lambda p: (first.index(p.stem) if p.stem in first else len(first), p.stem)
+    )
 
 
 #: The UB controllers every node gets, named as on UB hosts (ub_bus_controller0/00001 and
@@ -215,6 +262,7 @@ def prepare(
     *,
     params: Sequence[str] = (),
     root: Path | None = None,
+    driver: str = kbuild.DRIVER_EMU,
 ) -> None:
     """The payload (one archive for all) and the modules, on every node at once; `params`
     go to the driver module."""
@@ -222,7 +270,7 @@ def prepare(
 
     def one(node: Node) -> None:
         unpack_payload(node, payload, modules)
-        load_modules(node, topology, modules, params=params)
+        load_modules(node, topology, modules, params=params, driver=driver)
 
     on_each(nodes, one)
 
@@ -259,10 +307,19 @@ def unload_modules(node: Node, modules: Sequence[Path]) -> None:
 
 
 def load_modules(
-    node: Node, topology: qemu.Topology, modules: Sequence[Path], *, params: Sequence[str] = ()
+    node: Node,
+    topology: qemu.Topology,
+    modules: Sequence[Path],
+    *,
+    params: Sequence[str] = (),
+    driver: str = kbuild.DRIVER_EMU,
 ) -> None:
     """insmod each module (from the payload) with its fabric parameters; `params` go to the
-    driver module and must be ones it declares."""
+    driver module and must be ones it declares.  The real driver (`driver`) gets its testbed
+    parameters first (the user's win) and is waited for until its pool is full."""
+    real = driver == kbuild.DRIVER_REAL
+    if real:
+        params = [*(f"{k}={v}" for k, v in real_driver_params(topology).items()), *params]
     for ko in modules:
         remote = GUEST_ROOT / "kmod" / ko.name
         declared = node.run(
@@ -276,3 +333,27 @@ def load_modules(
             dmesg = node.run("dmesg | tail -n 30", timeout=30, bare=True).out
             raise ProvisionError(f"{node.name}: `{cmd}` failed: {result.err.strip()}\n{dmesg}")
         log.info("%s: %s", node.name, cmd)
+    if real:
+        wait_real_pool(node, topology)
+
+
+def wait_real_pool(
+    node: Node, topology: qemu.Topology, timeout: float = REAL_POOL_READY_TIMEOUT_S
+) -> None:
+    """Wait until the real driver's pool holds all of its memory and what it does not use is
+    cleared: its pool thread fills it after load and refills it after an unexport or a failed
+    allocation, and an export made before takes uncleared granules in another order (so its
+    memory is not one run: ub_compat's pool.c).  At load nothing is used."""
+    want = topology.pool_size
+    script = (
+        f"d={REAL_POOL_SYSFS}; i=0; while [ $i -lt {int(timeout * 10)} ]; do "
+        "t=$(($(cat $d/total))); u=$(($(cat $d/used))); c=$(($(cat $d/available_cleared))); "
+        f"[ $t -ge {want} ] && [ $c -eq $((t - u)) ] && exit 0; sleep 0.1; i=$((i+1)); done; "
+        'echo "total $t used $u cleared $c"; exit 1'
+    )
+    result = node.run(script, timeout=timeout + 30, bare=True)
+    if not result.ok:
+        raise ProvisionError(
+            f"{node.name}: the real driver's pool did not fill to {want:#x} bytes, cleared, "
+            f"within {timeout:.0f} s: {result.out.strip() or result.err.strip()}"
+        )

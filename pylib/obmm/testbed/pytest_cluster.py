@@ -24,7 +24,8 @@ for the first test that needs it and reused; a test asking for other settings re
 ``params`` are module parameters of the driver (``["ubc_index=1", "ubc_dev=00002"]``).
 ``@pytest.mark.obmm_cluster(kernel_guard=False)`` / ``leak_check=False`` (or the ini options
 ``obmm_kernel_guard`` / ``obmm_leak_check``, ``--obmm-no-kernel-guard`` /
-``--obmm-no-leak-check``) turn a check off.
+``--obmm-no-leak-check``) turn a check off.  ``--obmm-driver real`` (ini ``obmm_driver``,
+else ``$OBMM_TESTBED_DRIVER``) loads upstream's obmm.ko over kmod/ub_compat instead of the emulator.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import pytest
 from obmm.testbed import settings as settings_mod
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.settings import Settings
+from obmm.tools import interrupts
 
 if TYPE_CHECKING:  # imported when a test uses a fixture: loading the plugin stays cheap
     from obmm.testbed.session import GuestNode
@@ -66,6 +68,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("obmm_memory_mib", "RAM per node in MiB (default: the pair topology's)")
     parser.addini("obmm_pool_mib", "export pool per node in MiB (default: the topology's)")
     parser.addini("obmm_accel", "accelerator: auto, kvm or tcg", default="")
+    parser.addini("obmm_driver", "OBMM driver: emu or real (upstream's obmm.ko)", default="")
     parser.addini("obmm_kernel_guard", "fail a test on a kernel report", type="bool", default=True)
     parser.addini("obmm_leak_check", "fail a test that leaks OBMM state", type="bool", default=True)
 
@@ -97,6 +100,7 @@ class Testbed:
         """The options over the environment over the ini file; 2 nodes unless told."""
         ini: dict[str, Any] = {k: _int_or_none(self.config.getini(v)) for k, v in INI_SHAPE.items()}
         ini["accel"] = self.config.getini("obmm_accel") or None
+        ini["driver"] = self.config.getini("obmm_driver") or None
         from_env = settings_mod.set_in_environment()
         base = Settings.from_env().replace(**{k: v for k, v in ini.items() if k not in from_env})
         settings = settings_mod.from_pytest(self.config, base)
@@ -123,6 +127,9 @@ class Testbed:
 
         self.close()
         self.boots += 1
+        # From the first boot on, SIGTERM (a CI job cancelled) unwinds like Ctrl-C: the
+        # cluster is stopped, not left to the next command (a run that boots none is untouched).
+        interrupts.install_sigterm_unwinds()
         named = wanted.replace(name=f"pytest-{os.getpid()}-{self.boots}")
         capman = self.config.pluginmanager.getplugin("capturemanager")
         if capman is not None:  # the boot's progress lines are the user's to see
@@ -136,7 +143,12 @@ class Testbed:
     def close(self) -> None:
         if self.current is not None:
             current, self.current, self.settings = self.current, None, None
-            current.close()
+            capman = self.config.pluginmanager.getplugin("capturemanager")
+            if capman is not None:  # as the boot's: the teardown's line is the user's to see
+                with capman.global_and_fixture_disabled():
+                    current.close()
+            else:
+                current.close()
 
 
 def _marker_kwargs(request: pytest.FixtureRequest) -> dict[str, Any]:

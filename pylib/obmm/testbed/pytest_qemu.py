@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
-        session.close()
+        try:
+            session.close()
+        except KeyboardInterrupt as exc:
+            # A signal the stop held until it was done: pytest's report is out and nothing
+            # would catch it here (a traceback, status 0); one line and 130 instead.
+            print(f"pytest: interrupted ({exc}); the cluster is stopped", file=sys.stderr)
+            interrupts.exiting()
+            raise SystemExit(interrupts.EXIT_INTERRUPTED) from None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -153,13 +153,16 @@ def bring_up(
     logdir: Path | None = None,
     progress: Progress | None = None,
     extra_args: Callable[[int], Sequence[str]] | None = None,
+    test_hooks: bool = False,
 ) -> Session:
     """Bring the cluster the settings describe up, ready for work.
 
     `purpose` names the front end in progress lines (`run`, `qemu-test`, ...).  The settings'
     name must be set (front ends fill their default).  `load_modules=False` stops after the
     boot (`up` without --kmod).  `detach`: the nodes outlive this process (owned by nobody
-    until `obmm-testbed down`).  On any failure, Ctrl-C included, everything started is stopped.
+    until `obmm-testbed down`).  `test_hooks`: the guest suite's build of the modules, with
+    their test-only parameters (:func:`obmm.testbed.provision.build_guest_modules`).  On any
+    failure, Ctrl-C included, everything started is stopped.
     """
     from obmm.testbed import accel as accel_mod
     from obmm.testbed.image import ensure_image, find_recipe
@@ -181,7 +184,9 @@ def bring_up(
     kos: list[Path] = []
     if load_modules:
         kos = provision.module_load_order(
-            provision.build_guest_modules(image, results_dir() / "kmod")
+            provision.build_guest_modules(
+                image, results_dir() / "kmod", settings.driver, test_hooks=test_hooks
+            )
         )
         progress.line("modules: " + (", ".join(k.name for k in kos) or "none"))
     t2 = time.monotonic()
@@ -209,7 +214,9 @@ def bring_up(
     )
     try:
         if load_modules:
-            provision.prepare(session.nodes, topology, kos, params=settings.params)
+            provision.prepare(
+                session.nodes, topology, kos, params=settings.params, driver=settings.driver
+            )
             _identify(session)  # the controller the driver made; plain `up` needs none
     except BaseException:
         session.stop()

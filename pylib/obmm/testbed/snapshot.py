@@ -41,6 +41,7 @@ from typing import Any
 from obmm.testbed import paths, qemu
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
+from obmm.tools import interrupts
 
 log = logging.getLogger(__name__)
 
@@ -304,8 +305,14 @@ async def _qmp(sockets: Sequence[Path], action: Callable[..., Any]) -> None:
 
 
 def _run_qmp(sockets: Sequence[Path], action: Callable[..., Any]) -> None:
+    # A KeyboardInterrupt raised by a signal handler inside the event loop escapes its task:
+    # asyncio logs "Task exception was never retrieved" with a traceback.  The exchange is
+    # bounded, so SIGINT/SIGTERM wait for it and then take effect.
     try:
-        asyncio.run(asyncio.wait_for(_qmp(sockets, action), QMP_TIMEOUT_S))
+        with interrupts.signals_deferred(
+            f"talking to the QEMU monitors (at most {QMP_TIMEOUT_S:.0f} s)"
+        ):
+            asyncio.run(asyncio.wait_for(_qmp(sockets, action), QMP_TIMEOUT_S))
     except SnapshotError:
         raise
     except Exception as exc:

@@ -1,13 +1,14 @@
 """`obmm-testbed` subcommands for the stages that build or test outside a booted cluster:
-kmod, kmod-matrix, hw-test, hw-preflight, patch-check; run (a cluster of its own, for your
-code) and doctor (can this host run it).  Each module keeps its options and its `command`;
-this only names them (``python -m`` on the module runs the same command, for debugging)."""
+kmod, kmod-matrix, hw-test, hw-preflight, patch-check, fuzz-diff; run (a cluster of its own,
+for your code) and doctor (can this host run it).  Each module keeps its options and its
+`command`; this only names them (``python -m`` on the module runs the same command, for
+debugging)."""
 
 from __future__ import annotations
 
 import argparse
 
-from obmm.testbed import doctor, kbuild, matrix, patchstage, run
+from obmm.testbed import doctor, fuzzdiff, kbuild, matrix, patchstage, run
 from obmm.testbed.hw import stage as hwstage
 
 
@@ -19,6 +20,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("kmod-matrix", help="build kmod/* against every kernel of the matrix")
     matrix.add_arguments(p)
     p.set_defaults(func=matrix.command)
+
+    p = sub.add_parser("fuzz-diff", help=fuzzdiff.DESCRIPTION)
+    fuzzdiff.add_arguments(p)
+    p.set_defaults(func=fuzzdiff.command)
 
     p = sub.add_parser("hw-test", help="the guest and cluster suites on real UB hosts over SSH")
     hwstage.add_arguments(p)

@@ -329,6 +329,37 @@ def touch_loop(args: argparse.Namespace) -> int:
     return 3
 
 
+def blocking(args: argparse.Namespace) -> int:
+    """One call that may block: ``unimport MEM_ID`` (of a borrow with a pinned page, which
+    retries until a signal) or ``import-numa ADDR LENGTH TOKENID`` (a NUMA_REMOTE loopback
+    IMPORT, which may wait for the hot-plug lock).  SIGUSR1 and SIGUSR2 are handled (counted;
+    no SA_RESTART: an interruptible wait returns EINTR).  Writes ``--out`` at the end:
+    ``{"errno": 0 or the errno, "signals": received, "mem_id": ..., "numa_id": ...}``."""
+    got = {"signals": 0}
+
+    def count(signum: int, frame: object) -> None:
+        got["signals"] += 1
+
+    signal.signal(signal.SIGUSR1, count)
+    signal.signal(signal.SIGUSR2, count)
+    doc: dict[str, Any] = {"errno": 0}
+    with obmm.Obmm() as dev:
+        Path(args.out + ".started").write_text(str(os.getpid()))
+        try:
+            if args.op == "unimport":
+                dev.unimport(int(args.values[0], 0))
+            else:
+                addr, length, tokenid = (int(v, 0) for v in args.values)
+                imp = dev.import_(addr, length, scna=local_cna(), tokenid=tokenid,
+                                  flags=obmm.abi.OBMM_IMPORT_FLAG_NUMA_REMOTE)  # fmt: skip
+                doc.update(mem_id=imp.mem_id, numa_id=imp.numa_id)
+        except OSError as exc:
+            doc["errno"] = exc.errno or 0
+    doc["signals"] = got["signals"]
+    Path(args.out).write_text(json.dumps(doc))
+    return 0
+
+
 # -- Engram-style rows -------------------------------------------------------------------------
 
 
@@ -455,6 +486,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pin", action="store_true", help="hold one page in a pipe until SIGUSR2")
     p.add_argument("--ready", required=True)
     p.set_defaults(func=fill)
+    p = sub.add_parser("blocking")
+    p.add_argument("op", choices=("unimport", "import-numa"))
+    p.add_argument("values", nargs="+")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=blocking)
     p = sub.add_parser("agent")
     p.set_defaults(func=agent)
     args = parser.parse_args(argv)

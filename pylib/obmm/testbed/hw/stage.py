@@ -64,6 +64,7 @@ SUITE_FILE = "tests/qemu/guest.guestsuite"
 KMSG_MARKER = "obmm-hw-test: begin"
 EXIT_PREFLIGHT = 2
 EMULATOR_ONLY_REASON = "emulator_only"
+TESTBED_FABRIC_REASON = "testbed_fabric"
 
 
 # -- the host-side session (used by pytest_qemu's items through obmm.testbed.hw.pytest_plugin) -----
@@ -405,10 +406,12 @@ def report_junit(junit: Path, outdir: Path, who: str) -> dict[str, Any]:
         "".join(f"{t}: {why}\n" for t, why in sorted(js.skipped.items()))
     )
     emu = sum(1 for why in js.skipped.values() if EMULATOR_ONLY_REASON in why)
+    fabric = sum(1 for why in js.skipped.values() if TESTBED_FABRIC_REASON in why)
     print(
         f"hw: {who}: "
         + ", ".join(f"{v} {k}" for k, v in js.counts.items())
-        + f" ({emu} skipped as emulator_only, listed in {outdir / 'skipped.txt'})",
+        + f" ({emu} skipped as emulator_only, {fabric} as testbed_fabric, listed in "
+        + f"{outdir / 'skipped.txt'})",
         flush=True,
     )
     return {"counts": js.counts, "failed": js.failed, "skipped": js.skipped}

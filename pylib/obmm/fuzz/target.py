@@ -1,4 +1,4 @@
-"""The node the fuzzer runs on: fabric, pool, module, kernel log, libc calls."""
+"""The node the fuzzer runs on (its target): fabric, pool, module, kernel log, libc calls."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import errno
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from obmm import decoder
 from obmm.tools import logscan
 
 EMU = Path("/sys/kernel/obmm_emu")
@@ -64,18 +66,20 @@ def _granu(param: Path) -> int:
 
 
 def load_fabric() -> Fabric:
-    if not EMU.is_dir() or read_int(EMU / "enabled") != 1:
+    """The fabric as obmm_emu publishes it, or (the real obmm.ko) its compat layer."""
+    root = Path(decoder.fabric_sysfs())
+    if root == EMU and (not EMU.is_dir() or read_int(EMU / "enabled") != 1):
         raise RuntimeError(f"{EMU}: the emulated obmm is not loaded with its fabric enabled")
     windows = {}
-    for w in sorted((EMU / "windows").iterdir()):
+    for w in sorted((root / "windows").iterdir()):
         windows[read_int(w / "node")] = (read_int(w / "base"), read_int(w / "size"))
     granu = _granu(MODULE_SYSFS / "parameters" / "mem_allocator_granu")
     return Fabric(
-        node_id=read_int(EMU / "node_id"),
-        cna=read_int(EMU / "cna"),
+        node_id=read_int(root / "node_id"),
+        cna=read_int(root / "cna"),
         windows=windows,
-        pool_base=read_int(EMU / "pool_base"),
-        pool_size=read_int(EMU / "pool_size"),
+        pool_base=read_int(root / "pool_base"),
+        pool_size=read_int(root / "pool_size"),
         granu=granu,
     )
 
@@ -84,8 +88,30 @@ def pool_used() -> int:
     return sum(read_int(d / "used") for d in MEMPOOL.glob("obmm-*"))
 
 
+def quarantined() -> int:
+    """Bytes of unexported memory not yet reusable (/sys/kernel/obmm_emu/quarantined)."""
+    return read_int(EMU / "quarantined")
+
+
 def pool_total() -> int:
     return sum(read_int(d / "total") for d in MEMPOOL.glob("obmm-*"))
+
+
+def settle_pool(want: int, timeout: float = 5.0) -> bool:
+    """Wait until the pool holds `want` bytes and all it does not use is cleared: at once on
+    obmm_emu, whose pool is always whole; the real obmm.ko refills and clears in the background
+    (after an unexport, a failed export).  False at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        dirs = list(MEMPOOL.glob("obmm-*"))
+        total = sum(read_int(d / "total") for d in dirs)
+        used = sum(read_int(d / "used") for d in dirs)
+        cleared = sum(read_int(d / "available_cleared") for d in dirs)
+        if dirs and total >= want and cleared == total - used:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def shmdev_ids() -> set[int]:
@@ -201,8 +227,15 @@ class Module:
     def reloadable(self) -> bool:
         return self.ko.is_file()
 
+    #: rmmod returns within this (an idle module: no worker may keep it; busy: EBUSY at once)
+    UNLOAD_S = 5.0
+
     def rmmod(self) -> bool:
-        return subprocess.run(["rmmod", MODULE], capture_output=True).returncode == 0
+        """rmmod; whether it unloaded.  The seconds it took are in ``last_rmmod_s``."""
+        t0 = time.monotonic()
+        done = subprocess.run(["rmmod", MODULE], capture_output=True).returncode == 0
+        self.last_rmmod_s = time.monotonic() - t0
+        return done
 
     def insmod(self) -> None:
         if not MODULE_SYSFS.is_dir():
