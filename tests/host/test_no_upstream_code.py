@@ -1,7 +1,8 @@
-"""Nothing of the upstream UB driver tree is in the project.
+"""Nothing of the upstream UB driver tree, or of upstream libobmm, is in the project.
 
 The pinned tree (``obmm.testbed.paths.ub_upstream_dir()``) is an input the real-driver build reads
-by path, never a source of ours.  Under kmod/, pylib/ and tests/ (and examples/) no file may
+by path, never a source of ours; so is the pinned libobmm (``paths.libobmm_source_dir()``), which
+the cluster suite builds in the nodes and whose lines count as upstream's when it is there.  Under kmod/, pylib/ and tests/ (and examples/) no file may
 carry its copyright header, be a copy of one of its files, or hold a block of its lines (four
 non-trivial lines in a row that are, whitespace aside, lines of the tree).  Single lines may
 match: format strings the driver prints that ours must match, the UAPI's names; and the lines
@@ -65,11 +66,15 @@ def read_lines(path: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def upstream_lines() -> set[str]:
-    tree = upstream_tree()
     found: set[str] = set()
-    for path in tree.rglob("*"):
-        if path.is_file() and path.suffix in UPSTREAM_SUFFIXES and path.stat().st_size < 2 << 20:
-            found.update(n for n in map(normalise, read_lines(path)) if not trivial(n))
+    for tree in (upstream_tree(), paths.libobmm_source_dir()):
+        for path in tree.rglob("*"):
+            if (
+                path.is_file()
+                and path.suffix in UPSTREAM_SUFFIXES
+                and path.stat().st_size < 2 << 20
+            ):
+                found.update(n for n in map(normalise, read_lines(path)) if not trivial(n))
     return found
 
 
@@ -135,6 +140,15 @@ def test_the_checks_see_a_copy(upstream_lines: set[str], tmp_path: Path) -> None
     source = tree / "drivers" / "ub" / "obmm" / "obmm_core.c"
     lines = [normalise(ln) for ln in read_lines(source)]
     assert copied_blocks(lines[100:200], upstream_lines)
+    assert any(UPSTREAM_COPYRIGHT.search(ln) for ln in read_lines(source))
+
+
+def test_the_checks_see_a_copy_of_libobmm(upstream_lines: set[str]) -> None:
+    source = paths.libobmm_source_dir() / "libobmm.c"
+    if not source.is_file():
+        pytest.skip(f"no libobmm source tree at {source.parent} (${envvars.LIBOBMM_SOURCE.name})")
+    lines = [normalise(ln) for ln in read_lines(source)]
+    assert copied_blocks(lines, upstream_lines)
     assert any(UPSTREAM_COPYRIGHT.search(ln) for ln in read_lines(source))
 
 
