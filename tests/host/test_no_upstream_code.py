@@ -2,9 +2,10 @@
 
 The pinned tree (``obmm.testbed.paths.ub_upstream_dir()``) is an input the real-driver build reads
 by path, never a source of ours; so is the pinned libobmm (``paths.libobmm_source_dir()``), which
-the cluster suite builds in the nodes and whose lines count as upstream's when it is there.  Under kmod/, pylib/ and tests/ (and examples/) no file may
-carry its copyright header, be a copy of one of its files, or hold a block of its lines (four
-non-trivial lines in a row that are, whitespace aside, lines of the tree).  Single lines may
+the cluster suite builds in the nodes and whose lines count as upstream's when it is there.
+Under kmod/, pylib/ and tests/ (and examples/) no file may carry an upstream copyright header,
+be a copy of an upstream file, or hold a block of upstream lines (four non-trivial lines in a
+row that are, whitespace aside, lines of a tree).  Single lines may
 match: format strings the driver prints that ours must match, the UAPI's names; and the lines
 that name an interface we implement (a function's head or prototype, its EXPORT_SYMBOL) are not
 counted at all, since they must be the same.  Patches count only the lines they add (their
