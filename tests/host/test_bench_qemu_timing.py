@@ -171,6 +171,7 @@ def test_parallel_tcg_figures_bring_up_both_variants(monkeypatch: pytest.MonkeyP
 
     def fake_bring_up(settings: Settings, **kw: object) -> FakeSession:
         accels.append(settings.accel)
+        assert kw.get("test_hooks"), "the workload is guest-suite tests: the suites' build"
         return FakeSession()
 
     monkeypatch.setattr(session, "bring_up", fake_bring_up)
