@@ -264,31 +264,35 @@ def test_every_slot_live_with_a_stuck_seq_keeps_b_bounded(xc: ClusterHarness) ->
         xc.py(A, RESTORE_RECORDS)
 
 
+FORGE_RECORD = (
+    "import ctlpoke\nc = ctlpoke.Ctl()\n"
+    "boot = c.u64(c.node(0) + ctlpoke.N_BOOT_ID)\n"
+    "s = [s for s in range(1024) if c.u32(c.record(0, s) + 4) != 1][-1]\n"
+    "o = c.record(0, s)\n"
+    "c.set64(o + ctlpoke.R_BOOT, boot); c.set64(o + ctlpoke.R_PA, {pa})\n"
+    "c.set64(o + ctlpoke.R_SIZE, {size}); c.set32(o + ctlpoke.R_TOKEN, {token})\n"
+    "c.set32(o + ctlpoke.R_FLAGS, 0); c.set32(o + ctlpoke.R_STATE, 1)\n"
+)
+
+
 def test_a_record_claiming_more_than_the_window_grants_nothing_outside_it(
     xc: ClusterHarness,
 ) -> None:
+    """A forged live record of A, one at a time (IMPORT does not check the token, so any live
+    record covering a range binds an import to it): one claiming [0, 2^63) still lets no
+    import past the window's end; one that wraps past 2^64 covers nothing, so an import of the
+    window's start is made revoked."""
+    cases = [
+        ((0, 1 << 63), "base + size - (2 << 20)", "4 << 20", 22),  # straddles the end: EINVAL
+        (((1 << 64) - (2 << 20), 4 << 20), "base", "2 << 20", 0),  # covers nothing: revoked
+    ]
     xc.py(A, SAVE_RECORDS)
     try:
-        # two forged live records of A: [0, 2^63) and one that wraps past 2^64
-        xc.py(
-            A,
-            "import ctlpoke\nc = ctlpoke.Ctl()\n"
-            "boot = c.u64(c.node(0) + ctlpoke.N_BOOT_ID)\n"
-            "free = [s for s in range(1024) if c.u32(c.record(0, s) + 4) != 1][-2:]\n"
-            "for s, (pa, size, tok) in zip(free, [(0, 1 << 63, 0x12345),\n"
-            "                                      ((1 << 64) - (2 << 20), 4 << 20, 0x54321)]):\n"
-            "    o = c.record(0, s)\n"
-            "    c.set64(o + ctlpoke.R_BOOT, boot); c.set64(o + ctlpoke.R_PA, pa)\n"
-            "    c.set64(o + ctlpoke.R_SIZE, size); c.set32(o + ctlpoke.R_TOKEN, tok)\n"
-            "    c.set32(o + ctlpoke.R_FLAGS, 0); c.set32(o + ctlpoke.R_STATE, 1)\n",
-        )
-        cases = [
-            ("base + size - (2 << 20)", "4 << 20", 0x12345, 22),  # straddles the end: EINVAL
-            ("base", "2 << 20", 0x54321, 0),  # the wrapping record covers nothing: revoked
-        ]
-        for addr, length, token, want in cases:
+        for (pa, size), addr, length, want in cases:
+            xc.py(A, RESTORE_RECORDS)
+            xc.py(A, FORGE_RECORD.format(pa=pa, size=size, token=0x12345))
             doc = json.loads(
-                xc.py(B, RAW_IMPORT.format(node=A, addr=addr, length=length, token=token)).out
+                xc.py(B, RAW_IMPORT.format(node=A, addr=addr, length=length, token=0)).out
             )
             assert doc["errno"] == want, (addr, length, doc)
             assert want != 0 or doc["revoked"], (addr, length, doc)
