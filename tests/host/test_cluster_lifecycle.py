@@ -383,3 +383,35 @@ def test_a_down_killed_while_it_stops_leaves_nothing_after_the_next_command(
     finally:
         if cl.rundir_for("kept").exists():
             cl.Cluster.attach("kept").stop()
+
+
+def test_a_cluster_of_nobody_is_reaped_once_nothing_of_it_runs(
+    run_root: Path, fake_image: Image, tmp_path: Path
+) -> None:
+    """An `up` cluster whose QEMUs and hub died (a host OOM kill), and a run directory from
+    before owners were recorded (no owner file): only their RAM files are left, holding host
+    memory, and the next command removes them; `gc` had said "nothing left behind"."""
+    fake = tmp_path / "fake-qemu"
+    fake.write_text(FAKE_QEMU)
+    fake.chmod(0o755)
+    names = ("kept", "legacy")
+    for name in names:
+        cluster = start_with(str(fake), fake_image, qemu.Topology(nodes=2), name=name,
+                             wait=False, detach=True)  # fmt: skip
+        cluster.disown()
+    (cl.rundir_for("legacy") / cl.OWNER_FILE).unlink()
+    try:
+        assert cl.reap_dead_owners() == []  # both run: left alone
+        for name in names:
+            cluster = cl.Cluster.attach(name)
+            for pid in [n.pid for n in cluster.nodes] + [cluster.hub_pid]:
+                if pid is None:
+                    continue  # one node: no hub
+                os.kill(pid, signal.SIGKILL)
+                assert _gone(pid)
+        assert cl.reap_dead_owners() == ["kept", "legacy"]
+        assert list(run_root.iterdir()) == []
+    finally:
+        for name in names:
+            if cl.rundir_for(name).exists():
+                cl.Cluster.attach(name).stop()

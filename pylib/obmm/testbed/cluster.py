@@ -958,22 +958,35 @@ def run_dir_owner(rundir: Path) -> tuple[bool, ownership.Owner | None]:
 def reap_dead_owners() -> list[str]:
     """Stop and remove every cluster whose owner process is dead (its QEMUs and hub are killed
     if any still run; the run directory with its RAM files, sockets and pidfiles goes).
-    Clusters with a live owner, and those owned by nobody (``up``, ``run --keep``), are never
-    touched.  The names of the clusters removed.  (Scratch: :func:`ownership.reap_scratch`.)"""
+    Clusters with a live owner are never touched; those owned by nobody (``up``, ``run
+    --keep``) or by no record (a run directory from before owners were recorded) only once
+    nothing of them runs: no node and no hub alive, only RAM files holding host memory.  The
+    names of the clusters removed.  (Scratch: :func:`ownership.reap_scratch`.)"""
     removed = []
     root = run_root()
     if root.is_dir():
         for rundir in sorted(root.glob(f"{RUN_PREFIX}*")):
             recorded, owner = run_dir_owner(rundir)
-            if not recorded or owner is None or owner.alive():
-                continue
             name = rundir.name[len(RUN_PREFIX) :]
+            if owner is not None and owner.alive():
+                continue
+            if (not recorded or owner is None) and not _nothing_runs(name):
+                continue
             # No state.json: a start killed early; nothing was launched from it.
             with contextlib.suppress(ClusterError):
                 Cluster.attach(name).stop()
             shutil.rmtree(rundir, ignore_errors=True)
             removed.append(name)
     return removed
+
+
+def _nothing_runs(name: str) -> bool:
+    """Whether the cluster `name` has state and neither a node nor its hub is alive."""
+    try:
+        cluster = Cluster.attach(name)
+    except ClusterError:
+        return False  # no state: maybe a start under way, of a version without owners
+    return not any(n.alive() for n in cluster.nodes) and not cluster.hub_alive()
 
 
 def stop_all_stale() -> list[str]:
