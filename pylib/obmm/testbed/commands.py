@@ -200,7 +200,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     names = reap_dead_owners()
     scratch = ownership.reap_scratch()
     for name in names:
-        print(f"cluster {name}: its owner died; removed")
+        print(f"cluster {name}: no live owner; stopped and removed")
     for path in scratch:
         print(f"scratch {path}: its owner died; removed")
     if not names and not scratch:
