@@ -156,3 +156,25 @@ def test_no_operation_starts_past_the_deadline(monkeypatch: pytest.MonkeyPatch) 
 def test_seconds_is_an_option() -> None:
     assert parse(["--seconds", "90"]).seconds == 90.0
     assert parse([]).seconds == 0.0
+
+
+def test_a_handoff_never_touches_an_address_the_mapping_does_not_let_it_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A handoff touches the address first, as a program would; on a PROT_NONE mapping (or one
+    an UPDATE_RANGE made NO_ACCESS) that touch is a SIGSEGV that killed the fuzzer (fuzz-diff,
+    seed 1, once #27's ownership and #24's handoffs met)."""
+    from obmm.fuzz import engine as engine_mod
+    from obmm.fuzz.model import NO_ACCESS, File, Map, Model, Region
+
+    touched: list[int] = []
+    monkeypatch.setattr(engine_mod.target, "read_word", lambda addr: touched.append(addr))
+    engine = engine_mod.Engine.__new__(engine_mod.Engine)
+    engine.trace, engine.log, engine.record = [], False, False
+    engine.model = Model()
+    engine.model.regions[1] = Region(mem_id=1, kind="export", size=2 << 20, pa=1 << 32)
+    f = File(fid=1, fd=-1, mem_id=1, read=True, write=True, sync=False)
+    engine.model.maps.append(Map(addr=1 << 30, length=2 << 20, mem_id=1, file=f, offset=0,
+                                 writable=True, granu=2 << 20, access=[NO_ACCESS]))  # fmt: skip
+    engine._op_handoff(Op(0, "handoff", (0,) * 6))
+    assert touched == []

@@ -886,6 +886,10 @@ class Engine:
         name = op.pick(1, names)
         off = (op.word(2) % m.length) & ~(SZ_4K - 1)
         addr = m.addr + off
+        if not m.can_read(off):
+            # PROT_NONE, or an UPDATE_RANGE took the access away: the touch would fault
+            self.note(op, f"{name}: {m.mem_id}+{m.offset + off:#x} is not readable here")
+            return
         want_word = None if r.revoked else self._expected_word(m, off)
         if not r.revoked:
             got = target.read_word(addr)  # the touch

@@ -155,8 +155,17 @@ class Side:
         with self.session.connect(0) as conn:
             result = conn.run(cmd, timeout=timeout)
         if "fuzz-result" not in result.out:
+            # stderr carries the records (JSON lines) and whatever else the fuzzer said
+            lines = result.err.splitlines()
+            said = [ln for ln in lines if not ln.startswith("{")]
+            done = len(lines) - len(said)
+            # the guest shell's status: 128 + N for a fuzzer killed by signal N
+            died = f" (signal {result.exit_status - 128}: see the node's console)" \
+                if result.exit_status > 128 else ""  # fmt: skip
             raise FuzzDiffError(
-                f"{self.driver}: the fuzzer did not finish: {result.out.strip()[-2000:]}"
+                f"{self.driver}: the fuzzer did not finish: exit status "
+                f"{result.exit_status}{died}, after {done} operation(s); "
+                f"stdout: {result.out.strip()[-1500:]!r}; stderr: " + "\n".join(said)[-1500:]
             )
         failure = next((ln for ln in result.out.splitlines() if ln.startswith("FUZZ FAILURE")), "")
         return parse_records(result.err), failure
