@@ -124,6 +124,10 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
         "(each borrow without numa_id takes a new one; preimport declarations reserve theirs)",
     ),
     ("IMPORT", "EAGAIN"): ("the preimport range is not ready yet",),
+    ("IMPORT", "ENOMEM"): (
+        "the kernel could not allocate the region's bookkeeping (obmm_import.c:obmm_import, "
+        "obmm_addr_check.c:occupy_pa_range, obmm_resource.c:setup_ubmem_resource)",
+    ),
     ("ADDR_QUERY", "ENOENT"): ("no active region contains this PA, or no such mem_id",),
     ("ADDR_QUERY", "EINVAL"): ("offset >= region size", "unknown key_type"),
     ("DECLARE_PREIMPORT", "EINVAL"): (
@@ -139,6 +143,11 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("DECLARE_PREIMPORT", "EPERM"): (
         "module is unloading, or the memory hot-add failed (numa_id not a remote node, or "
         "no unused remote node left)",
+    ),
+    ("DECLARE_PREIMPORT", "ENOMEM"): (
+        "the kernel could not allocate the declaration's bookkeeping "
+        "(obmm_preimport_prefilled.c:create_prefilled_preimport_range, "
+        "obmm_addr_check.c:occupy_pa_range, obmm_resource.c:setup_ubmem_resource)",
     ),
     ("UNDECLARE_PREIMPORT", "EINVAL"): (
         "flags != 0, the PA is not a preimport range, or pa/length do not match "
@@ -172,7 +181,16 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
         "page and PMD granule mixed on one region (the first mmap fixes it)",
         "cacheable and O_SYNC mappings of one region at the same time",
     ),
+    ("MMAP", "ENOMEM"): (
+        "the first mmap of a region could not allocate its per-page ownership table, "
+        "which grows with the region's size (obmm_ownership.c:init_ownership_info)",
+    ),
     ("MPROTECT", "EOPNOTSUPP"): ("mprotect/mremap of an OBMM mapping is refused",),
+    ("MUNMAP", "EINVAL"): (
+        "munmap (or mremap shrinking) part of a mapping at an address not aligned to its "
+        "granule (2 MiB for a PMD mapping): the split is refused "
+        "(obmm_shm_dev.c:obmm_vma_may_split)",
+    ),
     ("UPDATE_RANGE", "EINVAL"): (
         "fd opened with O_SYNC, or no cacheable mmap yet",
         "start >= end, or start/end unaligned",
