@@ -43,6 +43,8 @@ struct obmm_vmap {
 	unsigned long first;
 	unsigned long nr;
 	bool counted;		/* cacheable: in the region's counters */
+	/* The copy a refused mremap() made of one of its VMAs (see below). */
+	struct vm_area_struct *refused_copy;
 	u8 state[];
 };
 
@@ -220,6 +222,27 @@ u8 obmm_vmap_state(const struct obmm_vmap *vm, unsigned long entry)
 }
 
 /* Region entries [from, to) are no longer mapped here (a VMA closes). */
+/*
+ * mremap() that moves a VMA first copies it (.open on the copy, which maps
+ * the same entries), then asks .mremap, and when that refuses, unmaps the
+ * copy again (.close): the entries stay the original VMA's.  Marked here by
+ * .mremap, that close must release nothing.
+ */
+void obmm_vmap_refuse_copy(struct obmm_vmap *vm, struct vm_area_struct *copy)
+{
+	vm->refused_copy = copy;
+}
+
+/* Whether @vma is the refused copy (forgotten once asked). */
+bool obmm_vmap_is_refused_copy(struct obmm_vmap *vm,
+			       struct vm_area_struct *vma)
+{
+	if (vm->refused_copy != vma)
+		return false;
+	vm->refused_copy = NULL;
+	return true;
+}
+
 void obmm_vmap_release(struct obmm_vmap *vm, unsigned long from,
 		       unsigned long to)
 {

@@ -234,8 +234,10 @@ static void obmm_vm_close(struct vm_area_struct *vma)
 	struct obmm_region *r = obmm_vma_region(vma);
 
 	mutex_lock(&r->mmap_lock);
-	obmm_vmap_release(vma->vm_private_data, obmm_vma_entry(vma, vma->vm_start),
-			  obmm_vma_entry(vma, vma->vm_end - 1) + 1);
+	if (!obmm_vmap_is_refused_copy(vma->vm_private_data, vma))
+		obmm_vmap_release(vma->vm_private_data,
+				  obmm_vma_entry(vma, vma->vm_start),
+				  obmm_vma_entry(vma, vma->vm_end - 1) + 1);
 	if (!--r->mmap_count) {
 		r->mmap_mode = OBMM_MMAP_MODE_NONE;
 		obmm_pmd_memtype_put(r);
@@ -389,6 +391,12 @@ static int obmm_vm_mremap(struct vm_area_struct *vma, unsigned long flags)
 static int obmm_vm_mremap(struct vm_area_struct *vma)
 #endif
 {
+	struct obmm_region *r = obmm_vma_region(vma);
+
+	/* @vma is the copy mremap() made; it is unmapped again at once. */
+	mutex_lock(&r->mmap_lock);
+	obmm_vmap_refuse_copy(vma->vm_private_data, vma);
+	mutex_unlock(&r->mmap_lock);
 	return -EOPNOTSUPP;
 }
 

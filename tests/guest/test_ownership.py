@@ -61,6 +61,17 @@ for i, (kind, *args) in enumerate(steps):
     elif kind == "write":
         off, data = args
         ctypes.memmove(m.addr + off, bytes.fromhex(data), len(data) // 2)
+    elif kind == "move":  # mremap() to another address: refused (EOPNOTSUPP)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                                ctypes.c_int, ctypes.c_void_p]
+        spare = libc.mmap(None, m.length, 0, 0x22, -1, 0)  # MAP_PRIVATE | MAP_ANONYMOUS
+        ret = libc.mremap(m.addr, m.length, m.length, 3, spare)  # MAYMOVE | FIXED
+        print("move", ctypes.get_errno() if ret == 2**64 - 1 else 0, flush=True)
+        libc.munmap(ctypes.c_void_p(spare), ctypes.c_size_t(m.length))
     elif kind == "maps":
         start = f"{m.addr:x}-"
         line = next(ln for ln in open("/proc/self/maps") if ln.startswith(start))
@@ -230,3 +241,19 @@ def test_a_count_past_u16_max_is_eoverflow(
                 libc.munmap(ffi.cast("void *", addr), SZ_4K)
         with shm.mmap(SZ_4K, prot=obmm.PROT_READ) as m:
             assert m.read(0, 1) == b"\0"
+
+
+def test_a_refused_move_leaves_the_mapping_its_access(region: int, pmd: bool) -> None:
+    """mremap() copies the VMA, the driver refuses the move, and the copy is unmapped again:
+    that close released the entries the original still maps, so its next fault (a PMD
+    granule's first touch) was SIGSEGV (the fuzzer died there, fuzz-diff seed 1 op 13853)."""
+    steps: list[list[Any]] = [
+        ["map", 2 * SZ_2M, obmm.PROT_READ | obmm.PROT_WRITE, pmd],
+        ["move"],
+        ["read", SZ_2M + SZ_4K, 4],
+        ["read", 0, len(PATTERN)],
+        ["read", SZ_2M, len(PATTERN)],
+    ]
+    lines, sig = run_steps(region, steps)
+    assert sig == 0 and f"move {errno.EOPNOTSUPP}" in lines, lines
+    assert reads(lines) == [bytes(4), PATTERN, PATTERN]
