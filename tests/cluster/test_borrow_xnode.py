@@ -275,6 +275,7 @@ def sleeps_in(xc: ClusterHarness, node: int, pid: int, function: str) -> bool:
     return function in " ".join(out) and out[-1:] in (["S"], ["D"])
 
 
+@pytest.mark.emulator_only  # the emulator's revocation (emulated UMMU): FIDELITY.md
 def test_a_borrow_that_waited_for_the_hot_plug_lock_checks_its_export_again(
     xc: ClusterHarness, guest_tmp: str
 ) -> None:

@@ -495,6 +495,7 @@ print(round(time.monotonic() - t0, 3))
 LOCK_WAIT_S = 30.0
 
 
+@pytest.mark.emulator_only  # the emulator's revocation (emulated UMMU): FIDELITY.md
 def test_a_revoked_borrow_that_cannot_go_keeps_no_lock_for_long(
     dev: obmm.Obmm, fabric: Fabric, block: int
 ) -> None:

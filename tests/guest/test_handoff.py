@@ -118,6 +118,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.emulator_only  # the emulator's revocation (emulated UMMU): FIDELITY.md
 @pytest.mark.parametrize("pmd", [False, True], ids=["page", "pmd"])
 def test_every_path_on_a_revoked_mapping(dev: obmm.Obmm, fabric: Fabric, pmd: bool) -> None:
     """After revocation zapped the entries, a lookup faults into .fault, whose SIGBUS a kernel

@@ -376,6 +376,7 @@ print(" ".join(out))
     assert res.stdout.split() == ["piece2", "piece3", str(int(signal.SIGSEGV))]
 
 
+@PMD_4K
 def test_pmd_mapping_has_the_page_mapping_memtype(dev: obmm.Obmm) -> None:
     """x86 PAT: huge entries get the caching mode a page-granule mapping of the same mode gets
     (the region's memtype reservation, /sys/kernel/debug/x86/pat_memtype_list; WB / WC where
