@@ -557,6 +557,7 @@ def _iomem_lines() -> list[str]:
     return [ln.rstrip() for ln in iomem().splitlines()]
 
 
+@pytest.mark.emulator_only  # the emulator's borrow path and its hot-plug lock (FIDELITY.md)
 def test_the_memid_resource_moves_under_the_hot_plug_lock(
     dev: obmm.Obmm, fabric: Fabric, block: int, kernel_log: KernelLog
 ) -> None:
