@@ -40,6 +40,7 @@ import pytest
 
 import obmm
 from obmm import decoder
+from obmm.fuzz import faults
 
 DEV_OBMM = Path("/dev/obmm")
 EMU_SYSFS = Path("/sys/kernel/obmm_emu")
@@ -240,6 +241,18 @@ def module_unloads_promptly() -> Iterator[None]:
     assert done.returncode == 0, f"rmmod {EMU_MODULE} after the suite: {done.stderr.strip()}"
     assert took < UNLOAD_S, f"rmmod {EMU_MODULE} after the suite took {took:.1f} s"
     print(f"rmmod {EMU_MODULE} after the suite: {took:.2f} s")
+
+
+@pytest.fixture(scope="module")
+def fault_injection() -> Iterator[faults.FaultInjection]:
+    """failslab / fail_page_alloc (a kernel with CONFIG_FAULT_INJECTION), else a skip."""
+    fi = faults.FaultInjection.detect()
+    if fi is None:
+        pytest.skip(faults.why_absent())
+    try:
+        yield fi
+    finally:
+        fi.close()
 
 
 @pytest.fixture(scope="session")

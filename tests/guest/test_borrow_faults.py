@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,17 +43,6 @@ TAIL_POINTS = 40
 # A signal every 2 ms: one is pending whenever the rollback offlines.
 SIGNAL_EVERY_S = 0.002
 UNPLUG_S = 120.0
-
-
-@pytest.fixture(scope="module")
-def fault_injection() -> Iterator[faults.FaultInjection]:
-    fi = faults.FaultInjection.detect()
-    if fi is None:
-        pytest.skip(faults.why_absent())
-    try:
-        yield fi
-    finally:
-        fi.close()
 
 
 def block_size() -> int:

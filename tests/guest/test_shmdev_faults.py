@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
-from collections.abc import Iterator
 
 import pytest
 from obmm_fixtures import SZ_2M, exported
@@ -33,17 +32,6 @@ MAP_FIXED = 0x10
 # four page tables' worth: the remap has to allocate more than one, so one can fail halfway
 LENGTH = 4 * SZ_2M
 MAX_POINTS = 400
-
-
-@pytest.fixture(scope="module")
-def fault_injection() -> Iterator[faults.FaultInjection]:
-    fi = faults.FaultInjection.detect()
-    if fi is None:
-        pytest.skip(faults.why_absent())
-    try:
-        yield fi
-    finally:
-        fi.close()
 
 
 def fresh_range() -> int:
