@@ -439,6 +439,52 @@ def test_name_checker_finds_moved_modules_and_names(tmp_path: Path) -> None:
     ]
 
 
+# A path of the checkout written in a code span (`pylib/obmm/testbed/hub.py`, `tests/cluster/`,
+# `tests/guest/test_x.py::test_y`) names a file or directory that exists, from the checkout's
+# root or from the document's own directory (a sample project's README). Placeholders
+# (`<name>`, `*`, `{a,b}`, `$VAR`) are not paths.
+REPO_PATH = re.compile(
+    r"^((?:pylib|tests|kmod|qemu|ci|docs|examples|uapi|\.github|\.ci)/[\w./+-]*)$"
+)
+
+
+def missing_paths(documents: list[Path], repo: Path) -> list[str]:
+    found = []
+    for doc in documents:
+        for number, line in prose_lines(doc.read_text(encoding="utf-8")):
+            for span in CODE_SPAN.findall(line):
+                inner = re.split(r"::|:(?=[A-Za-z_])", span.strip("`").strip())[0]
+                path = REPO_PATH.match(inner)
+                if path and not any((base / path.group(1)).exists() for base in (repo, doc.parent)):
+                    found.append(f"{doc.relative_to(repo)}:{number}: {inner}")
+    return found
+
+
+def test_every_path_the_documents_name_exists() -> None:
+    missing = missing_paths(linked_documents(REPO), REPO)
+    assert not missing, "paths in code spans that do not exist:\n" + "\n".join(missing)
+
+
+def test_path_checker_finds_a_moved_file(tmp_path: Path) -> None:
+    (tmp_path / "pylib" / "obmm").mkdir(parents=True)
+    (tmp_path / "pylib" / "obmm" / "api.py").write_text("")
+    (tmp_path / "examples" / "p" / "tests").mkdir(parents=True)
+    (tmp_path / "examples" / "p" / "tests" / "test_a.py").write_text("")
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "`pylib/obmm/api.py` `pylib/obmm/` `pylib/obmm/api.py:Obmm` `pylib/obmm/api.py::test`\n"
+        "`qemu/topologies/<name>.json` `kmod/*` `tests/guest/test_{a,b}.py` `pylib/obmm/gone.py`\n"
+        "```\n`pylib/in_a_block.py`\n```\n`tests/test_a.py` `tests/cluster/`\n"
+    )
+    sample = tmp_path / "examples" / "p" / "README.md"
+    sample.write_text("`tests/test_a.py`\n")
+    assert missing_paths([readme, sample], tmp_path) == [
+        "README.md:2: pylib/obmm/gone.py",
+        "README.md:6: tests/test_a.py",
+        "README.md:6: tests/cluster/",
+    ]
+
+
 # The README is the front page: short, and every page of docs/ is one link away from it.
 README_MAX_LINES = 300
 
