@@ -236,19 +236,28 @@ def readme_shape_problems(text: str) -> list[str]:
     headings = [i for i, line in enumerate(lines) if line.startswith("## Architecture")]
     if not headings or headings[0] >= FIRST_SCREEN_LINES:
         problems.append(f"no '## Architecture' within the first {FIRST_SCREEN_LINES} lines")
-    in_fence = False
-    for number, line in enumerate(lines, 1):
-        if FENCE.match(line):
-            in_fence = not in_fence
-            continue
-        match = None if in_fence else DIARY.search(CODE_SPAN.sub("", line))
+    return problems + diary_lines(text, "README.md")
+
+
+def diary_lines(text: str, name: str) -> list[str]:
+    """`name:line: dated narrative` of every prose line that reads like a log entry."""
+    problems = []
+    for number, line in prose_lines(text):
+        match = DIARY.search(CODE_SPAN.sub("", line))
         if match:
-            problems.append(f"README.md:{number}: dated narrative {match.group(0)!r}")
+            problems.append(f"{name}:{number}: dated narrative {match.group(0)!r}")
     return problems
 
 
 def test_readme_is_documentation_not_a_diary() -> None:
     assert readme_shape_problems((REPO / "README.md").read_text()) == []
+
+
+def test_the_docs_pages_are_not_diaries_either() -> None:
+    found = []
+    for page in sorted((REPO / "docs").glob("*.md")):
+        found += diary_lines(page.read_text(encoding="utf-8"), f"docs/{page.name}")
+    assert found == []
 
 
 def test_readme_shape_check_finds_a_diary() -> None:
