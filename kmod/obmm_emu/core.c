@@ -3,9 +3,14 @@
  * obmm_emu: /dev/obmm misc device, ioctl dispatch, module init and exit.
  *
  * Bring-up is here and only here, in order (each step unwound in reverse):
- * regions, /proc/obmm, the fabric (windows, control region), this node's
- * export pool, the node going online (heartbeat), the revocation scan,
- * the shmdev class, /sys/kernel/obmm_emu, the UB controller, /dev/obmm.
+ * the emulated UMMU's ops, regions, /proc/obmm, the fabric (windows,
+ * control region), this node's export pool, the node going online
+ * (heartbeat), the revocation scan, the shmdev class, /sys/kernel/obmm_emu,
+ * the UB controller, /dev/obmm.
+ *
+ * It is also the composition root: the only file that calls every layer,
+ * and wires a lower one to a higher one (obmm_access_register()) where the
+ * lower must reach up; no other file calls into core.c.
  */
 /*
  * The real driver's prefix (obmm_core.h): its init and exit lines, which
@@ -115,6 +120,12 @@ static void obmm_emu_fabric_down(void)
 	obmm_fabric_exit();
 }
 
+/* The emulated UMMU revokes imports and waits for borrows through these. */
+static const struct obmm_access_ops obmm_emu_access_ops = {
+	.revoke_scan = obmm_imports_revoke_scan,
+	.own_borrow_pending = obmm_imports_own_borrow_pending,
+};
+
 static int __init obmm_emu_init(void)
 {
 	int ret;
@@ -128,6 +139,7 @@ static int __init obmm_emu_init(void)
 	if (ret)
 		return ret;
 
+	obmm_access_register(&obmm_emu_access_ops);
 	obmm_regions_init();
 	ret = obmm_imports_init();
 	if (ret)

@@ -341,6 +341,15 @@ bool obmm_ctl_read_record(int node, int slot,
 u32 obmm_ctl_record_state(int node, int slot);
 
 /* access.c: emulated UMMU access control and revocation */
+/* What the UMMU asks of the importer's side (import.c; wired by core.c). */
+struct obmm_access_ops {
+	/* revoke what lost its export; bit j: node j's records unsure */
+	unsigned long (*revoke_scan)(void);
+	/* a loopback borrow of withdrawn memory is still being unplugged */
+	bool (*own_borrow_pending)(void);
+};
+
+void obmm_access_register(const struct obmm_access_ops *ops);
 void obmm_access_start(void);
 void obmm_access_stop(void);
 u64 obmm_access_acked_epoch(void);

@@ -1,0 +1,168 @@
+"""The call graph between the C files of a kernel module's sources, its layers and its cycles.
+
+``python -m obmm.tools.ccalls kmod/obmm_emu kmod/common`` reads every ``*.c`` of the
+directories given (one module's sources: its own directory and the shared files its Kbuild
+links in), and prints the files as layers, bottom first: a file of layer 0 calls no function of
+another file; a file of layer *n* calls files of layers below *n* only.  Files that call each
+other, directly or around a ring, form a cycle (a strongly connected component): they are
+printed with the calls that close the ring, and the exit status is 1.
+``tests/host/test_c_layers.py`` holds the project's modules to no cycle.
+
+How (no C parser: pycparser cannot read kernel sources, which need the kernel's headers and
+GNU extensions): comments, string and char literals and preprocessor lines are blanked
+(:func:`obmm.tools.errno_sources.blank`), function definitions are found by brace matching at
+file level (:func:`obmm.tools.errno_sources.functions`), and a call is a name followed by
+``(`` inside a body.  A call from file A to a name that A does not define, and that another
+file defines without ``static``, is an edge A -> that file.
+
+Limits, each on purpose:
+
+* A function pointer is not a call: a handler named in an ops table (``.open = f``), a work
+  or timer callback (``INIT_WORK(&w, f)``) or a callback registered through an ops struct
+  makes no edge; this is how a lower layer reaches a higher one without a cycle.  Calls
+  through a pointer (``ops->f(x)``, ``s.f(x)``) make none either.
+* Only functions count: a variable declared ``extern`` and read elsewhere makes no edge.
+* Preprocessor lines are blanked, so calls inside a macro's body make no edge, and both
+  sides of an ``#if`` are read (a function defined under both is one name).
+* ``static inline`` helpers of headers are not in the graph (each file gets its own copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from obmm.tools.errno_sources import KEYWORDS, functions
+
+#: A name followed by ``(``, not a member (``->f(``, ``.f(``).
+CALL = re.compile(r"(?<![.>\w])([A-Za-z_]\w*)\s*\(")
+NOT_CALLS = KEYWORDS | {"typeof", "__typeof__", "defined", "case"}
+
+
+@dataclass
+class Graph:
+    """Files (names), and for each, the files it calls with one example call per edge."""
+
+    files: list[str]
+    #: caller file -> callee file -> "caller_fn -> callee_fn" (the first seen)
+    calls: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def edges(self) -> set[tuple[str, str]]:
+        return {(a, b) for a, out in self.calls.items() for b in out}
+
+    def cycles(self) -> list[list[str]]:
+        """The strongly connected components of more than one file, each sorted."""
+        return [c for c in sccs(self.files, self.calls) if len(c) > 1]
+
+    def layers(self) -> list[list[str]]:
+        """Files by layer, bottom first; a cycle's files share the layer of the ring."""
+        comps = sccs(self.files, self.calls)
+        comp_of = {f: i for i, c in enumerate(comps) for f in c}
+        level: dict[int, int] = {}
+        # Tarjan yields components callees first: each one's callees are already levelled.
+        for i, comp in enumerate(comps):
+            below = [
+                level[comp_of[b]] for a in comp for b in self.calls.get(a, {}) if comp_of[b] != i
+            ]
+            level[i] = 1 + max(below) if below else 0
+        out: list[list[str]] = [[] for _ in range(1 + max(level.values(), default=-1))]
+        for i, comp in enumerate(comps):
+            out[level[i]].extend(comp)
+        return [sorted(layer) for layer in out]
+
+
+def sccs(nodes: Iterable[str], succ: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components, callees before callers, each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(succ.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            out.append(sorted(comp))
+
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def graph(dirs: Iterable[Path]) -> Graph:
+    """The file call graph of every ``*.c`` in `dirs` (file names must be distinct)."""
+    paths = sorted(p for d in dirs for p in Path(d).glob("*.c"))
+    defs = {p.name: functions(p) for p in paths}
+    if len(defs) != len(paths):
+        raise ValueError("two directories hold a C file of the same name")
+    owner: dict[str, str] = {}
+    for name, fns in defs.items():
+        for fn in fns:
+            if not fn.static:
+                owner.setdefault(fn.name, name)
+    g = Graph(files=sorted(defs))
+    for name, fns in defs.items():
+        local = {fn.name for fn in fns}
+        out = g.calls.setdefault(name, {})
+        for fn in fns:
+            for m in CALL.finditer(fn.body):
+                callee = m.group(1)
+                if callee in NOT_CALLS or callee in local or callee not in owner:
+                    continue
+                out.setdefault(owner[callee], f"{fn.name} -> {callee}")
+    return g
+
+
+def report(g: Graph) -> str:
+    lines = []
+    for n, layer in enumerate(g.layers()):
+        lines.append(f"layer {n}: {' '.join(layer)}")
+    for comp in g.cycles():
+        lines.append(f"cycle: {' '.join(comp)}")
+        members = set(comp)
+        for a in comp:
+            for b, example in sorted(g.calls.get(a, {}).items()):
+                if b in members:
+                    lines.append(f"  {a} -> {b} ({example})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m obmm.tools.ccalls",
+        description="Layers and call cycles between the C files of a module's sources.",
+    )
+    parser.add_argument("dirs", nargs="+", type=Path, help="source directories of one module")
+    parser.add_argument("--edges", action="store_true", help="also print every file edge")
+    args = parser.parse_args(argv)
+    g = graph(args.dirs)
+    print(report(g))
+    if args.edges:
+        for a in g.files:
+            for b, example in sorted(g.calls.get(a, {}).items()):
+                print(f"{a} -> {b} ({example})")
+    return 1 if g.cycles() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
