@@ -5,8 +5,8 @@
  * Bring-up is here and only here, in order (each step unwound in reverse):
  * the emulated UMMU's ops, regions, /proc/obmm, the fabric (windows,
  * control region), this node's export pool, the node going online
- * (heartbeat), the revocation scan, the shmdev class, /sys/kernel/obmm_emu,
- * the UB controller, /dev/obmm.
+ * (heartbeat), the revocation scan, the regions' pseudo filesystem, the
+ * shmdev class, /sys/kernel/obmm_emu, the UB controller, /dev/obmm.
  *
  * It is also the composition root: the only file that calls every layer,
  * and wires a lower one to a higher one (obmm_access_register()) where the
@@ -150,9 +150,12 @@ static int __init obmm_emu_init(void)
 	/* As obmm_core.c:ubmem_feature_probe(); the feature is the fabric's. */
 	pr_info("ub_feature: %#llx, obmm_enabled: %ld\n", obmm_ubc_feature(),
 		(long)obmm_fabric_enabled());
-	ret = obmm_shmdev_init();
+	ret = obmm_region_fs_init();
 	if (ret)
 		goto err_fabric;
+	ret = obmm_shmdev_init();
+	if (ret)
+		goto err_region_fs;
 	ret = obmm_sysfs_init();
 	if (ret)
 		goto err_shmdev;
@@ -176,6 +179,8 @@ err_sysfs:
 	obmm_sysfs_exit();
 err_shmdev:
 	obmm_shmdev_exit();
+err_region_fs:
+	obmm_region_fs_exit();
 err_fabric:
 	obmm_emu_fabric_down();
 err_imports:
@@ -211,6 +216,7 @@ static void __exit obmm_emu_exit(void)
 	obmm_ubc_exit();
 	obmm_sysfs_exit();
 	obmm_shmdev_exit();
+	obmm_region_fs_exit();
 	/* Before the fabric: the EXPORT_PID quarantine work reads the control region. */
 	obmm_exports_exit();
 	obmm_emu_fabric_down();

@@ -245,6 +245,8 @@ int obmm_check_vendor(const void __user *vendor, u16 len, const char *op);
 long obmm_addr_query_ioctl(void __user *uarg);
 void obmm_regions_init(void);
 void obmm_regions_exit(void);
+int obmm_region_fs_init(void);
+void obmm_region_fs_exit(void);
 
 /* pool.c */
 int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms);
@@ -285,7 +287,6 @@ int obmm_shmdev_publish(struct obmm_region *r);
 void obmm_shmdev_unpublish(struct obmm_region *r);
 struct device *obmm_shmdev_root(void);
 void obmm_shmdev_revoke(struct obmm_region *r);
-struct inode *obmm_shmdev_inode_new(void);
 bool obmm_shmdev_revoked(struct obmm_region *r);
 
 /* ownership.c: per-mapping access and per-entry ownership counters */
