@@ -1,11 +1,12 @@
 """The call graph between the C files of a kernel module's sources, its layers and its cycles.
 
-``python -m obmm.tools.ccalls kmod/obmm_emu kmod/common`` reads every ``*.c`` of the
-directories given (one module's sources: its own directory and the shared files its Kbuild
-links in), and prints the files as layers, bottom first: a file of layer 0 calls no function of
-another file; a file of layer *n* calls files of layers below *n* only.  Files that call each
-other, directly or around a ring, form a cycle (a strongly connected component): they are
-printed with the calls that close the ring, and the exit status is 1.
+``python -m obmm.tools.ccalls kmod/obmm_emu`` reads the C files of one module: those its
+``Kbuild`` links (``../common/testbed_fabric.o`` included), or every ``*.c`` of a directory
+without one (several directories may be given).  It prints the files as layers, bottom first:
+a file of layer 0 calls no function of another file; a file of layer *n* calls files of layers
+below *n* only.  Files that call each other, directly or around a ring, form a cycle (a
+strongly connected component): they are printed with the calls that close the ring, and the
+exit status is 1.
 ``tests/host/test_c_layers.py`` holds the project's modules to no cycle.
 
 How (no C parser: pycparser cannot read kernel sources, which need the kernel's headers and
@@ -15,7 +16,7 @@ file level (:func:`obmm.tools.errno_sources.functions`), and a call is a name fo
 ``(`` inside a body.  A call from file A to a name that A does not define, and that another
 file defines without ``static``, is an edge A -> that file.
 
-Limits, each on purpose:
+Limits:
 
 * A function pointer is not a call: a handler named in an ops table (``.open = f``), a work
   or timer callback (``INIT_WORK(&w, f)``) or a callback registered through an ops struct
@@ -25,6 +26,7 @@ Limits, each on purpose:
 * Preprocessor lines are blanked, so calls inside a macro's body make no edge, and both
   sides of an ``#if`` are read (a function defined under both is one name).
 * ``static inline`` helpers of headers are not in the graph (each file gets its own copy).
+* A call must look like one in kernel style: ``a>f(x)`` without spaces reads as a member call.
 """
 
 from __future__ import annotations
@@ -109,9 +111,35 @@ def sccs(nodes: Iterable[str], succ: Mapping[str, Iterable[str]]) -> list[list[s
     return out
 
 
+#: An object a Kbuild line lists, after ``:=`` or ``+=``.
+OBJECT = re.compile(r"[\w./-]+\.o\b")
+#: A Kbuild assignment: its variable and its value (continuations joined).
+ASSIGN = re.compile(r"^([\w$()-]+)\s*[:+]?=(.*)$", re.M)
+
+
+def sources(directory: Path) -> list[Path]:
+    """The C files of the module built in `directory`: the objects of its ``Kbuild``'s
+    ``<module>-y`` / ``<module>-objs`` lines (or its ``obj-m`` objects, for a one-file
+    module), or, without a Kbuild, every ``*.c`` there."""
+    kbuild = directory / "Kbuild"
+    if not kbuild.is_file():
+        return sorted(directory.glob("*.c"))
+    text = kbuild.read_text().replace("\\\n", " ")
+    parts: list[str] = []
+    single: list[str] = []
+    for m in ASSIGN.finditer(text):
+        var, value = m.group(1), m.group(2)
+        if var.endswith(("-y", "-objs")) and not var.startswith(("ccflags", "obj")):
+            parts += OBJECT.findall(value)
+        elif var == "obj-m":
+            single += OBJECT.findall(value)
+    objects = parts or single
+    return sorted((directory / o).with_suffix(".c").resolve() for o in objects)
+
+
 def graph(dirs: Iterable[Path]) -> Graph:
-    """The file call graph of every ``*.c`` in `dirs` (file names must be distinct)."""
-    paths = sorted(p for d in dirs for p in Path(d).glob("*.c"))
+    """The file call graph of the C files of `dirs` (:func:`sources`; names must be distinct)."""
+    paths = sorted({p for d in dirs for p in sources(Path(d))})
     defs = {p.name: functions(p) for p in paths}
     if len(defs) != len(paths):
         raise ValueError("two directories hold a C file of the same name")
@@ -152,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m obmm.tools.ccalls",
         description="Layers and call cycles between the C files of a module's sources.",
     )
-    parser.add_argument("dirs", nargs="+", type=Path, help="source directories of one module")
+    parser.add_argument(
+        "dirs", nargs="+", type=Path, help="a module's directory (its Kbuild says its files)"
+    )
     parser.add_argument("--edges", action="store_true", help="also print every file edge")
     args = parser.parse_args(argv)
     g = graph(args.dirs)
