@@ -41,7 +41,8 @@
 #include <linux/sched.h>
 #include <linux/workqueue.h>
 
-#include "obmm_emu.h"
+#include "access.h"
+#include "fabric.h"
 
 #define OBMM_EMU_DEFAULT_SCAN_MS	50
 #define OBMM_EMU_MIN_SCAN_MS		10

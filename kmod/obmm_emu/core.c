@@ -24,11 +24,15 @@
 #include <linux/module.h>
 #include <linux/moduleparam.h>
 
-#include "obmm_emu.h"
-
-int obmm_emu_node_id;
-module_param_named(node_id, obmm_emu_node_id, int, 0444);
-MODULE_PARM_DESC(node_id, "Fabric node id of this guest (0..7, default 0)");
+#include "access.h"
+#include "emu_sysfs.h"
+#include "export.h"
+#include "fabric.h"
+#include "import.h"
+#include "pool.h"
+#include "region.h"
+#include "shmdev.h"
+#include "ubc.h"
 
 static long obmm_dev_ioctl(struct file *file, unsigned int cmd,
 			   unsigned long arg)

@@ -14,7 +14,8 @@
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 
-#include "obmm_emu.h"
+#include "ownership.h"
+#include "region.h"
 
 /* Protects obmm_region_idr and every region's ref transitions. */
 static DEFINE_MUTEX(obmm_region_mutex);

@@ -19,7 +19,10 @@
 #include <linux/pfn_t.h>
 #include <linux/uaccess.h>
 
-#include "obmm_emu.h"
+#include "ownership.h"
+#include "region.h"
+#include "shmdev.h"
+#include "sysfs.h"
 
 #define OBMM_SHMDEV_VMA_NAME	"OBMM_SHM"
 
