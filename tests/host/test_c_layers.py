@@ -6,6 +6,7 @@ the layers); the synthetic trees below prove it finds what it must and ignores w
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,23 @@ def test_obmm_emu_layers() -> None:
     assert set(g.calls["access.c"]) == {"fabric.c"}, ccalls.report(g)
     assert not any("core.c" in out for out in g.calls.values())
     assert g.layers()[-1] == ["core.c"]
+
+
+def test_obmm_emu_includes_show_the_layers() -> None:
+    """Each file of obmm_emu includes the headers of exactly the files it calls, and its own:
+    its includes are its place in the layers, and a new call across files shows in them."""
+    root = paths.kmod_dir() / "obmm_emu"
+    g = ccalls.graph([root])
+    shared = {"obmm_emu", "obmm_emu_ctl", "testbed_fabric"}
+    wrong = {}
+    for c in sorted(root.glob("*.c")):
+        included = set(re.findall(r'^#include "(\w+)\.h"', c.read_text(), re.M)) - shared
+        wanted = {Path(f).stem for f in g.calls.get(c.name, {})} - shared
+        if (root / f"{c.stem}.h").is_file():
+            wanted.add(c.stem)
+        if included != wanted:
+            wrong[c.name] = (sorted(included - wanted), sorted(wanted - included))
+    assert not wrong, f"file: (included but not called, called but not included): {wrong}"
 
 
 def test_ub_compat_core_is_the_root() -> None:
@@ -109,6 +127,33 @@ def test_what_is_not_a_call(tmp_path: Path) -> None:
     assert not g.cycles()
     assert g.layers() == [["low.c"], ["high.c"]]
     assert ccalls.main([str(tree)]) == 0
+
+
+def test_file_scope_calls_and_variables_count(tmp_path: Path) -> None:
+    """A macro invocation at file scope that calls another file's function, and the use of a
+    variable another file defines (declared extern in a header), are edges: here they close a
+    ring that no function body shows."""
+    tree = write(
+        tmp_path / "m",
+        {
+            "m.h": "extern int node_id;\nextern const struct group *groups[];\n",
+            "fab.c": (
+                "int node_id;\n"
+                "module_param_named(node_id, node_id, int, 0444);\n"
+                "int fab(void) { return 0; }\n"
+            ),
+            "attrs.c": (
+                'ATTR(pool, "%d", upper());\nconst struct group *groups[] = { &a, NULL };\n'
+            ),
+            "dev.c": "int publish(void) { return groups[0] != 0; }\n",
+            "upper.c": "int upper(void) { return publish() + node_id; }\n",
+        },
+    )
+    g = ccalls.graph([tree])
+    assert g.calls["attrs.c"] == {"upper.c": "<file scope> -> upper"}
+    assert g.calls["dev.c"] == {"attrs.c": "publish uses groups"}
+    assert g.calls["upper.c"] == {"dev.c": "upper -> publish", "fab.c": "upper uses node_id"}
+    assert g.cycles() == [["attrs.c", "dev.c", "upper.c"]]
 
 
 def test_kbuild_says_which_files(tmp_path: Path) -> None:

@@ -13,8 +13,10 @@ How (no C parser: pycparser cannot read kernel sources, which need the kernel's 
 GNU extensions): comments, string and char literals and preprocessor lines are blanked
 (:func:`obmm.tools.errno_sources.blank`), function definitions are found by brace matching at
 file level (:func:`obmm.tools.errno_sources.functions`), and a call is a name followed by
-``(`` inside a body.  A call from file A to a name that A does not define, and that another
-file defines without ``static``, is an edge A -> that file.
+``(``, in a body or at file scope (a macro that expands to a function).  A call from file A to
+a name that A does not define, and that another file defines without ``static``, is an edge
+A -> that file; so is a use of a variable that another file defines and a header declares
+``extern``.
 
 Limits:
 
@@ -22,7 +24,8 @@ Limits:
   or timer callback (``INIT_WORK(&w, f)``) or a callback registered through an ops struct
   makes no edge; this is how a lower layer reaches a higher one without a cycle.  Calls
   through a pointer (``ops->f(x)``, ``s.f(x)``) make none either.
-* Only functions count: a variable declared ``extern`` and read elsewhere makes no edge.
+* Of the variables, only those a header of the module's directories declares ``extern``
+  count (a use is any mention of the name, outside comments and strings).
 * Preprocessor lines are blanked, so calls inside a macro's body make no edge, and both
   sides of an ``#if`` are read (a function defined under both is one name).
 * ``static inline`` helpers of headers are not in the graph (each file gets its own copy).
@@ -38,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from obmm.tools.errno_sources import KEYWORDS, functions
+from obmm.tools.errno_sources import KEYWORDS, Function, blank, functions
 
 #: A name followed by ``(``, not a member (``->f(``, ``.f(``).
 CALL = re.compile(r"(?<![.>\w])([A-Za-z_]\w*)\s*\(")
@@ -137,27 +140,70 @@ def sources(directory: Path) -> list[Path]:
     return sorted((directory / o).with_suffix(".c").resolve() for o in objects)
 
 
+#: ``extern <type> name;`` (or ``name[]``) in a header: a variable some file defines.
+EXTERN = re.compile(r"\bextern\b[^;(){}]*?\b([A-Za-z_]\w*)\s*(?:\[[^\]]*\])?\s*;")
+
+
+def _file_scope(text: str, fns: Iterable[Function]) -> str:
+    """`text` (blanked) without its function bodies: declarations, tables, macro invocations."""
+    for fn in fns:
+        text = text.replace(fn.body, "", 1)
+    return text
+
+
+def _variables(headers: Iterable[Path], scopes: Mapping[str, str]) -> dict[str, str]:
+    """Each variable the headers declare ``extern``, and the file that defines it: the one
+    whose file scope declares it (a type before it, ``=`` or ``;`` after) without ``extern``."""
+    owner: dict[str, str] = {}
+    for header in headers:
+        for name in EXTERN.findall(blank(header.read_text(errors="replace"))):
+            definition = re.compile(rf"\b{name}\s*(?:\[[^\]]*\])?\s*[=;]")
+            for file, scope in scopes.items():
+                for m in definition.finditer(scope):
+                    start = max(scope.rfind(";", 0, m.start()), scope.rfind("}", 0, m.start()))
+                    statement = scope[start + 1 : m.start()]
+                    if re.search(r"[\w*]\s*$", statement) and not re.search(
+                        r"\bextern\b|[(),]", statement
+                    ):
+                        owner.setdefault(name, file)
+    return owner
+
+
 def graph(dirs: Iterable[Path]) -> Graph:
-    """The file call graph of the C files of `dirs` (:func:`sources`; names must be distinct)."""
+    """The file call graph of the C files of `dirs` (:func:`sources`; names must be distinct).
+
+    A call counts wherever it is written: in a function body, or at file scope (a macro
+    invocation that expands to a function, ``OBMM_EMU_ATTR(x, "%d", f())``).  A variable a
+    header declares ``extern`` counts as a call of the file that defines it, by every other
+    file that names it."""
     paths = sorted({p for d in dirs for p in sources(Path(d))})
     defs = {p.name: functions(p) for p in paths}
     if len(defs) != len(paths):
         raise ValueError("two directories hold a C file of the same name")
+    scopes = {
+        p.name: _file_scope(blank(p.read_text(errors="replace")), defs[p.name]) for p in paths
+    }
+    headers = sorted({h for p in paths for h in p.parent.glob("*.h")})
     owner: dict[str, str] = {}
     for name, fns in defs.items():
         for fn in fns:
             if not fn.static:
                 owner.setdefault(fn.name, name)
+    variables = _variables(headers, scopes)
     g = Graph(files=sorted(defs))
     for name, fns in defs.items():
         local = {fn.name for fn in fns}
         out = g.calls.setdefault(name, {})
-        for fn in fns:
-            for m in CALL.finditer(fn.body):
+        bodies = [(fn.name, fn.body) for fn in fns] + [("<file scope>", scopes[name])]
+        for where, text in bodies:
+            for m in CALL.finditer(text):
                 callee = m.group(1)
                 if callee in NOT_CALLS or callee in local or callee not in owner:
                     continue
-                out.setdefault(owner[callee], f"{fn.name} -> {callee}")
+                out.setdefault(owner[callee], f"{where} -> {callee}")
+            for var, file in variables.items():
+                if file != name and re.search(rf"\b{var}\b", text):
+                    out.setdefault(file, f"{where} uses {var}")
     return g
 
 
