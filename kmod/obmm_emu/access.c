@@ -26,6 +26,10 @@
  * node's own entry; a peer any of whose records could not be read this
  * time is not acknowledged.  An exporter reuses withdrawn memory only
  * once every live peer acknowledged its epoch (obmm_access_acked_epoch()).
+ *
+ * This file is a leaf over the fabric: the imports it revokes and the
+ * borrows it waits for are reached through the obmm_access_ops that core.c
+ * registers (import.c's), never by calling import.c.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -37,7 +41,8 @@
 #include <linux/sched.h>
 #include <linux/workqueue.h>
 
-#include "obmm_emu.h"
+#include "access.h"
+#include "fabric.h"
 
 #define OBMM_EMU_DEFAULT_SCAN_MS	50
 #define OBMM_EMU_MIN_SCAN_MS		10
@@ -79,6 +84,13 @@ static DEFINE_MUTEX(peer_lock);
 static void obmm_access_scan_fn(struct work_struct *work);
 static DECLARE_DELAYED_WORK(scan_work, obmm_access_scan_fn);
 static bool scan_running;
+/* The importer's side, registered by core.c before anything runs. */
+static const struct obmm_access_ops *access_ops;
+
+void obmm_access_register(const struct obmm_access_ops *ops)
+{
+	access_ops = ops;
+}
 
 unsigned int obmm_access_scan_ms(void)
 {
@@ -265,7 +277,7 @@ u64 obmm_access_acked_epoch(void)
 	int j;
 
 	/* A loopback borrow of withdrawn memory is still being unplugged. */
-	if (obmm_imports_own_borrow_pending())
+	if (access_ops->own_borrow_pending())
 		return 0;
 	top = obmm_fabric_withdraw_epoch();
 	mutex_lock(&peer_lock);
@@ -303,7 +315,7 @@ static void obmm_access_scan_fn(struct work_struct *work)
 	 * A peer this node thinks dead is acknowledged too: the scan revoked
 	 * every import of it.  It may see itself alive, and wait for this ack.
 	 */
-	unsure = obmm_imports_revoke_scan();
+	unsure = access_ops->revoke_scan();
 	for (j = 0; j < OBMM_EMU_MAX_NODES; j++)
 		if (j != obmm_emu_node_id && seen[j] && !(unsure & BIT(j)))
 			obmm_ctl_write_ack(j, boot[j], epoch[j]);

@@ -29,7 +29,7 @@
 #include <linux/mutex.h>
 #include <linux/nodemask.h>
 
-#include "obmm_emu.h"
+#include "borrow.h"
 
 /* The name numa_remote gives the hot-added range in /proc/iomem. */
 #define OBMM_BORROW_RES_NAME	"System RAM (Remote)"

@@ -3,9 +3,14 @@
  * obmm_emu: /dev/obmm misc device, ioctl dispatch, module init and exit.
  *
  * Bring-up is here and only here, in order (each step unwound in reverse):
- * regions, /proc/obmm, the fabric (windows, control region), this node's
- * export pool, the node going online (heartbeat), the revocation scan,
- * the shmdev class, /sys/kernel/obmm_emu, the UB controller, /dev/obmm.
+ * the emulated UMMU's ops, regions, /proc/obmm, the fabric (windows,
+ * control region), this node's export pool, the node going online
+ * (heartbeat), the revocation scan, the regions' pseudo filesystem, the
+ * shmdev class, /sys/kernel/obmm_emu, the UB controller, /dev/obmm.
+ *
+ * It is also the composition root: the only file that calls every layer,
+ * and wires a lower one to a higher one (obmm_access_register()) where the
+ * lower must reach up; no other file calls into core.c.
  */
 /*
  * The real driver's prefix (obmm_core.h): its init and exit lines, which
@@ -19,11 +24,15 @@
 #include <linux/module.h>
 #include <linux/moduleparam.h>
 
-#include "obmm_emu.h"
-
-int obmm_emu_node_id;
-module_param_named(node_id, obmm_emu_node_id, int, 0444);
-MODULE_PARM_DESC(node_id, "Fabric node id of this guest (0..7, default 0)");
+#include "access.h"
+#include "emu_sysfs.h"
+#include "export.h"
+#include "fabric.h"
+#include "import.h"
+#include "pool.h"
+#include "region.h"
+#include "shmdev.h"
+#include "ubc.h"
 
 static long obmm_dev_ioctl(struct file *file, unsigned int cmd,
 			   unsigned long arg)
@@ -115,6 +124,12 @@ static void obmm_emu_fabric_down(void)
 	obmm_fabric_exit();
 }
 
+/* The emulated UMMU revokes imports and waits for borrows through these. */
+static const struct obmm_access_ops obmm_emu_access_ops = {
+	.revoke_scan = obmm_imports_revoke_scan,
+	.own_borrow_pending = obmm_imports_own_borrow_pending,
+};
+
 static int __init obmm_emu_init(void)
 {
 	int ret;
@@ -128,6 +143,7 @@ static int __init obmm_emu_init(void)
 	if (ret)
 		return ret;
 
+	obmm_access_register(&obmm_emu_access_ops);
 	obmm_regions_init();
 	ret = obmm_imports_init();
 	if (ret)
@@ -138,9 +154,12 @@ static int __init obmm_emu_init(void)
 	/* As obmm_core.c:ubmem_feature_probe(); the feature is the fabric's. */
 	pr_info("ub_feature: %#llx, obmm_enabled: %ld\n", obmm_ubc_feature(),
 		(long)obmm_fabric_enabled());
-	ret = obmm_shmdev_init();
+	ret = obmm_region_fs_init();
 	if (ret)
 		goto err_fabric;
+	ret = obmm_shmdev_init();
+	if (ret)
+		goto err_region_fs;
 	ret = obmm_sysfs_init();
 	if (ret)
 		goto err_shmdev;
@@ -164,6 +183,8 @@ err_sysfs:
 	obmm_sysfs_exit();
 err_shmdev:
 	obmm_shmdev_exit();
+err_region_fs:
+	obmm_region_fs_exit();
 err_fabric:
 	obmm_emu_fabric_down();
 err_imports:
@@ -199,6 +220,7 @@ static void __exit obmm_emu_exit(void)
 	obmm_ubc_exit();
 	obmm_sysfs_exit();
 	obmm_shmdev_exit();
+	obmm_region_fs_exit();
 	/* Before the fabric: the EXPORT_PID quarantine work reads the control region. */
 	obmm_exports_exit();
 	obmm_emu_fabric_down();

@@ -25,7 +25,13 @@
 #include <linux/topology.h>
 #include <linux/uaccess.h>
 
-#include "obmm_emu.h"
+#include "access.h"
+#include "export.h"
+#include "fabric.h"
+#include "import.h"
+#include "pool.h"
+#include "region.h"
+#include "shmdev.h"
 
 static u32 obmm_new_tokenid(void)
 {

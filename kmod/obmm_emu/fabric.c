@@ -14,12 +14,16 @@
 #include <linux/random.h>
 #include <linux/workqueue.h>
 
-#include "obmm_emu.h"
+#include "fabric.h"
 
 #define OBMM_EMU_DEFAULT_HEARTBEAT_MS	250
 #define OBMM_EMU_MIN_HEARTBEAT_MS	10
 /* Seqcount read attempts before an entry counts as unreadable. */
 #define OBMM_EMU_CTL_READ_TRIES		1000
+
+int obmm_emu_node_id;
+module_param_named(node_id, obmm_emu_node_id, int, 0444);
+MODULE_PARM_DESC(node_id, "Fabric node id of this guest (0..7, default 0)");
 
 static unsigned int cna;
 module_param(cna, uint, 0444);

@@ -42,7 +42,13 @@
 #include <linux/timer.h>
 #include <linux/uaccess.h>
 
-#include "obmm_emu.h"
+#include "access.h"
+#include "borrow.h"
+#include "fabric.h"
+#include "import.h"
+#include "region.h"
+#include "shmdev.h"
+#include "ubc.h"
 
 /*
  * The real driver's maple tree of PA ranges: direct imports and preimport

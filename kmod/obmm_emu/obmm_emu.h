@@ -1,6 +1,12 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * obmm_emu: emulated OBMM driver for obmm-testbed - internal interfaces.
+ * obmm_emu: emulated OBMM driver for obmm-testbed - what every layer
+ * shares: the region (struct obmm_region), the export record an import
+ * depends on, the constants, and obmm_refuse(), the refusal log.
+ *
+ * The functions of each file x.c are declared in x.h, and a file includes
+ * the headers of exactly the files it calls (tests/host/test_c_layers.py),
+ * so its includes show its place in the layers (README.md, "Layers").
  */
 #ifndef OBMM_EMU_H
 #define OBMM_EMU_H
@@ -223,157 +229,5 @@ static inline struct obmm_region *to_obmm_region(struct device *dev)
  * users load has none.  Every delay is bounded.
  */
 #define OBMM_TEST_DELAY_MAX_MS		5000
-
-/* core.c */
-extern int obmm_emu_node_id;
-
-/* region.c */
-struct obmm_region *obmm_region_alloc(enum obmm_region_type type);
-void obmm_region_free(struct obmm_region *r);
-int obmm_region_add_id(struct obmm_region *r, const char *op);
-void obmm_region_remove_id(struct obmm_region *r);
-void obmm_region_activate(struct obmm_region *r);
-int obmm_region_deactivate(const char *op, u64 mem_id, u64 flags,
-			   u64 valid_flags, enum obmm_region_type type,
-			   struct obmm_region **out);
-void obmm_region_reactivate(struct obmm_region *r);
-struct obmm_region *obmm_region_get_by_id(int id, int *err);
-void obmm_region_put(struct obmm_region *r);
-int obmm_copy_priv(struct obmm_region *r, const void __user *priv, u16 len,
-		   const char *op);
-int obmm_check_vendor(const void __user *vendor, u16 len, const char *op);
-long obmm_addr_query_ioctl(void __user *uarg);
-void obmm_regions_init(void);
-void obmm_regions_exit(void);
-
-/* pool.c */
-int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms);
-void obmm_pool_exit(void);
-bool obmm_pool_present(void);
-int obmm_pool_nid(void);
-u64 obmm_pool_granu(void);
-int obmm_pool_alloc(u64 size, bool fast, phys_addr_t *pa);
-void obmm_pool_free(phys_addr_t pa, u64 size, u64 epoch);
-void obmm_pool_stats(u64 *total, u64 *used, u64 *cleared, u64 *uncleared);
-phys_addr_t obmm_pool_base(void);
-u64 obmm_pool_size(void);
-int obmm_pool_parse_params(void);
-u64 obmm_pool_quarantined(void);
-unsigned long obmm_pool_quarantine_jiffies(void);
-
-/* export.c */
-long obmm_export_ioctl(void __user *uarg);
-long obmm_export_pid_ioctl(void __user *uarg);
-long obmm_unexport_ioctl(void __user *uarg);
-void obmm_exports_exit(void);
-
-/* import.c */
-long obmm_import_ioctl(void __user *uarg);
-long obmm_unimport_ioctl(void __user *uarg);
-long obmm_declare_preimport_ioctl(void __user *uarg);
-long obmm_undeclare_preimport_ioctl(void __user *uarg);
-int obmm_imports_init(void);
-void obmm_imports_exit(void);
-unsigned long obmm_imports_revoke_scan(void);
-bool obmm_imports_own_borrow_pending(void);
-ssize_t obmm_imports_show_revoked(char *buf);
-
-/* shmdev.c */
-int obmm_shmdev_init(void);
-void obmm_shmdev_exit(void);
-int obmm_shmdev_publish(struct obmm_region *r);
-void obmm_shmdev_unpublish(struct obmm_region *r);
-struct device *obmm_shmdev_root(void);
-void obmm_shmdev_revoke(struct obmm_region *r);
-struct inode *obmm_shmdev_inode_new(void);
-bool obmm_shmdev_revoked(struct obmm_region *r);
-
-/* ownership.c: per-mapping access and per-entry ownership counters */
-bool obmm_state_reader(u8 state);
-bool obmm_state_writer(u8 state);
-u8 obmm_mem_state_of(vm_flags_t flags, bool cacheable);
-vm_flags_t obmm_state_vm_flags(u8 state);
-void obmm_ownership_free(struct obmm_region *r);
-struct obmm_vmap *obmm_vmap_new(struct obmm_region *r, unsigned long first,
-				unsigned long nr, unsigned int shift, u8 state,
-				bool counted);
-struct obmm_region *obmm_vmap_region(const struct obmm_vmap *vm);
-void obmm_vmap_get(struct obmm_vmap *vm);
-void obmm_vmap_put(struct obmm_vmap *vm);
-void obmm_vmap_refuse_copy(struct obmm_vmap *vm, struct vm_area_struct *copy);
-bool obmm_vmap_is_refused_copy(struct obmm_vmap *vm,
-			       struct vm_area_struct *vma);
-u8 obmm_vmap_state(const struct obmm_vmap *vm, unsigned long entry);
-void obmm_vmap_release(struct obmm_vmap *vm, unsigned long from,
-		       unsigned long to);
-int obmm_vmap_move(struct obmm_vmap *vm, unsigned long from, unsigned long to,
-		   u8 new);
-void obmm_vmap_unmove(struct obmm_vmap *vm, unsigned long from,
-		      unsigned long to, u8 new);
-void obmm_vmap_commit(struct obmm_vmap *vm, unsigned long from,
-		      unsigned long to, u8 new);
-vm_flags_t obmm_vmap_vm_flags(const struct obmm_vmap *vm, unsigned long from,
-			      unsigned long to);
-
-/* fabric.c */
-int obmm_fabric_init(void);
-const struct tb_fabric_window *obmm_fabric_own_window(void);
-void obmm_fabric_start(phys_addr_t pool_base, u64 pool_size);
-void obmm_fabric_stop(void);
-void obmm_fabric_exit(void);
-bool obmm_fabric_enabled(void);
-u32 obmm_fabric_cna(void);
-u32 obmm_fabric_eid(void);
-const struct tb_fabric_window *obmm_fabric_window(int node);
-phys_addr_t obmm_fabric_ctl_base(void);
-u64 obmm_fabric_ctl_size(void);
-struct tb_fabric *obmm_fabric_tb(void);
-u64 obmm_fabric_make_uba(phys_addr_t pa);
-int obmm_ctl_publish_export(struct obmm_region *r);
-u64 obmm_ctl_withdraw_export(struct obmm_region *r);
-u64 obmm_fabric_withdraw_epoch(void);
-void obmm_ctl_write_ack(int node, u64 boot_id, u64 epoch);
-int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset);
-u64 obmm_fabric_boot_id(void);
-bool obmm_ctl_read_node(int node, struct obmm_emu_ctl_node *out);
-bool obmm_ctl_read_record(int node, int slot,
-			  struct obmm_emu_ctl_export *out);
-u32 obmm_ctl_record_state(int node, int slot);
-
-/* access.c: emulated UMMU access control and revocation */
-void obmm_access_start(void);
-void obmm_access_stop(void);
-u64 obmm_access_acked_epoch(void);
-unsigned int obmm_access_scan_ms(void);
-/* The live export record covering the range, if any (no tokenid check). */
-bool obmm_access_find_export(phys_addr_t addr, u64 len,
-			     struct obmm_export_dep *dep);
-const char *obmm_access_dep_lost(struct obmm_export_dep *dep,
-				 bool *unsure);
-
-/* borrow.c: NUMA_REMOTE memory hot-plug */
-u64 obmm_memory_block_bytes(void);
-void obmm_borrow_init(void);
-int obmm_borrow_lock_killable(void);
-bool obmm_borrow_trylock(void);
-void obmm_borrow_unlock(void);
-bool obmm_borrow_node_remote(int nid);
-int obmm_borrow_claim_node(int nid);
-void obmm_borrow_release_node_locked(int nid);
-int obmm_borrow_add_locked(struct obmm_region *r, int nid);
-int obmm_borrow_remove_locked(struct obmm_region *r, bool keep_memid);
-struct resource *obmm_borrow_ram_res(struct obmm_region *r);
-
-/* ubc.c: the emulated UB controllers and bus */
-int obmm_ubc_init(void);
-void obmm_ubc_exit(void);
-bool obmm_ubc_known_cna(u32 cna);
-u64 obmm_ubc_feature(void);
-
-/* sysfs.c */
-extern const struct attribute_group *obmm_export_groups[];
-extern const struct attribute_group *obmm_import_groups[];
-int obmm_sysfs_init(void);
-void obmm_sysfs_exit(void);
 
 #endif /* OBMM_EMU_H */

@@ -25,7 +25,7 @@
 #include <linux/overflow.h>
 #include <linux/slab.h>
 
-#include "obmm_emu.h"
+#include "ownership.h"
 
 /* Readers and writers of one granule entry. */
 struct obmm_owner {

@@ -45,7 +45,9 @@
 #include <linux/sysfs.h>
 #include <linux/workqueue.h>
 
-#include "obmm_emu.h"
+#include "access.h"
+#include "borrow.h"
+#include "pool.h"
 
 static unsigned long pool_base;
 module_param(pool_base, ulong, 0444);

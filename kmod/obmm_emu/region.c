@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * obmm_emu: regions, the shared id space, lifecycle refcount, ADDR_QUERY.
+ * obmm_emu: regions, the shared id space, lifecycle refcount, ADDR_QUERY,
+ * and the module's pseudo filesystem that holds each region's own inode.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -8,14 +9,68 @@
 #include <linux/idr.h>
 #include <linux/io.h>
 #include <linux/mm.h>
+#include <linux/mount.h>
+#include <linux/pseudo_fs.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 
-#include "obmm_emu.h"
+#include "ownership.h"
+#include "region.h"
 
 /* Protects obmm_region_idr and every region's ref transitions. */
 static DEFINE_MUTEX(obmm_region_mutex);
 static DEFINE_IDR(obmm_region_idr);
+
+/* The module's pseudo filesystem, home of the regions' own inodes. */
+#define OBMM_EMU_FS_NAME	"obmm_emu_region"
+#define OBMM_EMU_FS_MAGIC	0x6f626d6d	/* "obmm" */
+
+static struct vfsmount *obmm_fs_mnt;
+
+static int obmm_fs_init_fs_context(struct fs_context *fc)
+{
+	return init_pseudo(fc, OBMM_EMU_FS_MAGIC) ? 0 : -ENOMEM;
+}
+
+/*
+ * Never registered, only kern_mount()ed at init and kern_unmount()ed at
+ * exit.  No .owner: the mount must not pin the module it belongs to; every
+ * inode of it is a region's, and every region is gone before exit.
+ */
+static struct file_system_type obmm_fs_type = {
+	.name = OBMM_EMU_FS_NAME,
+	.init_fs_context = obmm_fs_init_fs_context,
+	.kill_sb = kill_anon_super,
+};
+
+/*
+ * A region's own inode (dropped with iput() when the region is freed).
+ * Region state must not hang on the inode of a device node: that may live
+ * on a filesystem unmounted while the region lives.
+ */
+static struct inode *obmm_region_inode_new(void)
+{
+	return alloc_anon_inode(obmm_fs_mnt->mnt_sb);
+}
+
+int obmm_region_fs_init(void)
+{
+	obmm_fs_mnt = kern_mount(&obmm_fs_type);
+	if (IS_ERR(obmm_fs_mnt)) {
+		int ret = PTR_ERR(obmm_fs_mnt);
+
+		obmm_fs_mnt = NULL;
+		return ret;
+	}
+	return 0;
+}
+
+/* After the last region is freed: its inode lives on the pseudo fs. */
+void obmm_region_fs_exit(void)
+{
+	kern_unmount(obmm_fs_mnt);
+	obmm_fs_mnt = NULL;
+}
 
 static void obmm_region_release(struct device *dev)
 {
@@ -34,7 +89,7 @@ struct obmm_region *obmm_region_alloc(enum obmm_region_type type)
 	r = kzalloc(sizeof(*r), GFP_KERNEL);
 	if (!r)
 		return NULL;
-	r->map_inode = obmm_shmdev_inode_new();
+	r->map_inode = obmm_region_inode_new();
 	if (IS_ERR(r->map_inode)) {
 		kfree(r);
 		return NULL;

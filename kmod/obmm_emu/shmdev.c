@@ -16,12 +16,13 @@
 #include <linux/mm.h>
 #include <linux/huge_mm.h>	/* after mm.h, which it needs */
 #include <linux/module.h>
-#include <linux/mount.h>
 #include <linux/pfn_t.h>
-#include <linux/pseudo_fs.h>
 #include <linux/uaccess.h>
 
-#include "obmm_emu.h"
+#include "ownership.h"
+#include "region.h"
+#include "shmdev.h"
+#include "sysfs.h"
 
 #define OBMM_SHMDEV_VMA_NAME	"OBMM_SHM"
 
@@ -53,39 +54,8 @@
 #define OBMM_PMD_HUGE		0
 #endif
 
-/* The module's pseudo filesystem, home of the regions' own inodes. */
-#define OBMM_EMU_FS_NAME	"obmm_emu_region"
-#define OBMM_EMU_FS_MAGIC	0x6f626d6d	/* "obmm" */
-
 static dev_t obmm_shmdev_devt;
 static struct device *obmm_root;
-static struct vfsmount *obmm_fs_mnt;
-
-static int obmm_fs_init_fs_context(struct fs_context *fc)
-{
-	return init_pseudo(fc, OBMM_EMU_FS_MAGIC) ? 0 : -ENOMEM;
-}
-
-/*
- * Never registered, only kern_mount()ed at init and kern_unmount()ed at
- * exit.  No .owner: the mount must not pin the module it belongs to; every
- * inode of it is a region's, and every region is gone before exit.
- */
-static struct file_system_type obmm_fs_type = {
-	.name = OBMM_EMU_FS_NAME,
-	.init_fs_context = obmm_fs_init_fs_context,
-	.kill_sb = kill_anon_super,
-};
-
-/*
- * A region's own inode (dropped with iput() when the region is freed).
- * Region state must not hang on the inode of a device node: that may live
- * on a filesystem unmounted while the region lives.
- */
-struct inode *obmm_shmdev_inode_new(void)
-{
-	return alloc_anon_inode(obmm_fs_mnt->mnt_sb);
-}
 
 struct device *obmm_shmdev_root(void)
 {
@@ -939,16 +909,10 @@ int obmm_shmdev_init(void)
 {
 	int ret;
 
-	obmm_fs_mnt = kern_mount(&obmm_fs_type);
-	if (IS_ERR(obmm_fs_mnt)) {
-		ret = PTR_ERR(obmm_fs_mnt);
-		obmm_fs_mnt = NULL;
-		return ret;
-	}
 	ret = alloc_chrdev_region(&obmm_shmdev_devt, OBMM_MIN_VALID_REGIONID,
 				  OBMM_MAX_VALID_REGIONID, "OBMM_SHMDEV");
 	if (ret)
-		goto err_unmount;
+		return ret;
 	obmm_root = root_device_register("obmm");
 	if (IS_ERR(obmm_root)) {
 		ret = PTR_ERR(obmm_root);
@@ -958,17 +922,11 @@ int obmm_shmdev_init(void)
 
 err_chrdev:
 	unregister_chrdev_region(obmm_shmdev_devt, OBMM_MAX_VALID_REGIONID);
-err_unmount:
-	kern_unmount(obmm_fs_mnt);
-	obmm_fs_mnt = NULL;
 	return ret;
 }
 
-/* After the last region is freed: its inode lives on the pseudo fs. */
 void obmm_shmdev_exit(void)
 {
 	root_device_unregister(obmm_root);
 	unregister_chrdev_region(obmm_shmdev_devt, OBMM_MAX_VALID_REGIONID);
-	kern_unmount(obmm_fs_mnt);
-	obmm_fs_mnt = NULL;
 }

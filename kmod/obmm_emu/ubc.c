@@ -27,7 +27,9 @@
 #include <linux/string.h>
 #include <linux/sysfs.h>
 
-#include "obmm_emu.h"
+#include "fabric.h"
+#include "pool.h"
+#include "ubc.h"
 
 #define OBMM_UBC_PREFIX		"ub_bus_controller"
 /* libobmm's vendor adaptor looks at ub_bus_controller0..7. */

@@ -1,149 +1,27 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * ub_compat: module init and exit, this node's identity, and
- * /sys/kernel/ub_compat/ (node_id, cna, eid, pool_base, pool_size and the
- * fabric's windows/, the names obmm_emu uses for the same things, so the
- * testbed's decoder and the guest tests read either).
+ * ub_compat: module init and exit, the composition root: the only file
+ * that calls every other one; none calls into it.
  *
- * Bring-up, in order (each step unwound in reverse): the fabric windows,
- * the export pool, numa_remote, the mm helpers, sysfs, the UB controller.
+ * Bring-up, in order (each step unwound in reverse): this node (its
+ * identity and the fabric windows, node.c), the export pool, numa_remote,
+ * the mm helpers, /sys/kernel/ub_compat, the UB controller.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
-#include <linux/kobject.h>
 #include <linux/module.h>
-#include <linux/moduleparam.h>
-#include <linux/nodemask.h>
-#include <linux/sysfs.h>
 
 #include "ub_compat.h"
 #include "ub_compat_priv.h"
-
-int ub_compat_node_id;
-module_param_named(node_id, ub_compat_node_id, int, 0444);
-MODULE_PARM_DESC(node_id, "Fabric node id of this guest (0..7, default 0)");
-
-static unsigned int cna;
-module_param(cna, uint, 0444);
-MODULE_PARM_DESC(cna, "Primary CNA of this node's UB controller (default node_id + 1)");
-
-static unsigned int eid;
-module_param(eid, uint, 0444);
-MODULE_PARM_DESC(eid, "EID (first 32 bits) of this node's UB controller (default node_id + 1)");
-
-static unsigned long pool_base;
-module_param(pool_base, ulong, 0444);
-MODULE_PARM_DESC(pool_base, "Physical base of the memory pfn_range_alloc() hands out (the RAM above mem=)");
-
-static unsigned long pool_size;
-module_param(pool_size, ulong, 0444);
-MODULE_PARM_DESC(pool_size, "Size of that memory in bytes (0: no pool)");
-
-static struct tb_fabric fabric;
-static struct kobject *ub_compat_kobj;
-
-u32 ub_compat_cna(void)
-{
-	return cna;
-}
-
-u32 ub_compat_eid(void)
-{
-	return eid;
-}
-
-struct tb_fabric *ub_compat_fabric(void)
-{
-	return &fabric;
-}
-
-/* The UB memory feature: this node reaches its own memory through the fabric. */
-bool ub_compat_fabric_present(void)
-{
-	return fabric.win[ub_compat_node_id].present;
-}
-
-int ub_compat_controller_nid(void)
-{
-	return first_online_node;
-}
-
-#define UB_COMPAT_ATTR(_name, _mode, _fmt, _value)			\
-static ssize_t _name##_show(struct kobject *kobj,			\
-			    struct kobj_attribute *attr, char *buf)	\
-{									\
-	return sysfs_emit(buf, _fmt "\n", _value);			\
-}									\
-static struct kobj_attribute ub_compat_##_name##_attr =			\
-	__ATTR_RO_MODE(_name, _mode)
-
-UB_COMPAT_ATTR(node_id, 0444, "%d", ub_compat_node_id);
-UB_COMPAT_ATTR(cna, 0444, "0x%x", cna);
-UB_COMPAT_ATTR(eid, 0444, "0x%x", eid);
-/* Physical addresses are root-only, like /proc/iomem. */
-UB_COMPAT_ATTR(pool_base, 0400, "0x%lx", pool_base);
-UB_COMPAT_ATTR(pool_size, 0444, "0x%lx", pool_size);
-
-static struct attribute *ub_compat_attrs[] = {
-	&ub_compat_node_id_attr.attr,
-	&ub_compat_cna_attr.attr,
-	&ub_compat_eid_attr.attr,
-	&ub_compat_pool_base_attr.attr,
-	&ub_compat_pool_size_attr.attr,
-	NULL,
-};
-
-static const struct attribute_group ub_compat_group = {
-	.attrs = ub_compat_attrs,
-};
-
-static void ub_compat_sysfs_exit(void)
-{
-	tb_fabric_sysfs_remove(&fabric);
-	if (ub_compat_kobj)
-		sysfs_remove_group(ub_compat_kobj, &ub_compat_group);
-	kobject_put(ub_compat_kobj);
-	ub_compat_kobj = NULL;
-}
-
-static int ub_compat_sysfs_init(void)
-{
-	int ret;
-
-	ub_compat_kobj = kobject_create_and_add(KBUILD_MODNAME, kernel_kobj);
-	if (!ub_compat_kobj)
-		return -ENOMEM;
-	ret = sysfs_create_group(ub_compat_kobj, &ub_compat_group);
-	if (ret) {
-		kobject_put(ub_compat_kobj);
-		ub_compat_kobj = NULL;
-		return ret;
-	}
-	ret = tb_fabric_sysfs_add(&fabric, ub_compat_kobj);
-	if (ret)
-		ub_compat_sysfs_exit();
-	return ret;
-}
 
 static int __init ub_compat_init(void)
 {
 	int ret;
 
-	if (ub_compat_node_id < 0 || ub_compat_node_id >= TB_FABRIC_MAX_NODES) {
-		pr_err("node_id %d out of range (0..%d)\n", ub_compat_node_id,
-		       TB_FABRIC_MAX_NODES - 1);
-		return -EINVAL;
-	}
-	if (!cna)
-		cna = ub_compat_node_id + 1;
-	if (!eid)
-		eid = ub_compat_node_id + 1;
-
-	tb_fabric_probe(&fabric);
-	if (!ub_compat_fabric_present())
-		pr_warn("no window onto this node's own memory: UB memory features absent\n");
-
-	ret = ub_compat_pool_init(pool_base, pool_size,
+	ret = ub_compat_node_init();
+	if (ret)
+		return ret;
+	ret = ub_compat_pool_init(ub_compat_pool_base(), ub_compat_pool_size(),
 				  ub_compat_controller_nid());
 	if (ret)
 		goto err_fabric;
@@ -158,7 +36,8 @@ static int __init ub_compat_init(void)
 	if (ret)
 		goto err_sysfs;
 	pr_info("node %d, cna 0x%x, eid 0x%x, pool %#lx bytes\n",
-		ub_compat_node_id, cna, eid, pool_size);
+		ub_compat_node_id, ub_compat_cna(), ub_compat_eid(),
+		ub_compat_pool_size());
 	return 0;
 
 err_sysfs:
@@ -168,7 +47,7 @@ err_numa_remote:
 err_pool:
 	ub_compat_pool_exit();
 err_fabric:
-	tb_fabric_release(&fabric);
+	ub_compat_node_exit();
 	return ret;
 }
 
@@ -179,7 +58,7 @@ static void __exit ub_compat_exit(void)
 	ub_compat_ummu_exit();
 	ub_compat_numa_remote_exit();
 	ub_compat_pool_exit();
-	tb_fabric_release(&fabric);
+	ub_compat_node_exit();
 }
 
 module_init(ub_compat_init);

@@ -10,7 +10,7 @@
 
 #include "testbed_fabric.h"
 
-/* core.c: this node's identity (module parameters) and its fabric */
+/* node.c: this node's identity (module parameters), its fabric, its sysfs */
 extern int ub_compat_node_id;
 u32 ub_compat_cna(void);
 u32 ub_compat_eid(void);
@@ -18,6 +18,13 @@ struct tb_fabric *ub_compat_fabric(void);
 bool ub_compat_fabric_present(void);
 /* the node the UB controller sits on: the first online local node */
 int ub_compat_controller_nid(void);
+unsigned long ub_compat_pool_base(void);
+unsigned long ub_compat_pool_size(void);
+int ub_compat_node_init(void);
+void ub_compat_node_exit(void);
+/* /sys/kernel/ub_compat/ */
+int ub_compat_sysfs_init(void);
+void ub_compat_sysfs_exit(void);
 
 /* pool.c: the memory pfn_range_alloc() hands out */
 int ub_compat_pool_init(phys_addr_t base, u64 size, int nid);

@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * obmm_emu: what access.c offers the files above it: emulated UMMU access
+ * control and revocation, a leaf over the fabric.
+ */
+#ifndef OBMM_EMU_ACCESS_H
+#define OBMM_EMU_ACCESS_H
+
+#include "obmm_emu.h"
+
+/* What the UMMU asks of the importer's side (import.c; wired by core.c). */
+struct obmm_access_ops {
+	/* revoke what lost its export; bit j: node j's records unsure */
+	unsigned long (*revoke_scan)(void);
+	/* a loopback borrow of withdrawn memory is still being unplugged */
+	bool (*own_borrow_pending)(void);
+};
+
+void obmm_access_register(const struct obmm_access_ops *ops);
+void obmm_access_start(void);
+void obmm_access_stop(void);
+u64 obmm_access_acked_epoch(void);
+unsigned int obmm_access_scan_ms(void);
+/* The live export record covering the range, if any (no tokenid check). */
+bool obmm_access_find_export(phys_addr_t addr, u64 len,
+			     struct obmm_export_dep *dep);
+const char *obmm_access_dep_lost(struct obmm_export_dep *dep,
+				 bool *unsure);
+
+#endif /* OBMM_EMU_ACCESS_H */
