@@ -213,15 +213,15 @@ UB_UPSTREAM = Var(
     "OBMM_UB_UPSTREAM",
     "paths",
     "an upstream UB driver tree (kunpengcompute/ub-os-component-dkms layout or an OLK checkout) "
-    "the real-driver and patch-check stages build from; absent: those stages skip, saying so",
-    default_text="the pinned copy in the nearest shared/upstream/ beside the checkout",
+    "the real-driver and patch-check stages build from; not given: those stages skip, saying so",
+    default_text="not given",
 )
 LIBOBMM_SOURCE = Var(
     "OBMM_LIBOBMM_SOURCE",
     "paths",
     "a libobmm source tree (libobmm.h, libobmm.c, vendor_adaptor.c) the cluster suite's libobmm "
-    "test builds in the nodes; absent: that test skips, saying so",
-    default_text="the pinned copy in the nearest shared/upstream/ beside the checkout",
+    "test builds in the nodes; not given: that test skips, saying so",
+    default_text="not given",
 )
 RUN_ROOT = Var(
     "OBMM_TESTBED_RUN_ROOT",

@@ -1,6 +1,6 @@
 """Host tests for obmm.tools.patchcheck (the ``make patch-check`` checks).
 
-The tests that apply the series need the pinned upstream tree (an input kept outside the
+The tests that apply the series need an upstream tree (an input given by path, never part of the
 project, :func:`obmm.testbed.paths.ub_upstream_dir`); without it they skip with one line.
 """
 
@@ -21,10 +21,10 @@ FIRST = "0001-"
 NEEDS_TOOLS = pytest.mark.skipif(
     shutil.which("perl") is None or shutil.which("git") is None, reason="needs perl and git"
 )
-UPSTREAM = paths.ub_upstream_dir()
+UPSTREAM = paths.ub_upstream_dir() or Path("/nonexistent")
+MISSING = paths.ub_upstream_missing("test_patchcheck (the series on the tree)", ".")
 NEEDS_TREE = pytest.mark.skipif(
-    not UPSTREAM.is_dir() or shutil.which("git") is None,
-    reason=f"no upstream tree at {UPSTREAM} (set {envvars.UB_UPSTREAM.name})",
+    MISSING is not None or shutil.which("git") is None, reason=MISSING or "needs git"
 )
 
 
