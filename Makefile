@@ -54,15 +54,25 @@ dist: setup-python
 # make test: lint and the host suite beside the image and module builds, then patch-check (the
 # host suite leaves about a third of the machine idle, and mmdebstrap mostly one core), then
 # qemu-test, then testbed-test beside hw-proof, then the real driver's suites (one line and
-# nothing when the upstream tree is absent).  A failing part stops the run after its
-# side-by-side step.
+# nothing when no upstream tree is given).  A failing part stops the run after its
+# side-by-side step.  Every stage is timed (wall and CPU, children and guests included) into
+# results/stage-times.jsonl; whatever the outcome, the run ends with the table of each stage's
+# wall time against its CPU floor (also results/stage-summary.json) and the list of what was
+# skipped for lack of an input (results/skipped-inputs.txt).
+TEST_TIMES := results/stage-times.jsonl
 test: setup-python
-	@$(SIDE_BY_SIDE) 'host=$(MAKE) --no-print-directory lint host-test' \
+	@rm -f $(TEST_TIMES) results/skipped-inputs.txt; st=0; \
+	$(SIDE_BY_SIDE) --record $(TEST_TIMES) --stage host+build \
+		'host=$(MAKE) --no-print-directory lint host-test' \
 		'build=$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse' \
-		'build+=$(MAKE) --no-print-directory patch-check'
-	@$(MAKE) --no-print-directory qemu-test
-	@$(MAKE) --no-print-directory testbed-and-hw-proof
-	@$(MAKE) --no-print-directory real-driver-test
+		'build+=$(MAKE) --no-print-directory patch-check' || st=1; \
+	for stage in qemu-test testbed-and-hw-proof real-driver-test; do \
+		[ $$st = 0 ] || break; \
+		$(SIDE_BY_SIDE) --record $(TEST_TIMES) --stage $$stage --plain \
+			"$$stage=$(MAKE) --no-print-directory $$stage STAGE_TIMES=$(TEST_TIMES)" || st=1; \
+	done; \
+	$(PY) -m obmm.tools.stage_summary --times $(TEST_TIMES); \
+	exit $$st
 
 lint: setup-python
 	$(VENV)/bin/ruff check pylib tests
@@ -93,10 +103,13 @@ image: setup-python
 # `make testbed-test`, the hardware stage's full proofs `make hw-proof`.  A green run's wall
 # time is recorded (cold if the image was built) for `make bench`.
 SIDE_BY_SIDE := $(PY) -m obmm.tools.side_by_side
+# Set by make test: where the side-by-side stages append their times (empty: not recorded).
+STAGE_TIMES ?=
+RECORD_TIMES = $(if $(STAGE_TIMES),--record $(STAGE_TIMES))
 qemu-test: setup-python
 	@t0=$$(date +%s); \
 	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
-	$(SIDE_BY_SIDE) \
+	$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage qemu-test \
 		'qemu=$(PYTEST) tests/qemu -m "not hw_proof" --ignore=tests/qemu/test_hw_stage.py --junitxml=results/qemu-junit.xml -o junit_logging=all' \
 		'cluster=$(PYTEST) tests/cluster -m "not hw_proof and not fuzz" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/cluster-junit.xml -o junit_logging=all' \
 		'trust=$(PYTEST) tests/cluster/test_ctl_trust.py -m "not slow" --junitxml=results/trust-junit.xml -o junit_logging=all' \
@@ -128,20 +141,21 @@ hw-proof: setup-python
 # node at a time, or guests waiting out hang and death timers).
 testbed-and-hw-proof: setup-python
 	@$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1
-	@$(SIDE_BY_SIDE) 'testbed=$(TESTBED_TEST)' 'hw=$(HW_PROOF_GUEST)' 'hw+=$(HW_PROOF_CLUSTER)'
+	@$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage testbed-and-hw-proof \
+		'testbed=$(TESTBED_TEST)' 'hw=$(HW_PROOF_GUEST)' 'hw+=$(HW_PROOF_CLUSTER)'
 
-# The real obmm.ko: upstream's drivers/ub/obmm (from $OBMM_UB_UPSTREAM, else the pinned tree;
-# absent: one line and nothing run) built over kmod/ub_compat, then the guest and cluster suites
-# on it side by side (emulator_only tests skip, real_driver_differs ones are expected failures),
+# The real obmm.ko: upstream's drivers/ub/obmm (from the tree $OBMM_UB_UPSTREAM names; not
+# given: one line, noted for make test's list, and nothing run) built over kmod/ub_compat, then
+# the guest and cluster suites on it side by side (emulator_only tests skip, real_driver_differs ones are expected failures),
 # then results/real-vs-emu.md and .json against the emulator's junit files of qemu-test and the
 # last fuzz-diff result.
 REAL_ENV = OBMM_TESTBED_DRIVER=real
 real-driver-test: setup-python
-	@$(PY) -m obmm.testbed.realreport --check-upstream || exit 0; \
+	@$(PY) -m obmm.testbed.realreport --check-upstream --step real-driver-test || exit 0; \
 	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
 	$(VENV)/bin/obmm-testbed kmod --driver real --reuse || exit 1; \
 	st=0; \
-	$(SIDE_BY_SIDE) \
+	$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage real-driver-test \
 		'real=$(REAL_ENV) $(PYTEST) tests/qemu -m "not hw_proof" --ignore=tests/qemu/test_hw_stage.py --junitxml=results/real-qemu-junit.xml -o junit_logging=all' \
 		'realcluster=$(REAL_ENV) $(PYTEST) tests/cluster -m "not hw_proof" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/real-cluster-junit.xml -o junit_logging=all' \
 	|| st=1; \
@@ -154,7 +168,7 @@ real-driver-test: setup-python
 FUZZ_DIFF_SEED ?= 1
 FUZZ_DIFF_OPS ?= 20000
 fuzz-diff: setup-python
-	@$(PY) -m obmm.testbed.realreport --check-upstream || exit 0; \
+	@$(PY) -m obmm.testbed.realreport --check-upstream --step fuzz-diff || exit 0; \
 	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
 	$(VENV)/bin/obmm-testbed fuzz-diff --seed $(FUZZ_DIFF_SEED) --ops $(FUZZ_DIFF_OPS)
 
@@ -211,9 +225,8 @@ kmod: setup-python
 	$(VENV)/bin/obmm-testbed kmod $(KBUILD_ARGS)
 
 # The URMA_SEG_MAPPED series (kmod/patches/README.md): format, trailers, checkpatch; then, on the
-# upstream UB tree (UPSTREAM=DIR, default $$OBMM_UB_UPSTREAM or the pinned copy; absent: one line
-# and skipped), git am --3way, ubcore/uburma built against the guest kernel, the series' KUnit
-# cases in a guest (NO_GUEST=1: not), and the ready-to-send set in results/patch-check/outgoing.
+# upstream UB tree (UPSTREAM=DIR, default $$OBMM_UB_UPSTREAM; not given: one line and skipped),
+# git am --3way, ubcore/uburma built against the guest kernel, the series' KUnit cases in a guest (NO_GUEST=1: not), and the ready-to-send set in results/patch-check/outgoing.
 UPSTREAM ?=
 NO_GUEST ?=
 patch-check: setup-python

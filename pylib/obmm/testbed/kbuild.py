@@ -704,12 +704,12 @@ def check_upstream(tree: Path | None) -> Path:
     """``tree`` resolved, if it is an upstream UB driver tree; else UpstreamMissing, whose text
     ends a :func:`obmm.testbed.paths.input_skip_line` (``<step>: skipped: <it>``).  None: not
     given (there is no default place to look)."""
+    hint = f"{paths.UB_UPSTREAM_HINT}, or --upstream"
+    if tree is None:
+        raise UpstreamMissing(f"no upstream UB driver tree ({hint})")
     for marker in UPSTREAM_MARKERS:
-        if tree is None or not (tree / marker).is_file():
-            where = "" if tree is None else f" at {tree} (no {marker})"
-            raise UpstreamMissing(
-                f"no upstream UB driver tree{where} ({paths.UB_UPSTREAM_HINT}, or --upstream)"
-            )
+        if not (tree / marker).is_file():
+            raise UpstreamMissing(f"no upstream UB driver tree at {tree} (no {marker}) ({hint})")
     return tree.resolve()
 
 
