@@ -167,7 +167,8 @@ BOOT_TIMEOUT = Var(
 TIMEOUT_SCALE = Var(
     "OBMM_TESTBED_TIMEOUT_SCALE",
     "testbed",
-    "factor (>= 1) on the boot and per-test timeouts (slower debug kernels)",
+    "factor (>= 1) on the boot and per-test timeouts and the suites' waits for work of variable "
+    "length (slower debug kernels, a busy machine)",
     default=1.0,
     parse=as_float,
 )
