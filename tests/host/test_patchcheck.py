@@ -248,6 +248,9 @@ def test_without_the_tree_the_command_says_so_in_one_line_and_passes(
     about_tree = [ln for ln in out if str(missing) in ln or "baseline-apply" in ln]
     assert about_tree == [patchcheck.skip_line(missing)]
     assert about_tree[0].startswith("NOT RUN") and envvars.UB_UPSTREAM.name in about_tree[0]
+    # ... and the line make test lists at its end.
+    (noted,) = paths.skipped_inputs_file().read_text().splitlines()
+    assert noted.startswith("patch-check (") and paths.is_input_skip(noted), noted
     assert out[-1] == "patch-check: 22 passed, 0 failed, 1 not run"
 
 
