@@ -85,4 +85,5 @@ def test_the_example_project_passes_and_the_checks_fail_bad_tests(tmp_path: Path
 
     # Nothing left: no run directory (QEMU gone), no consoles of a green cluster.
     assert not list(run_root().glob(f"{RUN_PREFIX}pytest-{proc.pid}-*"))
-    assert wall < BUDGET_S * 2, f"{wall:.0f} s"  # the budget is {BUDGET_S} s; CI hosts vary
+    # The budget is BUDGET_S; CI hosts vary, and a busy or slower machine says so by the scale.
+    assert wall < scaled(BUDGET_S * 2), f"{wall:.0f} s"
