@@ -12,7 +12,7 @@ APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3 \
 	gcc-aarch64-linux-gnu debian-archive-keyring
 
-.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof testbed-and-hw-proof real-driver-test fuzz-diff hw-test bench patch-check image kmod fuzz clean
+.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof testbed-and-hw-proof real-driver-test fuzz-diff hw-test bench patch-check image kmod suite-build fuzz clean
 
 setup: setup-apt setup-python setup-node
 
@@ -54,15 +54,25 @@ dist: setup-python
 # make test: lint and the host suite beside the image and module builds, then patch-check (the
 # host suite leaves about a third of the machine idle, and mmdebstrap mostly one core), then
 # qemu-test, then testbed-test beside hw-proof, then the real driver's suites (one line and
-# nothing when the upstream tree is absent).  A failing part stops the run after its
-# side-by-side step.
+# nothing when no upstream tree is given).  A failing part stops the run after its
+# side-by-side step.  Every stage is timed (wall and CPU, children and guests included) into
+# results/stage-times.jsonl; whatever the outcome, the run ends with the table of each stage's
+# wall time against its CPU floor (also results/stage-summary.json) and the list of what was
+# skipped for lack of an input (results/skipped-inputs.txt).
+TEST_TIMES := results/stage-times.jsonl
 test: setup-python
-	@$(SIDE_BY_SIDE) 'host=$(MAKE) --no-print-directory lint host-test' \
-		'build=$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse' \
-		'build+=$(MAKE) --no-print-directory patch-check'
-	@$(MAKE) --no-print-directory qemu-test
-	@$(MAKE) --no-print-directory testbed-and-hw-proof
-	@$(MAKE) --no-print-directory real-driver-test
+	@rm -f $(TEST_TIMES) results/skipped-inputs.txt; st=0; \
+	$(SIDE_BY_SIDE) --record $(TEST_TIMES) --stage host+build \
+		'host=$(MAKE) --no-print-directory lint host-test' \
+		'build=$(MAKE) --no-print-directory suite-build' \
+		'build+=$(MAKE) --no-print-directory patch-check' || st=1; \
+	for stage in qemu-test testbed-and-hw-proof real-driver-test; do \
+		[ $$st = 0 ] || break; \
+		$(SIDE_BY_SIDE) --record $(TEST_TIMES) --stage $$stage --plain \
+			"$$stage=$(MAKE) --no-print-directory $$stage STAGE_TIMES=$(TEST_TIMES)" || st=1; \
+	done; \
+	$(PY) -m obmm.tools.stage_summary --times $(TEST_TIMES); \
+	exit $$st
 
 lint: setup-python
 	$(VENV)/bin/ruff check pylib tests
@@ -93,14 +103,30 @@ image: setup-python
 # `make testbed-test`, the hardware stage's full proofs `make hw-proof`.  A green run's wall
 # time is recorded (cold if the image was built) for `make bench`.
 SIDE_BY_SIDE := $(PY) -m obmm.tools.side_by_side
+# The suites' selections, each spelled once: qemu-test runs the four side by side, real-driver-test
+# the guest and cluster suites on the real driver, debug-test (ci/debug.mk) the guest suite with
+# the hardware stage's quick tests, then the cluster suite with its trust tests, on the debug
+# kernel.  The fuzz-marked cross-node fuzzer is make fuzz's; the slow trust tests too.
+GUEST_MARKS := not hw_proof
+CLUSTER_MARKS := not hw_proof and not fuzz and not slow
+GUEST_ALL = tests/qemu -m "$(GUEST_MARKS)"
+GUEST_SUITE = $(GUEST_ALL) --ignore=tests/qemu/test_hw_stage.py
+HW_STAGE_SUITE = tests/qemu/test_hw_stage.py -m "$(GUEST_MARKS)"
+CLUSTER_ALL = tests/cluster -m "$(CLUSTER_MARKS)"
+CLUSTER_SUITE = $(CLUSTER_ALL) --ignore=tests/cluster/test_ctl_trust.py
+TRUST_SUITE = tests/cluster/test_ctl_trust.py -m "$(CLUSTER_MARKS)"
+JUNIT = --junitxml=results/$(1)-junit.xml -o junit_logging=all
+# Set by make test: where the side-by-side stages append their times (empty: not recorded).
+STAGE_TIMES ?=
+RECORD_TIMES = $(if $(STAGE_TIMES),--record $(STAGE_TIMES))
 qemu-test: setup-python
 	@t0=$$(date +%s); \
-	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
-	$(SIDE_BY_SIDE) \
-		'qemu=$(PYTEST) tests/qemu -m "not hw_proof" --ignore=tests/qemu/test_hw_stage.py --junitxml=results/qemu-junit.xml -o junit_logging=all' \
-		'cluster=$(PYTEST) tests/cluster -m "not hw_proof and not fuzz" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/cluster-junit.xml -o junit_logging=all' \
-		'trust=$(PYTEST) tests/cluster/test_ctl_trust.py -m "not slow" --junitxml=results/trust-junit.xml -o junit_logging=all' \
-		'trust+=$(PYTEST) tests/qemu/test_hw_stage.py -m "not hw_proof" --junitxml=results/hw-stage-junit.xml -o junit_logging=all' \
+	$(MAKE) --no-print-directory suite-build || exit 1; \
+	$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage qemu-test \
+		'qemu=$(PYTEST) $(GUEST_SUITE) $(call JUNIT,qemu)' \
+		'cluster=$(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,cluster)' \
+		'trust=$(PYTEST) $(TRUST_SUITE) $(call JUNIT,trust)' \
+		'trust+=$(PYTEST) $(HW_STAGE_SUITE) $(call JUNIT,hw-stage)' \
 	|| exit 1; \
 	$(PY) -m obmm.bench.cluster_hook record $$t0 results/qemu-junit.xml results/cluster-junit.xml \
 		results/trust-junit.xml results/hw-stage-junit.xml || true
@@ -109,16 +135,16 @@ qemu-test: setup-python
 # panic; snapshots saved, restored and refused; `obmm-testbed run` from an installed wheel.
 TESTBED_TEST = $(PYTEST) tests/testbed --junitxml=results/testbed-junit.xml -o junit_logging=all
 testbed-test: setup-python
-	@$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1
+	@$(MAKE) --no-print-directory suite-build || exit 1
 	$(TESTBED_TEST)
 
 # The hardware stage run in full against QEMU nodes standing in for UB hosts: the whole guest
 # suite on one node, the cluster suite across a pair (hardware mode, window-table decoder).
-HW_PROOF_GUEST = $(PYTEST) tests/qemu/test_hw_stage.py -m hw_proof --junitxml=results/hw-proof-junit.xml -o junit_logging=all
-HW_PROOF_CLUSTER = $(PYTEST) tests/cluster -m hw_proof --junitxml=results/hw-proof-cluster-junit.xml -o junit_logging=all
+HW_PROOF_GUEST = $(PYTEST) tests/qemu/test_hw_stage.py -m hw_proof $(call JUNIT,hw-proof)
+HW_PROOF_CLUSTER = $(PYTEST) tests/cluster -m hw_proof $(call JUNIT,hw-proof-cluster)
 hw-proof: setup-python
 	@st=0; \
-	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
+	$(MAKE) --no-print-directory suite-build || exit 1; \
 	$(HW_PROOF_GUEST) || st=1; \
 	$(HW_PROOF_CLUSTER) || st=1; \
 	exit $$st
@@ -127,23 +153,24 @@ hw-proof: setup-python
 # [testbed] and [hw]), as one job each.  Either alone keeps a core idle much of the time (one
 # node at a time, or guests waiting out hang and death timers).
 testbed-and-hw-proof: setup-python
-	@$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1
-	@$(SIDE_BY_SIDE) 'testbed=$(TESTBED_TEST)' 'hw=$(HW_PROOF_GUEST)' 'hw+=$(HW_PROOF_CLUSTER)'
+	@$(MAKE) --no-print-directory suite-build || exit 1
+	@$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage testbed-and-hw-proof \
+		'testbed=$(TESTBED_TEST)' 'hw=$(HW_PROOF_GUEST)' 'hw+=$(HW_PROOF_CLUSTER)'
 
-# The real obmm.ko: upstream's drivers/ub/obmm (from $OBMM_UB_UPSTREAM, else the pinned tree;
-# absent: one line and nothing run) built over kmod/ub_compat, then the guest and cluster suites
-# on it side by side (emulator_only tests skip, real_driver_differs ones are expected failures),
+# The real obmm.ko: upstream's drivers/ub/obmm (from the tree $OBMM_UB_UPSTREAM names; not
+# given: one line, noted for make test's list, and nothing run) built over kmod/ub_compat, then
+# the guest and cluster suites on it side by side (emulator_only tests skip, real_driver_differs ones are expected failures),
 # then results/real-vs-emu.md and .json against the emulator's junit files of qemu-test and the
 # last fuzz-diff result.
 REAL_ENV = OBMM_TESTBED_DRIVER=real
 real-driver-test: setup-python
-	@$(PY) -m obmm.testbed.realreport --check-upstream || exit 0; \
-	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
+	@$(PY) -m obmm.testbed.realreport --check-upstream --step real-driver-test || exit 0; \
+	$(MAKE) --no-print-directory suite-build || exit 1; \
 	$(VENV)/bin/obmm-testbed kmod --driver real --reuse || exit 1; \
 	st=0; \
-	$(SIDE_BY_SIDE) \
-		'real=$(REAL_ENV) $(PYTEST) tests/qemu -m "not hw_proof" --ignore=tests/qemu/test_hw_stage.py --junitxml=results/real-qemu-junit.xml -o junit_logging=all' \
-		'realcluster=$(REAL_ENV) $(PYTEST) tests/cluster -m "not hw_proof" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/real-cluster-junit.xml -o junit_logging=all' \
+	$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage real-driver-test \
+		'real=$(REAL_ENV) $(PYTEST) $(GUEST_SUITE) $(call JUNIT,real-qemu)' \
+		'realcluster=$(REAL_ENV) $(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,real-cluster)' \
 	|| st=1; \
 	$(PY) -m obmm.testbed.realreport || st=1; \
 	exit $$st
@@ -154,8 +181,8 @@ real-driver-test: setup-python
 FUZZ_DIFF_SEED ?= 1
 FUZZ_DIFF_OPS ?= 20000
 fuzz-diff: setup-python
-	@$(PY) -m obmm.testbed.realreport --check-upstream || exit 0; \
-	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
+	@$(PY) -m obmm.testbed.realreport --check-upstream --step fuzz-diff || exit 0; \
+	$(MAKE) --no-print-directory suite-build || exit 1; \
 	$(VENV)/bin/obmm-testbed fuzz-diff --seed $(FUZZ_DIFF_SEED) --ops $(FUZZ_DIFF_OPS)
 
 # The structured fuzzer of obmm_emu (pylib/obmm/fuzz) on a fresh 2-node cluster: both nodes fuzz
@@ -187,7 +214,7 @@ fuzz: setup-python
 		$(VENV)/bin/obmm-testbed ssh --name $(FUZZ_CLUSTER) --timeout $(FUZZ_TIMEOUT) $(FUZZ_NODE) -- \
 			'$(call fuzz-cmd,$(FUZZ_SEED))'; \
 	else \
-		$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
+		$(MAKE) --no-print-directory suite-build || exit 1; \
 		$(VENV)/bin/obmm-testbed run --nodes 2 --dir none --timeout $(FUZZ_TIMEOUT) \
 			--node 0='$(call fuzz-cmd,$(FUZZ_SEED))' \
 			--node 1='$(call fuzz-cmd,$$(($(FUZZ_SEED) + 1)))' || exit 1; \
@@ -202,18 +229,21 @@ BENCH_ARGS ?=
 bench: image kmod
 	$(VENV)/bin/obmm-testbed bench --print-summary $(BENCH_ARGS)
 
+# What every VM target needs first: the guest image and the modules, the modules' build skipped
+# when results/kmod holds the .ko files of these very sources (--reuse).
+suite-build: KBUILD_ARGS = --reuse
+suite-build: image kmod
+
 # Build every module under kmod/ against the guest kernel's headers (fetched
 # into ~/.cache), W=1, then the ELF pre-flight of each .ko.
-# The suites' targets pass --reuse: no build when results/kmod holds the .ko files of these very
-# sources (a plain `make kmod` always builds).
+# The suites' targets build it through suite-build (--reuse; a plain `make kmod` always builds).
 KBUILD_ARGS ?=
 kmod: setup-python
 	$(VENV)/bin/obmm-testbed kmod $(KBUILD_ARGS)
 
 # The URMA_SEG_MAPPED series (kmod/patches/README.md): format, trailers, checkpatch; then, on the
-# upstream UB tree (UPSTREAM=DIR, default $$OBMM_UB_UPSTREAM or the pinned copy; absent: one line
-# and skipped), git am --3way, ubcore/uburma built against the guest kernel, the series' KUnit
-# cases in a guest (NO_GUEST=1: not), and the ready-to-send set in results/patch-check/outgoing.
+# upstream UB tree (UPSTREAM=DIR, default $$OBMM_UB_UPSTREAM; not given: one line and skipped),
+# git am --3way, ubcore/uburma built against the guest kernel, the series' KUnit cases in a guest (NO_GUEST=1: not), and the ready-to-send set in results/patch-check/outgoing.
 UPSTREAM ?=
 NO_GUEST ?=
 patch-check: setup-python

@@ -39,8 +39,8 @@ debug-test: setup-python
 	$(MAKE) --no-print-directory debug-kernel image || exit 1; \
 	export OBMM_TESTBED_KERNEL=debug OBMM_TESTBED_TIMEOUT_SCALE=$(DEBUG_TIMEOUT_SCALE); \
 	$(PY) -m obmm.testbed.kmemleak clear; \
-	$(PYTEST) tests/qemu -m "not hw_proof" --junitxml=results/debug-qemu-junit.xml -o junit_logging=all || st=1; \
-	$(PYTEST) tests/cluster -m "not hw_proof and not slow and not fuzz" --junitxml=results/debug-cluster-junit.xml -o junit_logging=all || st=1; \
+	$(PYTEST) $(GUEST_ALL) $(call JUNIT,debug-qemu) || st=1; \
+	$(PYTEST) $(CLUSTER_ALL) $(call JUNIT,debug-cluster) || st=1; \
 	{ $(DEBUG_FUZZ_CMD); } || st=1; \
 	$(PY) -m obmm.testbed.kmemleak check || st=1; \
 	echo "debug-test: $$(( $$(date +%s) - t0 )) s, $$([ $$st = 0 ] && echo PASS || echo FAIL)"; \

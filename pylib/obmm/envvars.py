@@ -167,7 +167,8 @@ BOOT_TIMEOUT = Var(
 TIMEOUT_SCALE = Var(
     "OBMM_TESTBED_TIMEOUT_SCALE",
     "testbed",
-    "factor (>= 1) on the boot and per-test timeouts (slower debug kernels)",
+    "factor (>= 1) on the boot and per-test timeouts and the suites' waits for work of variable "
+    "length (slower debug kernels, a busy machine)",
     default=1.0,
     parse=as_float,
 )
@@ -213,15 +214,15 @@ UB_UPSTREAM = Var(
     "OBMM_UB_UPSTREAM",
     "paths",
     "an upstream UB driver tree (kunpengcompute/ub-os-component-dkms layout or an OLK checkout) "
-    "the real-driver and patch-check stages build from; absent: those stages skip, saying so",
-    default_text="the pinned copy in the nearest shared/upstream/ beside the checkout",
+    "the real-driver and patch-check stages build from; not given: those stages skip, saying so",
+    default_text="not given",
 )
 LIBOBMM_SOURCE = Var(
     "OBMM_LIBOBMM_SOURCE",
     "paths",
     "a libobmm source tree (libobmm.h, libobmm.c, vendor_adaptor.c) the cluster suite's libobmm "
-    "test builds in the nodes; absent: that test skips, saying so",
-    default_text="the pinned copy in the nearest shared/upstream/ beside the checkout",
+    "test builds in the nodes; not given: that test skips, saying so",
+    default_text="not given",
 )
 RUN_ROOT = Var(
     "OBMM_TESTBED_RUN_ROOT",

@@ -45,7 +45,7 @@ from obmm.testbed import provision
 from obmm.testbed.guest_plugin import mark_for_driver
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.parallel import on_each
-from obmm.testbed.paths import repo_root, results_dir
+from obmm.testbed.paths import is_input_skip, note_input_skip, repo_root, results_dir
 from obmm.testbed.provision import payload_tar
 from obmm.testbed.session import Session, attach, bring_up, topology_for
 from obmm.testbed.settings import Settings
@@ -65,6 +65,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     # CI cancelling the job unwinds like Ctrl-C, so the cluster is torn down.
     interrupts.install_sigterm_unwinds()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # A test skipped for lack of an input given by path (libobmm): its line goes to the list
+    # `make test` ends with.
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        if is_input_skip(reason):
+            note_input_skip(reason)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

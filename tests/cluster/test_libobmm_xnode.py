@@ -1,8 +1,8 @@
 """Stock libobmm across two nodes: its ten public functions and their refusals.
 
 libobmm is an input (openEuler's, Mulan PSL v2), built in each node from the source tree that
-``$OBMM_LIBOBMM_SOURCE`` names (default: the pinned copy beside the checkout,
-:func:`obmm.testbed.paths.libobmm_source_dir`) with the node's gcc and this project's UAPI
+``$OBMM_LIBOBMM_SOURCE`` names (:func:`obmm.testbed.paths.libobmm_source_dir`; not given: the
+module skips with one line) with the node's gcc and this project's UAPI
 header.  Our program ``guest_side/libobmm_xnode.c`` calls it and prints one JSON line per call;
 this module compares each errno with the real driver's (docs/obmm-driver.md section 4) or, where
 libobmm decides before any ioctl, with what libobmm does (docs/obmm-driver.md section 8.3).
@@ -20,13 +20,13 @@ import json
 import shlex
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from xharness import ClusterHarness
 
-from obmm import envvars
-from obmm.testbed.paths import libobmm_source_dir
+from obmm.testbed import paths
 
 A, B = 0, 1
 SZ_2M = 2 << 20
@@ -34,12 +34,10 @@ PAGE = 4096
 SEED = 0x5EED
 MARK = b"written-by-node1"  # what libobmm_xnode.c writes at offset 0 of B's import
 BUILD = "/tmp/libobmm-xnode"
-SOURCE = libobmm_source_dir()
+SOURCE = paths.libobmm_source_dir() or Path("/nonexistent")
+MISSING = paths.libobmm_missing("cluster test_libobmm_xnode (stock libobmm across two nodes)")
 
-pytestmark = pytest.mark.skipif(
-    not (SOURCE / "libobmm.h").is_file(),
-    reason=f"no libobmm source tree at {SOURCE} (set {envvars.LIBOBMM_SOURCE.name})",
-)
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 Steps = dict[str, dict[str, Any]]
 

@@ -22,6 +22,7 @@ import pytest
 
 from obmm.testbed.cluster import RUN_PREFIX
 from obmm.testbed.paths import repo_root, run_root
+from obmm.testbed.settings import scaled
 
 pytestmark = pytest.mark.emulator_only  # obmm_testhook.ko, and the plugin boots QEMU nodes
 
@@ -56,7 +57,7 @@ def test_the_example_project_passes_and_the_checks_fail_bad_tests(tmp_path: Path
         cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        stdout, _ = proc.communicate(timeout=600)
+        stdout, _ = proc.communicate(timeout=scaled(600))
     except subprocess.TimeoutExpired:
         proc.terminate()  # SIGTERM: pytest unwinds and the plugin stops its cluster
         stdout, _ = proc.communicate(timeout=60)
@@ -84,4 +85,5 @@ def test_the_example_project_passes_and_the_checks_fail_bad_tests(tmp_path: Path
 
     # Nothing left: no run directory (QEMU gone), no consoles of a green cluster.
     assert not list(run_root().glob(f"{RUN_PREFIX}pytest-{proc.pid}-*"))
-    assert wall < BUDGET_S * 2, f"{wall:.0f} s"  # the budget is {BUDGET_S} s; CI hosts vary
+    # The budget is BUDGET_S; CI hosts vary, and a busy or slower machine says so by the scale.
+    assert wall < scaled(BUDGET_S * 2), f"{wall:.0f} s"

@@ -181,3 +181,23 @@ def test_parallel_tcg_figures_bring_up_both_variants(monkeypatch: pytest.MonkeyP
         "testbed.tcg.workload_wall", "testbed.tcg_serial.workload_wall",
         "testbed.tcg.qemu_cpu", "testbed.tcg_serial.qemu_cpu",
     }  # fmt: skip
+
+
+def test_make_test_s_stage_summary_becomes_wall_against_floor_figures(tmp_path: Path) -> None:
+    # What obmm.tools.stage_summary writes at the end of make test.
+    summary = tmp_path / "stage-summary.json"
+    assert cluster_hook._stage_figures(summary) == []
+    stage = {"name": "host+build", "wall_s": 300.0, "cpu_s": 400.0, "floor_s": 200.0,
+             "status": 0, "jobs": []}  # fmt: skip
+    total = {**stage, "name": "total"}
+    summary.write_text(json.dumps({"cores": 2, "stages": [stage], "total": total}))
+    figures = {f.name: f for f in cluster_hook._stage_figures(summary)}
+    assert sorted(figures) == [
+        "testbed.make_test.host_build.floor", "testbed.make_test.host_build.wall",
+        "testbed.make_test.total.floor", "testbed.make_test.total.wall",
+    ]  # fmt: skip
+    wall = figures["testbed.make_test.host_build.wall"]
+    assert wall.samples == [300.0] and wall.baseline == "testbed.make_test.host_build.floor"
+    assert figures["testbed.make_test.host_build.floor"].samples == [200.0]
+    summary.write_text("{")  # cut short: no figures, no error
+    assert cluster_hook._stage_figures(summary) == []

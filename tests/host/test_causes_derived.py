@@ -15,16 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from obmm import envvars
 from obmm.causes import ANY_OP, CAUSES
 from obmm.testbed import paths
 from obmm.tools.errno_sources import Derivation, Driver, calls_in, derive, errnos_in, functions
 
-UPSTREAM_OBMM = paths.ub_upstream_dir() / "drivers" / "ub" / "obmm"
-NEEDS_TREE = pytest.mark.skipif(
-    not UPSTREAM_OBMM.is_dir(),
-    reason=f"no upstream tree at {UPSTREAM_OBMM} (set {envvars.UB_UPSTREAM.name})",
-)
+UPSTREAM_OBMM = (paths.ub_upstream_dir() or Path("/nonexistent")) / "drivers" / "ub" / "obmm"
+MISSING = paths.ub_upstream_missing("test_causes_derived", "drivers/ub/obmm")
+NEEDS_TREE = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 #: The commands of /dev/obmm (obmm_core.c:obmm_dev_ioctl): a `*` row covers these.
 DEV_OBMM_IOCTLS = (

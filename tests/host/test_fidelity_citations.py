@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from obmm import envvars
 from obmm.testbed import paths
 
 FIDELITY = Path(__file__).resolve().parents[2] / "kmod" / "obmm_emu" / "FIDELITY.md"
@@ -143,9 +142,10 @@ def test_every_same_row_cites_upstream_file_and_function() -> None:
 
 
 def upstream_tree() -> Path:
+    missing = paths.ub_upstream_missing("test_fidelity_citations (citations against the tree)")
     tree = paths.ub_upstream_dir()
-    if not (tree / "drivers" / "ub").is_dir():
-        pytest.skip(f"no upstream UB driver tree at {tree} (${envvars.UB_UPSTREAM.name})")
+    if missing is not None or tree is None:
+        pytest.skip(missing)
     return tree
 
 

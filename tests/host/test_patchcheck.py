@@ -1,6 +1,6 @@
 """Host tests for obmm.tools.patchcheck (the ``make patch-check`` checks).
 
-The tests that apply the series need the pinned upstream tree (an input kept outside the
+The tests that apply the series need an upstream tree (an input given by path, never part of the
 project, :func:`obmm.testbed.paths.ub_upstream_dir`); without it they skip with one line.
 """
 
@@ -21,10 +21,10 @@ FIRST = "0001-"
 NEEDS_TOOLS = pytest.mark.skipif(
     shutil.which("perl") is None or shutil.which("git") is None, reason="needs perl and git"
 )
-UPSTREAM = paths.ub_upstream_dir()
+UPSTREAM = paths.ub_upstream_dir() or Path("/nonexistent")
+MISSING = paths.ub_upstream_missing("test_patchcheck (the series on the tree)", ".")
 NEEDS_TREE = pytest.mark.skipif(
-    not UPSTREAM.is_dir() or shutil.which("git") is None,
-    reason=f"no upstream tree at {UPSTREAM} (set {envvars.UB_UPSTREAM.name})",
+    MISSING is not None or shutil.which("git") is None, reason=MISSING or "needs git"
 )
 
 
@@ -248,6 +248,9 @@ def test_without_the_tree_the_command_says_so_in_one_line_and_passes(
     about_tree = [ln for ln in out if str(missing) in ln or "baseline-apply" in ln]
     assert about_tree == [patchcheck.skip_line(missing)]
     assert about_tree[0].startswith("NOT RUN") and envvars.UB_UPSTREAM.name in about_tree[0]
+    # ... and the line make test lists at its end.
+    (noted,) = paths.skipped_inputs_file().read_text().splitlines()
+    assert noted.startswith("patch-check (") and paths.is_input_skip(noted), noted
     assert out[-1] == "patch-check: 22 passed, 0 failed, 1 not run"
 
 

@@ -11,16 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from obmm import envvars
 from obmm.testbed import paths
 from obmm.tools.printk_formats import log_calls, tree_log_calls
 
 EMU = Path(__file__).resolve().parents[2] / "kmod" / "obmm_emu"
-UPSTREAM_OBMM = paths.ub_upstream_dir() / "drivers" / "ub" / "obmm"
-NEEDS_TREE = pytest.mark.skipif(
-    not UPSTREAM_OBMM.is_dir(),
-    reason=f"no upstream tree at {UPSTREAM_OBMM} (set {envvars.UB_UPSTREAM.name})",
-)
+UPSTREAM_OBMM = (paths.ub_upstream_dir() or Path("/nonexistent")) / "drivers" / "ub" / "obmm"
+MISSING = paths.ub_upstream_missing("test_printk_formats", "drivers/ub/obmm")
+NEEDS_TREE = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 #: Lines the emulator logs in the real driver's format (kmod/obmm_emu/FIDELITY.md): real file,
 #: emulator file, level, format.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from obmm import envvars
-from obmm.testbed import fuzzdiff, kbuild, provision, realreport
+from obmm.testbed import fuzzdiff, kbuild, paths, provision, realreport
 from obmm.testbed.settings import Settings, SettingsError
 from obmm.testbed.ssh import Result
 from obmm.tools import elfcheck
@@ -165,7 +165,27 @@ def test_without_the_upstream_tree_the_build_says_so_in_one_line(
     args = parser.parse_args(["--driver", "real", "--upstream", str(tmp_path / "absent")])
     assert kbuild.command(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("kbuild: real driver skipped: no upstream UB")
+    assert len(out) == 1 and out[0].startswith("kbuild --driver real: skipped: no upstream UB")
+    assert paths.is_input_skip(out[0])
+
+
+def test_without_a_tree_given_the_real_build_skips_and_builds_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Not given is not "the emulator instead": nothing is built, one line says how to give it.
+    monkeypatch.delenv(envvars.UB_UPSTREAM.name, raising=False)
+    with pytest.raises(kbuild.UpstreamMissing, match=r"^no upstream UB driver tree \(set OBMM_"):
+        kbuild.check_upstream(None)
+    monkeypatch.setattr(kbuild, "fetch_headers", lambda *a, **k: pytest.fail("built something"))
+    parser = argparse.ArgumentParser()
+    kbuild.add_arguments(parser)
+    assert kbuild.command(parser.parse_args(["--driver", "real"])) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [
+        f"kbuild --driver real: skipped: no upstream UB driver tree ({paths.UB_UPSTREAM_HINT}, "
+        "or --upstream)"
+    ]
+    assert paths.skipped_inputs_file().read_text() == out[0] + "\n"
 
 
 def test_the_report_check_skips_in_one_line_without_the_tree(
@@ -175,6 +195,11 @@ def test_the_report_check_skips_in_one_line_without_the_tree(
     assert realreport.main(["--check-upstream"]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("real driver: skipped:")
+    monkeypatch.delenv(envvars.UB_UPSTREAM.name)
+    assert realreport.main(["--check-upstream", "--step", "real-driver-test"]) == 1
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("real-driver-test: skipped: no upstream UB driver tree (set OBMM_")
+    assert paths.skipped_inputs_file().read_text().splitlines()[-1] == line
 
 
 def outcome(op: int, kind: str, **kw: object) -> dict[str, object]:

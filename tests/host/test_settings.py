@@ -128,3 +128,11 @@ def test_the_settings_page_documents_every_variable() -> None:
     assert envvars.render_markdown() in page
     for var in envvars.ALL:
         assert f"`{var.name}`" in page, var.name
+
+
+def test_scaled_stretches_a_wait_by_the_timeout_scale() -> None:
+    # The suites' waits for work of the machine's pace (the signal matrix's, the runner's).
+    assert settings_mod.scaled(300, {}) == 300
+    assert settings_mod.scaled(300, {envvars.TIMEOUT_SCALE.name: "2.5"}) == 750
+    with pytest.raises(ValueError, match="OBMM_TESTBED_TIMEOUT_SCALE"):
+        settings_mod.scaled(1, {envvars.TIMEOUT_SCALE.name: "slow"})

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.tools.side_by_side import main, parse_job, run_jobs
+from obmm.tools.side_by_side import add_steps, main, parse_job, run_jobs
 
 
 def test_jobs_run_at_once_and_every_line_carries_its_prefix(tmp_path: Path) -> None:
@@ -94,10 +96,51 @@ def test_each_job_is_timed_to_its_own_end() -> None:
     out = io.StringIO()
     assert run_jobs([parse_job("long=sleep 1.5"), parse_job("short=true")], out) == 0
     times = {
-        ln.split()[1]: float(ln.split()[-2]) for ln in out.getvalue().splitlines()
+        ln.split()[1]: float(ln.split(" in ")[1].split()[0]) for ln in out.getvalue().splitlines()
         if ln.startswith("side_by_side: ")
     }  # fmt: skip
     assert times["short"] < 1 <= times["long"]
+
+
+BURN = (
+    f"{sys.executable} -c 'import time; t = time.process_time() + 0.6\n"
+    "while time.process_time() < t: pass'"
+)
+
+
+def test_a_job_s_cpu_counts_the_processes_its_steps_waited_for() -> None:
+    # Each step burns in a grandchild (a shell's child, as pytest's QEMU is pytest's): about
+    # 1.2 s over two steps; a job that sleeps uses next to none.
+    jobs = add_steps(
+        [parse_job(f'burn=sh -c "{BURN}"'), parse_job(f"burn+={BURN}"), parse_job("idle=sleep 1")]
+    )
+    out = io.StringIO()
+    assert run_jobs(jobs, out) == 0
+    burn, idle = jobs
+    assert 1.1 <= burn.cpu_seconds < 3 and idle.cpu_seconds < 0.3
+    assert re.search(r"side_by_side: burn ok in \d+ s \(CPU 1 s\)", out.getvalue())
+
+
+def test_recorded_times_are_one_line_per_job_and_one_for_the_stage(tmp_path: Path) -> None:
+    file = tmp_path / "results" / "stage-times.jsonl"
+    argv = ["--stage", "qemu-test", "--record", str(file)]
+    assert main([*argv, f"a={BURN}", "b=exit 4"]) == 4
+    lines = [json.loads(ln) for ln in file.read_text().splitlines()]
+    assert [(ln["kind"], ln["stage"], ln["job"], ln["status"]) for ln in lines] == [
+        ("job", "qemu-test", "a", 0),
+        ("job", "qemu-test", "b", 4),
+        ("stage", "qemu-test", "qemu-test", 4),
+    ]
+    assert lines[2]["cpu_s"] == lines[0]["cpu_s"] + lines[1]["cpu_s"] >= 0.5
+    assert lines[2]["wall_s"] >= lines[0]["wall_s"]
+
+
+def test_plain_passes_one_job_s_output_through_unprefixed(tmp_path: Path) -> None:
+    script = "from obmm.tools.side_by_side import main; main(['--plain', 'x=echo hello'])"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.splitlines()[0] == "hello"
+    with pytest.raises(SystemExit):
+        main(["--plain", "x=true", "y=true"])
 
 
 def test_a_job_runs_its_steps_in_order_all_to_the_end(

@@ -24,6 +24,7 @@ from wheel_venv import CHECKOUT, block_pytest, build_wheel, install
 
 from obmm.testbed.cluster import RUN_PREFIX
 from obmm.testbed.paths import cache_dir, run_root
+from obmm.testbed.settings import scaled
 
 pytestmark = pytest.mark.slow
 PAIR = Path(__file__).resolve().parent / "run_pair"
@@ -65,7 +66,7 @@ def test_a_c_pair_runs_across_two_nodes_in_one_line(tmp_path: Path, wheel: Path)
     ]  # fmt: skip
     start = time.monotonic()
     proc = subprocess.run(
-        argv, cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False
+        argv, cwd=work, env=env, capture_output=True, text=True, timeout=scaled(600), check=False
     )
     wall = time.monotonic() - start
     print(f"obmm-testbed run: {wall:.1f} s\n{proc.stdout}\n{proc.stderr}")
@@ -107,7 +108,7 @@ def test_an_argument_vector_and_a_parameter_reach_the_nodes_from_a_wheel_without
     proc = subprocess.run(
         [str(bin_dir / "obmm-testbed"), "run", "--nodes", "2", "--dir", "none",
          "--param", "ubc_index=1", "--", "sh", "-c", script],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=scaled(600), check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     for node in (0, 1):
@@ -123,7 +124,7 @@ def test_a_hanging_command_is_stopped_at_its_deadline_and_the_cluster_torn_down(
     proc = subprocess.run(
         [sys.executable, "-m", "obmm.tools.cli", "run", "--nodes", "1", "--name", name,
          "--dir", "none", "--timeout", "5", "--", "echo started; sleep 600"],
-        capture_output=True, text=True, timeout=400, check=False,
+        capture_output=True, text=True, timeout=scaled(400), check=False,
     )  # fmt: skip
     assert proc.returncode == 124, proc.stderr[-3000:]
     assert "[node0] started" in proc.stdout

@@ -20,6 +20,7 @@ from obmm.testbed.guest_suite import (
     GuestUnresponsive,
 )
 from obmm.testbed.provision import GUEST_SELFTEST
+from obmm.testbed.settings import scaled
 from obmm.testbed.ssh import GuestGone
 
 PANIC_BUDGET_S = 60.0
@@ -62,10 +63,10 @@ def test_guest_warn_fails_that_test_with_the_warn_text(guest_session: GuestSessi
     warn = f"{GUEST_SELFTEST}/test_warn.py::test_triggers_warn"
     clean = f"{GUEST_SELFTEST}/test_warn.py::test_after_warn_is_clean"
     run = guest_session.start([warn, clean])
-    warned = run.wait(warn, timeout=600)
+    warned = run.wait(warn, timeout=scaled(600))
     assert warned.outcome in ("failed", "error"), warned
     assert "WARN requested by test" in warned.longrepr, warned.longrepr
-    after = run.wait(clean, timeout=600)
+    after = run.wait(clean, timeout=scaled(600))
     assert after.outcome == "passed", after.longrepr
 
 
@@ -76,7 +77,7 @@ def test_guest_that_stops_answering_fails_fast(guest_session: GuestSession) -> N
     run = guest_session.start(
         [hang], ping_after_s=HANG_PING_AFTER_S, ping_timeout_s=HANG_PING_TIMEOUT_S
     )
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + scaled(300)
     while run.parser.current != hang:
         assert time.monotonic() < deadline, "the guest test never started"
         time.sleep(0.2)
@@ -106,7 +107,7 @@ def test_guest_panic_ends_the_run_fast_with_the_console_tail(guest_session: Gues
     run = guest_session.start([panic, never])
     start = time.monotonic()
     with pytest.raises(NodeDied) as died:
-        run.wait(panic, timeout=600)
+        run.wait(panic, timeout=scaled(600))
     elapsed = time.monotonic() - start
     assert elapsed < PANIC_BUDGET_S
     assert "Kernel panic" in died.value.console_tail

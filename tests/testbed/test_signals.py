@@ -17,7 +17,8 @@ The phases, each named by a line (no sleeps):
 - boot: "ssh ports" (the QEMUs run, no node is ready yet);
 - work: the entry's "ready: N node(s)" / "running on" line, then a line that says the work is
   under way (the command's own output, the test's name that pytest -v prints as it starts it,
-  the bench's "building memprobe");
+  the bench's "building memprobe", which it reaches once its pair is up: the case runs it with
+  no boot, restore, parallel-TCG or inner-loop samples, `--tcg-samples 0` among them);
 - teardown: "stopping cluster NAME", the line Cluster.stop prints on the front end's progress
   as it begins (the work ends by itself: a command or test that returns at once).  For the
   interrupt patterns the case also checks that the teardown held the signals (its "waits for
@@ -30,6 +31,9 @@ The phases, each named by a line (no sleeps):
 cluster owned by nobody.  Its "work" is not a phase of the matrix; its teardown is the `down`
 that follows it, signalled while it stops the cluster (the next command after a SIGKILLed
 `down` is a plain `status`, like every other case).
+
+Every wait is for a line, bounded by a budget for work whose length depends on the machine
+(booting, building), stretched by $OBMM_TESTBED_TIMEOUT_SCALE (`settings.scaled`).
 """
 
 from __future__ import annotations
@@ -49,7 +53,10 @@ from pathlib import Path
 import pytest
 
 from obmm.testbed.paths import repo_root
+from obmm.testbed.settings import scaled
 
+#: The bound on reaching a phase's line (a boot, a pair brought up) or on an exit after the
+#: signals: work of the machine's pace, so scaled (`scaled`) when called.
 STEP_TIMEOUT_S = 300.0
 #: Seconds between two signals of a pair: the second lands while the first's teardown runs.
 BETWEEN_S = 0.3
@@ -99,6 +106,7 @@ class Entry:
     def wait_for(self, *texts: str, timeout: float = STEP_TIMEOUT_S) -> None:
         """Until a line holds each of `texts`, in this order (each after the previous one's)."""
         assert self.proc is not None
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         start = 0
         for text in texts:
@@ -125,7 +133,7 @@ class Entry:
 
     def finish(self, timeout: float = STEP_TIMEOUT_S) -> int:
         assert self.proc is not None
-        status = self.proc.wait(timeout)
+        status = self.proc.wait(scaled(timeout))
         time.sleep(0.2)  # the reader has the last lines
         return status
 
@@ -165,9 +173,9 @@ def assert_nothing_left(env: dict[str, str], *, after_next_command: bool = False
     if after_next_command:
         subprocess.run(
             [sys.executable, "-m", "obmm.tools.cli", "status"], env=env, capture_output=True,
-            timeout=120, check=False,
+            timeout=scaled(120), check=False,
         )  # fmt: skip
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + scaled(15)
     while _qemus_under(run_root) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _qemus_under(run_root) == [], "QEMU or hub processes left"
@@ -216,7 +224,7 @@ def _up(phase: str, env: dict[str, str], cwd: Path) -> Entry:
     up = _cli("up", "--nodes", "1", "--name", "sig-up")
     if phase == "teardown":  # `up` to the end, then its `down` is the entry signalled
         done = subprocess.run(up, env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=STEP_TIMEOUT_S, check=False)  # fmt: skip
+                              timeout=scaled(STEP_TIMEOUT_S), check=False)  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         # A stopped QEMU never answers the QMP quit: `down` waits out its bound (seconds)
         # before it signals, so the signals land while it stops (a 1-node stop that went well
@@ -269,10 +277,11 @@ def _plugin(phase: str, env: dict[str, str], cwd: Path) -> Entry:
 
 def _bench(phase: str, env: dict[str, str], cwd: Path) -> Entry:
     # Boot and teardown: the first boot sample's 1-node cluster; the work: the data path
-    # measurements on the bench's pair (no boot samples before it).
+    # measurements on the bench's pair, reached in the time the pair takes to come up (no boot
+    # samples, no parallel-TCG cost: tearing it down is what is proved, not the measurements).
     boots = "" if phase == "work" else "1"
     return Entry([sys.executable, "-m", "obmm.bench", "--skip-cold-image", "--boot-nodes",
-                  boots, "--boot-inits", "fast", "--boot-samples", "1",
+                  boots, "--boot-inits", "fast", "--boot-samples", "1", "--tcg-samples", "0",
                   "--inner-loop-samples", "0", "--no-plots", "--out", str(cwd / "out")],
                  env, cwd).start()  # fmt: skip
 

@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shlex
 import time
 import xml.etree.ElementTree as ET
@@ -49,6 +50,32 @@ BENCH_TOPOLOGY = "bench-pair"
 #: The testbed settings the bench takes as flags (the others from the environment).
 FIELDS = ("accel", "recipe", "kernel", "qemu")
 QEMU_TEST_TIMINGS = Path("results") / "qemu-test-timings.json"
+#: The last `make test`'s stage summary (obmm.tools.stage_summary writes it).
+STAGE_SUMMARY = Path("results") / "stage-summary.json"
+
+
+def _stage_figures(summary: Path) -> list[Figure]:
+    """Each stage's wall time (baseline: its CPU floor) and CPU floor from the last `make test`'s
+    stage summary, if there is one; the whole run as ``total``."""
+    try:
+        doc = json.loads(summary.read_text())
+        stages = [*doc["stages"], doc["total"]]
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(summary.stat().st_mtime))
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    note = f"recorded by make test at {stamp}, not in this run"
+    figures = []
+    for stage in stages:
+        key = re.sub(r"[^A-Za-z0-9_]+", "_", str(stage["name"])).strip("_")
+        floor = f"testbed.make_test.{key}.floor"
+        figures.append(make_testbed_figure(floor, [float(stage["floor_s"])], note=note))
+        figures.append(
+            make_testbed_figure(
+                f"testbed.make_test.{key}.wall", [float(stage["wall_s"])], baseline=floor,
+                note=note,
+            )
+        )  # fmt: skip
+    return figures
 
 
 def _qemu_test_figures(timings: Path) -> list[Figure]:
@@ -422,7 +449,11 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
         testbed += inner_loop_figures(settings, int(args.inner_loop_samples), say)
     run = on_bench_pair(settings, env, config, run_cluster_bench, progress)
     measured = {f.name for f in testbed}
-    recorded = [f for f in _qemu_test_figures(QEMU_TEST_TIMINGS) if f.name not in measured]
+    recorded = [
+        f
+        for f in _qemu_test_figures(QEMU_TEST_TIMINGS) + _stage_figures(STAGE_SUMMARY)
+        if f.name not in measured
+    ]
     run.add(testbed + recorded)
     return run
 

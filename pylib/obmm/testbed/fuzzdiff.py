@@ -38,7 +38,7 @@ from obmm.fuzz.shrink import ddmin, suffix_first
 from obmm.testbed import kbuild
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.guest_suite import GuestSession
-from obmm.testbed.paths import results_dir
+from obmm.testbed.paths import note_input_skip, results_dir
 from obmm.testbed.remote import GUEST_ROOT
 from obmm.testbed.settings import Settings
 
@@ -268,7 +268,7 @@ def command(args: argparse.Namespace) -> int:
             for side in sides:
                 side.session.boot()
         except kbuild.UpstreamMissing as exc:
-            print(f"fuzz-diff: skipped: {exc}")
+            print(note_input_skip(f"fuzz-diff: skipped: {exc}"))
             return 0
         t0 = time.monotonic()
         (emu, emu_fail), (real, real_fail) = both(lambda s: s.record(args.seed, args.ops), sides)

@@ -700,15 +700,16 @@ def emu_modules(kmod: Path) -> list[str]:
     return [d.name for d in module_dirs(kmod) if d.name != COMPAT_MODULE]
 
 
-def check_upstream(tree: Path) -> Path:
-    """``tree`` resolved, if it is an upstream UB driver tree; else UpstreamMissing (one line)."""
+def check_upstream(tree: Path | None) -> Path:
+    """``tree`` resolved, if it is an upstream UB driver tree; else UpstreamMissing, whose text
+    ends a :func:`obmm.testbed.paths.input_skip_line` (``<step>: skipped: <it>``).  None: not
+    given (there is no default place to look)."""
+    hint = f"{paths.UB_UPSTREAM_HINT}, or --upstream"
+    if tree is None:
+        raise UpstreamMissing(f"no upstream UB driver tree ({hint})")
     for marker in UPSTREAM_MARKERS:
         if not (tree / marker).is_file():
-            raise UpstreamMissing(
-                f"no upstream UB driver tree at {tree} (no {marker}): set "
-                f"${envvars.UB_UPSTREAM.name} or --upstream to an OLK kernel or "
-                "ub-os-component-dkms checkout"
-            )
+            raise UpstreamMissing(f"no upstream UB driver tree at {tree} (no {marker}) ({hint})")
     return tree.resolve()
 
 
@@ -790,7 +791,7 @@ def build_real_driver(
     """The real driver's modules in ``out_dir``: the testhook and ``ub_compat.ko`` (ours, W=1:
     a warning fails), then upstream's ``obmm.ko`` built over them (its warnings are reported
     in ``upstream-warnings.txt``, not fatal).  UpstreamMissing when ``upstream`` is no tree."""
-    upstream = check_upstream(Path(upstream))
+    upstream = check_upstream(upstream)
     headers_dir = Path(headers_dir).resolve()
     out_dir = Path(out_dir).resolve()
     kmod_dir = Path(kmod_dir).resolve()
@@ -900,7 +901,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--upstream",
         type=Path,
         help="upstream UB driver tree for --driver real (default "
-        f"${envvars.UB_UPSTREAM.name}, else the pinned copy)",
+        f"${envvars.UB_UPSTREAM.name}; not given: the real driver is skipped, saying so)",
     )
     parser.add_argument(
         "--reuse",
@@ -918,12 +919,12 @@ def command(args: argparse.Namespace) -> int:
 
     t0 = time.monotonic()
     real = (getattr(args, "driver", None) or envvars.DRIVER.get()) == DRIVER_REAL
-    upstream = args.upstream or paths.ub_upstream_dir() if real else None
-    if upstream is not None:
+    upstream = None
+    if real:
         try:
-            upstream = check_upstream(upstream)
+            upstream = check_upstream(args.upstream or paths.ub_upstream_dir())
         except UpstreamMissing as exc:
-            print(f"kbuild: real driver skipped: {exc}")
+            print(paths.note_input_skip(f"kbuild --driver real: skipped: {exc}"))
             return 0
     release = args.release or debian_kernel_release(args.arch, args.suite)
     headers = fetch_headers(release, args.arch, args.cache, suite=args.suite)

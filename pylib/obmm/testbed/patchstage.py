@@ -137,12 +137,13 @@ def command(args: argparse.Namespace) -> int:
     series_dir: Path = args.series_dir
     if not series_dir.is_dir():
         raise pc.CheckError(f"{series_dir}: no such series directory")
-    upstream: Path = args.upstream or paths.ub_upstream_dir()
+    upstream = pc.given_tree(args.upstream)
     report = pc.Report()
     started = time.monotonic()
-    pc.run_static(series_dir, upstream if upstream.is_dir() else None, report)
-    if not upstream.is_dir():
-        report.note(pc.skip_line(upstream))
+    pc.run_static(series_dir, upstream, report)
+    if upstream is None:
+        report.note(pc.skip_line(args.upstream or paths.ub_upstream_dir()))
+        pc.input_skip(args.upstream or paths.ub_upstream_dir())
         pc.print_summary(report)
         return 1 if report.failed else 0
     out = paths.results_dir() / OUT_NAME

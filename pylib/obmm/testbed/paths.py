@@ -14,14 +14,14 @@ function               environment variable        default
                                                    ``$XDG_DATA_HOME/obmm-testbed/results``, else
                                                    ``~/.local/share/obmm-testbed/results``
 ``run_root()``         ``$OBMM_TESTBED_RUN_ROOT``  ``/dev/shm`` (per-cluster run dirs, on tmpfs)
-``ub_upstream_dir()``  ``$OBMM_UB_UPSTREAM``       the pinned upstream UB driver tree, the
-                                                   nearest ``shared/upstream/<UB_UPSTREAM_PIN>``
-                                                   beside the root or above it (an input: it may
-                                                   be absent, and what uses it then skips)
+``ub_upstream_dir()``  ``$OBMM_UB_UPSTREAM``       None: an upstream UB driver tree is an
+                                                   input given by path only (what needs it
+                                                   skips, saying so in one line)
+``libobmm_source_dir()`` ``$OBMM_LIBOBMM_SOURCE``  None (the libobmm source tree, likewise)
 =====================  ==========================  =============================================
 
-``libobmm_source_dir()`` (``$OBMM_LIBOBMM_SOURCE``) finds the pinned upstream libobmm tree
-(``<LIBOBMM_PIN>``) the same way, for the cluster suite's libobmm test.
+A step skipped for lack of such an input says so in one line (:func:`input_skip_line`) and
+appends it to ``skipped_inputs_file()``; ``make test`` ends by listing that file.
 
 Installed from the wheel (``make dist``), the package carries what a checkout has beside it:
 ``obmm/_data/`` holds ``kmod/`` (sources), ``qemu/`` (recipes, topologies), ``uapi/``, the guest
@@ -43,10 +43,12 @@ from obmm import envvars
 
 KERNEL_DEBIAN = "debian"
 KERNEL_DEBUG = "debug"
-#: The pinned copy of kunpengcompute/ub-os-component-dkms (GPL-2.0), kept outside the project.
-UB_UPSTREAM_PIN = "ub-os-component-dkms-65ba333"
-#: The pinned copy of openEuler's libobmm (Mulan PSL v2), kept outside the project.
-LIBOBMM_PIN = "libobmm-4c59568"
+#: How a user gives each upstream input (the commits the project was checked against are facts in
+#: kmod/patches/urma-seg-mapped/BASE and docs/obmm-driver.md, never places to look).
+UB_UPSTREAM_HINT = (
+    f"set {envvars.UB_UPSTREAM.name}=/path/to/ub-os-component-dkms or an OLK checkout"
+)
+LIBOBMM_HINT = f"set {envvars.LIBOBMM_SOURCE.name}=/path/to/libobmm"
 DATA_DIR = "_data"  # under the installed package: the checkout's files the testbed needs
 #: What a root has: the checkout and the package data alike.
 ROOT_MARKERS = ("qemu/topologies", "kmod", "uapi/ub/obmm.h")
@@ -117,26 +119,64 @@ def run_root() -> Path:
     return Path(envvars.RUN_ROOT.get())
 
 
-def ub_upstream_dir() -> Path:
-    """The upstream UB driver tree builds and checks use (ubcore, uburma, obmm): an input
-    given by path, never part of the project.  Default: the pinned copy in the nearest
-    ``shared/upstream/`` beside the root or above it; the path is returned even when absent."""
-    return _upstream_input(envvars.UB_UPSTREAM.raw(), UB_UPSTREAM_PIN)
+def ub_upstream_dir() -> Path | None:
+    """The upstream UB driver tree builds and checks use (ubcore, uburma, obmm): an input given
+    by path (``$OBMM_UB_UPSTREAM``), never part of the project; None when not given.  The path
+    is returned even when absent (the caller says so)."""
+    return _given(envvars.UB_UPSTREAM.raw())
 
 
-def libobmm_source_dir() -> Path:
-    """The libobmm source tree the cluster suite builds (an input, as :func:`ub_upstream_dir`):
-    ``$OBMM_LIBOBMM_SOURCE``, else the pinned copy; the path is returned even when absent."""
-    return _upstream_input(envvars.LIBOBMM_SOURCE.raw(), LIBOBMM_PIN)
+def libobmm_source_dir() -> Path | None:
+    """The libobmm source tree the cluster suite builds (``$OBMM_LIBOBMM_SOURCE``, an input as
+    :func:`ub_upstream_dir`); None when not given."""
+    return _given(envvars.LIBOBMM_SOURCE.raw())
 
 
-def _upstream_input(override: str | None, pin: str) -> Path:
-    """`override`, else ``shared/upstream/<pin>`` beside the root or above it."""
-    if override:
-        return Path(override)
-    root = repo_root().resolve()
-    for parent in (root, *root.parents):
-        candidate = parent / "shared" / "upstream" / pin
-        if candidate.is_dir():
-            return candidate
-    return root.parent / "shared" / "upstream" / pin
+def _given(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+def skipped_inputs_file() -> Path:
+    """One line per step skipped for lack of an input (``make test`` lists it at its end)."""
+    return results_dir() / "skipped-inputs.txt"
+
+
+def input_skip_line(step: str, what: str, given: Path | None, hint: str) -> str:
+    """The one line a step says when input `what` is not given (or not at `given`):
+    ``<step>: skipped: no <what> (<hint>)``."""
+    where = f" at {given}" if given is not None else ""
+    return f"{step}: skipped: no {what}{where} ({hint})"
+
+
+def is_input_skip(reason: str) -> bool:
+    """Whether `reason` is a line of :func:`input_skip_line` (a pytest skip reason may be)."""
+    return ": skipped: no " in reason and "(set OBMM_" in reason
+
+
+def ub_upstream_missing(step: str, need: str = "drivers/ub") -> str | None:
+    """None when an upstream UB driver tree with `need` in it is given; else `step`'s skip line."""
+    tree = ub_upstream_dir()
+    if tree is not None and (tree / need).is_dir():
+        return None
+    return input_skip_line(step, "upstream UB driver tree", tree, UB_UPSTREAM_HINT)
+
+
+def libobmm_missing(step: str) -> str | None:
+    """None when a libobmm source tree is given; else `step`'s skip line."""
+    tree = libobmm_source_dir()
+    if tree is not None and (tree / "libobmm.c").is_file():
+        return None
+    return input_skip_line(step, "libobmm source tree", tree, LIBOBMM_HINT)
+
+
+def note_input_skip(line: str, file: Path | None = None) -> str:
+    """Append `line` to `file` (default :func:`skipped_inputs_file`) and return it.  Best
+    effort: a results directory that cannot be written loses the list, not the run."""
+    try:
+        path = skipped_inputs_file() if file is None else file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(line.rstrip("\n") + "\n")
+    except OSError:
+        pass
+    return line

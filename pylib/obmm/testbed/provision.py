@@ -127,7 +127,7 @@ def build_guest_modules(
     ``emu``: kmod/* into ``out`` (ub_compat is built too, as a W=1 check, but not loaded);
     ``test_hooks``: the suites' build of it, with the test-only module parameters, into
     ``out/test-hooks``.  ``real``: the testhook, ub_compat and upstream's obmm.ko (tree:
-    $OBMM_UB_UPSTREAM or the pinned copy; absent: kbuild.UpstreamMissing, one line) into
+    $OBMM_UB_UPSTREAM; not given: kbuild.UpstreamMissing, one line) into
     ``out``'s sibling ``-real`` (the real driver has no test hooks).
 
     A run builds the suites' modules several times over (qemu-test, the cluster suite, the

@@ -9,9 +9,10 @@ drivers, passed on the real one where the emulator's run is missing, differ (fai
 expected failure on the real driver: each with its reason) or were skipped there (and why).
 Per fuzz operation kind: passed on both, differs (why), skipped (why).
 
-``python -m obmm.testbed.realreport [--check-upstream]``: the report from the default files;
-``--check-upstream`` instead says in one line whether the upstream tree is there (exit 1 when
-not, so a make target can skip).
+``python -m obmm.testbed.realreport [--check-upstream [--step NAME]]``: the report from the
+default files; ``--check-upstream`` instead says in one line whether an upstream tree is given
+(exit 1 when not, so a make target can skip; the line, ``NAME: skipped: ...``, also goes to
+:func:`obmm.testbed.paths.skipped_inputs_file`).
 """
 
 from __future__ import annotations
@@ -228,13 +229,14 @@ def write(results: Path, out: Path | None = None) -> tuple[Path, dict[str, int]]
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m obmm.testbed.realreport", description=__doc__)
     p.add_argument("--check-upstream", action="store_true")
+    p.add_argument("--step", default="real driver", help="who --check-upstream speaks for")
     p.add_argument("--results", type=Path, default=None)
     args = p.parse_args(argv)
     if args.check_upstream:
         try:
             tree = kbuild.check_upstream(paths.ub_upstream_dir())
         except kbuild.UpstreamMissing as exc:
-            print(f"real driver: skipped: {exc}")
+            print(paths.note_input_skip(f"{args.step}: skipped: {exc}"))
             return 1
         print(f"real driver: upstream tree {tree}")
         return 0

@@ -149,6 +149,13 @@ class Settings:
         return ", ".join(parts) or "defaults"
 
 
+def scaled(seconds: float, environ: Mapping[str, str] | None = None) -> float:
+    """`seconds` times $OBMM_TESTBED_TIMEOUT_SCALE: a harness's bound on work whose length
+    depends on the machine (a boot, a build, a command's progress), never on a behaviour the
+    test proves."""
+    return seconds * float(envvars.TIMEOUT_SCALE.get(environ))
+
+
 def knob_env_params(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return tuple(envvars.PARAMS.get(environ))
 

@@ -1,6 +1,6 @@
 """The errnos each user-visible operation of a driver's source can return, derived from the code.
 
-Reads the C files of one driver directory (the pinned upstream OBMM driver,
+Reads the C files of one driver directory (the upstream OBMM driver,
 :func:`obmm.testbed.paths.ub_upstream_dir` ``/drivers/ub/obmm``: an input given by path, never
 part of the project) and answers, per operation, which ``-EXXX`` constants its code can hand
 back.  ``tests/host/test_causes_derived.py`` compares the answer with :mod:`obmm.causes`.
@@ -299,11 +299,13 @@ def derive(root: Path) -> Derivation:
 
 def main() -> None:
     """Print the derivation of a driver directory (``python -m obmm.tools.errno_sources DIR``)."""
-    root = (
-        Path(sys.argv[1])
-        if len(sys.argv) > 1
-        else paths.ub_upstream_dir() / "drivers" / "ub" / "obmm"
-    )
+    tree = paths.ub_upstream_dir()
+    if len(sys.argv) > 1:
+        root = Path(sys.argv[1])
+    elif tree is not None:
+        root = tree / "drivers" / "ub" / "obmm"
+    else:
+        sys.exit(f"errno_sources: no driver directory given ({paths.UB_UPSTREAM_HINT}, or DIR)")
     d = derive(root)
     for op in d.ops():
         for e in sorted(d.of(op)):

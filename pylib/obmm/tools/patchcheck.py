@@ -20,9 +20,10 @@ this module, no build and no guest (``obmm-testbed patch-check`` adds those, see
 * ``upstream-am``: ``git am --3way`` of the series on a scratch copy of the upstream tree
   (:func:`scratch_tree`); a hunk that does not apply is named.
 
-The upstream tree is an input given by path (``--upstream``, default
-:func:`obmm.testbed.paths.ub_upstream_dir`, the pinned copy of
-kunpengcompute/ub-os-component-dkms); absent, the steps that need it are skipped with one line.
+The upstream tree is an input given by path (``--upstream``, else
+:func:`obmm.testbed.paths.ub_upstream_dir`, ``$OBMM_UB_UPSTREAM``: a checkout of
+kunpengcompute/ub-os-component-dkms at ``BASE``); not given, the steps that need it are skipped
+with one line.
 The module also makes the ready-to-send set (:func:`format_series`: ``git format-patch`` from
 the scratch tree, the cover letter's text and a generated "Testing" block, recipients from the
 tree's MAINTAINERS) and the series files that go with it (:func:`write_series_files`).
@@ -726,12 +727,31 @@ def run_static(series_dir: Path, baseline: Path | None, report: Report | None = 
     return report
 
 
-def skip_line(upstream: Path) -> str:
-    """The one line said when the upstream tree is absent."""
+def skip_line(upstream: Path | None) -> str:
+    """The one line said when the upstream tree is not given or absent."""
+    what = "not given" if upstream is None else f"{upstream} not found"
     return (
-        f"NOT RUN upstream       {upstream} not found: baseline-apply, git am, build, KUnit and "
+        f"NOT RUN upstream       {what}: baseline-apply, git am, build, KUnit and "
         f"format-patch skipped (--upstream DIR or ${envvars.UB_UPSTREAM.name})"
     )
+
+
+def input_skip(upstream: Path | None) -> str:
+    """The same, as the line ``make test`` lists at its end (noted there)."""
+    return paths.note_input_skip(
+        paths.input_skip_line(
+            "patch-check (baseline-apply, git am, build, KUnit, format-patch)",
+            "upstream UB driver tree",
+            upstream,
+            f"{paths.UB_UPSTREAM_HINT}, or UPSTREAM=DIR",
+        )
+    )
+
+
+def given_tree(upstream: Path | None) -> Path | None:
+    """`upstream` (``--upstream``), else the setting's; None when neither names a directory."""
+    tree = upstream or paths.ub_upstream_dir()
+    return tree if tree is not None and tree.is_dir() else None
 
 
 def run_upstream_am(
@@ -764,8 +784,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "--upstream",
         type=Path,
         default=None,
-        help=f"upstream UB driver tree (default ${envvars.UB_UPSTREAM.name} or the pinned copy: "
-        f"{paths.ub_upstream_dir()})",
+        help=f"upstream UB driver tree (default ${envvars.UB_UPSTREAM.name}; not given: the "
+        "steps that need it are skipped, saying so)",
     )
 
 
@@ -781,13 +801,14 @@ def command(args: argparse.Namespace) -> int:
     that is not there is a CheckError (there is nothing to check)."""
     if not args.series_dir.is_dir():
         raise CheckError(f"{args.series_dir}: no such series directory")
-    upstream = args.upstream or paths.ub_upstream_dir()
-    report = run_static(args.series_dir, upstream if upstream.is_dir() else None)
-    if upstream.is_dir():
+    upstream = given_tree(args.upstream)
+    report = run_static(args.series_dir, upstream)
+    if upstream is not None:
         with tempfile.TemporaryDirectory(prefix="patch-check-") as tmp:
             run_upstream_am(args.series_dir, upstream, Path(tmp) / "tree", report)
     else:
-        report.note(skip_line(upstream))
+        report.note(skip_line(args.upstream or paths.ub_upstream_dir()))
+        input_skip(args.upstream or paths.ub_upstream_dir())
     print_summary(report)
     return 1 if report.failed else 0
 

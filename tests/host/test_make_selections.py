@@ -1,0 +1,76 @@
+"""The Makefile spells each suite selection once (issue 33): qemu-test, real-driver-test and
+debug-test take them from the same variables, the real driver's cluster suite leaves out the
+fuzz-marked cross-node fuzzer as qemu-test's does, and the debug kernel's two runs are exactly
+qemu-test's four selections.  What a cluster selection holds is read from pytest's collection."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from obmm.testbed.paths import repo_root
+
+ROOT = repo_root()
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def make_var(name: str) -> list[str]:
+    """A Makefile variable's value, as the shell splits it."""
+    out = subprocess.run(
+        ["make", "-s", "--no-print-directory", "--eval", f"print-var: ; @echo '$({name})'",
+         "print-var"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return shlex.split(out.replace("'", '"'))
+
+
+def collected(selection: list[str]) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+         *selection],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode in (0, 5), done.stdout[-3000:] + done.stderr[-3000:]
+    return {ln for ln in done.stdout.splitlines() if "::" in ln}
+
+
+def recipes() -> str:
+    text = (ROOT / "Makefile").read_text() + (ROOT / "ci" / "debug.mk").read_text()
+    return text.replace("\\\n", " ")
+
+
+def test_each_selection_is_spelled_once() -> None:
+    text = recipes()
+    # Marker expressions of the suites live in the *_MARKS variables only.
+    spelled = [ln for ln in text.splitlines() if re.search(r'-m "not ', ln)]
+    assert spelled == [], spelled
+    for target, selections in {
+        "qemu-test": ("GUEST_SUITE", "CLUSTER_SUITE", "TRUST_SUITE", "HW_STAGE_SUITE"),
+        "real-driver-test": ("GUEST_SUITE", "CLUSTER_SUITE"),
+        "debug-test": ("GUEST_ALL", "CLUSTER_ALL"),
+    }.items():
+        recipe = text.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+        for var in selections:
+            assert f"$({var})" in recipe, (target, var)
+    assert "image kmod KBUILD_ARGS=--reuse" not in text  # one prerequisite: suite-build
+
+
+def test_the_cluster_suites_leave_out_the_fuzzer_and_debug_test_runs_what_qemu_test_does() -> None:
+    # Collecting tests/cluster loads no node (collecting tests/qemu would boot one to list the
+    # guest tests: the guest selections are compared as spelled).
+    cluster = collected(make_var("CLUSTER_SUITE"))
+    trust = collected(make_var("TRUST_SUITE"))
+    assert cluster and trust
+    assert not any("test_fuzz_xnode" in item for item in cluster | trust)
+    assert not any("test_ctl_trust" in item for item in cluster)
+    assert collected(make_var("CLUSTER_ALL")) == cluster | trust
+    guest_all, guest, hw_stage = (
+        make_var(v) for v in ("GUEST_ALL", "GUEST_SUITE", "HW_STAGE_SUITE")
+    )
+    assert guest == [*guest_all, "--ignore=tests/qemu/test_hw_stage.py"]
+    assert hw_stage == ["tests/qemu/test_hw_stage.py", *guest_all[1:]]
