@@ -137,7 +137,7 @@ testbed-and-hw-proof: setup-python
 # last fuzz-diff result.
 REAL_ENV = OBMM_TESTBED_DRIVER=real
 real-driver-test: setup-python
-	@$(PY) -m obmm.testbed.realreport --check-upstream || exit 0; \
+	@$(PY) -m obmm.testbed.stages.realreport --check-upstream || exit 0; \
 	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
 	$(VENV)/bin/obmm-testbed kmod --driver real --reuse || exit 1; \
 	st=0; \
@@ -145,16 +145,16 @@ real-driver-test: setup-python
 		'real=$(REAL_ENV) $(PYTEST) tests/qemu -m "not hw_proof" --ignore=tests/qemu/test_hw_stage.py --junitxml=results/real-qemu-junit.xml -o junit_logging=all' \
 		'realcluster=$(REAL_ENV) $(PYTEST) tests/cluster -m "not hw_proof" --ignore=tests/cluster/test_ctl_trust.py --junitxml=results/real-cluster-junit.xml -o junit_logging=all' \
 	|| st=1; \
-	$(PY) -m obmm.testbed.realreport || st=1; \
+	$(PY) -m obmm.testbed.stages.realreport || st=1; \
 	exit $$st
 
 # One seeded operation sequence of the structured fuzzer on an emulator node and a real-driver
-# node, every call's outcome compared (obmm.testbed.fuzzdiff); stops at the first unexplained
+# node, every call's outcome compared (obmm.testbed.stages.fuzzdiff); stops at the first unexplained
 # difference with a shrunk reproducer.  results/fuzz-diff.json and .md.
 FUZZ_DIFF_SEED ?= 1
 FUZZ_DIFF_OPS ?= 20000
 fuzz-diff: setup-python
-	@$(PY) -m obmm.testbed.realreport --check-upstream || exit 0; \
+	@$(PY) -m obmm.testbed.stages.realreport --check-upstream || exit 0; \
 	$(MAKE) --no-print-directory image kmod KBUILD_ARGS=--reuse || exit 1; \
 	$(VENV)/bin/obmm-testbed fuzz-diff --seed $(FUZZ_DIFF_SEED) --ops $(FUZZ_DIFF_OPS)
 

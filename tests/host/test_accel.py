@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import accel
+from obmm.testbed.vm import accel
 
 
 def _modules(root: Path, *names: str) -> Path:

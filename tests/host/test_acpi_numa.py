@@ -1,11 +1,12 @@
-"""The guests' own SRAT/SLIT (obmm.testbed.acpi) and the `obmm-testbed numa` report parser."""
+"""The guests' own SRAT/SLIT (obmm.testbed.vm.acpi) and the `obmm-testbed numa` report parser."""
 
 from __future__ import annotations
 
 import struct
 from pathlib import Path
 
-from obmm.testbed import acpi, numaview, qemu
+from obmm.testbed.cli import numaview
+from obmm.testbed.vm import acpi, qemu
 
 
 def _entries(table: bytes) -> list[bytes]:

@@ -148,7 +148,7 @@ def test_bench_mode_misuse_is_one_line_and_status_2(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HW_", "OBMM_"))}
     env.update(OBMM_TESTBED_RUN_ROOT=str(tmp_path / "run"), OBMM_TESTBED_CACHE=str(tmp_path / "c"))
     proc = subprocess.run(
-        [sys.executable, "-m", "obmm.tools.cli", *argv],
+        [sys.executable, "-m", "obmm.testbed.cli.main", *argv],
         capture_output=True,
         text=True,
         env=env,

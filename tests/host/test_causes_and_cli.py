@@ -11,7 +11,7 @@ import pytest
 
 from obmm.causes import CAUSES, causes, render_markdown
 from obmm.errors import ObmmError, errno_name
-from obmm.tools.cli import main
+from obmm.testbed.cli.main import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

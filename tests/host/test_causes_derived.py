@@ -1,7 +1,7 @@
 """obmm.causes against the errnos the pinned upstream driver's code can return, per operation.
 
-:mod:`obmm.tools.errno_sources` derives, from the driver's ioctl dispatch and ops tables, which
-``-EXXX`` each operation's code reaches.  Every derived errno must have a row in
+:mod:`obmm.testbed.stages.errno_sources` derives, from the driver's ioctl dispatch and ops
+tables, which ``-EXXX`` each operation's code reaches.  Every derived errno must have a row in
 :data:`obmm.causes.CAUSES` or a reason in :data:`NOT_RETURNED`; every row the derivation does not
 find needs a reason in :data:`FROM_OUTSIDE` (an errno of a kernel API, of the VFS, or of the
 emulator alone), else it is reported.  The tree is an input given by path
@@ -18,7 +18,14 @@ import pytest
 from obmm import envvars
 from obmm.causes import ANY_OP, CAUSES
 from obmm.testbed import paths
-from obmm.tools.errno_sources import Derivation, Driver, calls_in, derive, errnos_in, functions
+from obmm.testbed.stages.errno_sources import (
+    Derivation,
+    Driver,
+    calls_in,
+    derive,
+    errnos_in,
+    functions,
+)
 
 UPSTREAM_OBMM = paths.ub_upstream_dir() / "drivers" / "ub" / "obmm"
 NEEDS_TREE = pytest.mark.skipif(

@@ -12,24 +12,15 @@ from pathlib import Path
 import pytest
 
 from obmm.bench.measure import BenchError
-from obmm.testbed import (
-    errors,
-    guest_suite,
-    image,
-    kbuild,
-    kunitbuild,
-    kunitguest,
-    matrix,
-    progress,
-    provision,
-    qemu,
-    run,
-    ssh,
-    urmabuild,
-)
-from obmm.testbed.cluster import ClusterError
+from obmm.testbed import errors, progress, provision, ssh
+from obmm.testbed.builds import elfcheck, image, kbuild, kunitbuild, urmabuild
+from obmm.testbed.cli import main as cli
+from obmm.testbed.cli import run
 from obmm.testbed.hw import config as hwconfig
-from obmm.tools import cli, elfcheck, patchcheck
+from obmm.testbed.stages import kunitguest, matrix, patchcheck
+from obmm.testbed.suite import guest_suite
+from obmm.testbed.vm import qemu
+from obmm.testbed.vm.cluster import ClusterError
 
 # Each one provokes a real failure, cheaply: nothing boots, builds or downloads.
 PROVOKED = {
@@ -73,7 +64,7 @@ def test_a_subcommand_fails_with_one_line_and_status_2(name: str, tmp_path: Path
     if name == "snapshot":
         env["OBMM_TESTBED_SNAPSHOT"] = "sometimes"
     proc = subprocess.run(
-        [sys.executable, "-m", "obmm.tools.cli", *PROVOKED[name]],
+        [sys.executable, "-m", "obmm.testbed.cli.main", *PROVOKED[name]],
         capture_output=True,
         text=True,
         env=env,
@@ -129,7 +120,10 @@ def test_testbed_errors_share_one_base_and_keep_their_old_one(cls: type, older: 
 
 @pytest.mark.parametrize(
     ("entry", "prog"),
-    [(["obmm.tools.cli", "bench"], "obmm-testbed"), (["obmm.bench"], "python -m obmm.bench")],
+    [
+        (["obmm.testbed.cli.main", "bench"], "obmm-testbed"),
+        (["obmm.bench"], "python -m obmm.bench"),
+    ],
 )
 def test_sigterm_during_a_command_unwinds_says_so_and_leaves_no_scratch(
     tmp_path: Path, entry: list[str], prog: str
@@ -191,7 +185,7 @@ def test_a_killed_commands_scratch_is_removed_by_the_next_command(tmp_path: Path
     env = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}", TMPDIR=str(scratch),
                OBMM_TESTBED_CACHE=str(tmp_path / "cache"),
                OBMM_TESTBED_RUN_ROOT=str(tmp_path / "shm"))  # fmt: skip
-    argv = [sys.executable, "-m", "obmm.tools.cli", "bench", "--suites-only", "--no-plots"]
+    argv = [sys.executable, "-m", "obmm.testbed.cli.main", "bench", "--suites-only", "--no-plots"]
     proc = subprocess.Popen([*argv, "--out", str(tmp_path / "out")], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
@@ -208,7 +202,7 @@ def test_a_killed_commands_scratch_is_removed_by_the_next_command(tmp_path: Path
     alive = scratch / f"obmm-scratch-{os.getpid()}.0-live-x"  # this process: alive
     alive.mkdir()
     assert all(p.exists() for p in left)
-    out = subprocess.run([sys.executable, "-m", "obmm.tools.cli", "gc"], env=env,
+    out = subprocess.run([sys.executable, "-m", "obmm.testbed.cli.main", "gc"], env=env,
                          capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
     assert f"scratch {left[0]}: its owner died; removed" in out
     assert not any(p.exists() for p in left) and alive.exists()

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from fake_cluster import make_image, start_with, use_run_root
 
-from obmm.testbed import cluster as cl
-from obmm.testbed import qemu
-from obmm.testbed.image import Image
+from obmm.testbed.builds.image import Image
+from obmm.testbed.vm import cluster as cl
+from obmm.testbed.vm import qemu
 
 
 @pytest.fixture
@@ -262,8 +262,8 @@ FAKE_QEMU = (
 OWNER_SCRIPT = """\
 import sys, time
 from pathlib import Path
-from obmm.testbed import cluster as cl, qemu
-from obmm.testbed.image import Image
+from obmm.testbed.vm import cluster as cl, qemu
+from obmm.testbed.builds.image import Image
 image = Image.open(Path(sys.argv[1]))
 detach = sys.argv[3] == "detach"
 c = cl.Cluster.start(image, qemu.Topology(nodes=2), name=sys.argv[2], detach=detach,
@@ -347,7 +347,7 @@ def test_up_killed_while_booting_leaves_nothing_after_the_next_command(
 
 DOWN_SCRIPT = """\
 import sys, time
-from obmm.testbed import cluster as cl
+from obmm.testbed.vm import cluster as cl
 def stuck(self):  # the teardown under way when the SIGKILL comes
     print("stopping", flush=True)
     time.sleep(600)

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from fake_cluster import make_image, start_with, use_run_root
 
-from obmm.testbed import cluster as cl
-from obmm.testbed import hub as hub_mod
-from obmm.testbed import qemu
-from obmm.testbed.image import Image
+from obmm.testbed.builds.image import Image
+from obmm.testbed.vm import cluster as cl
+from obmm.testbed.vm import hub as hub_mod
+from obmm.testbed.vm import qemu
 
 MAC = [bytes([0x52, 0x54, 0, 0x4F, 0, i]) for i in range(3)]
 BROADCAST = b"\xff" * 6
@@ -106,7 +106,7 @@ def test_hub_drops_frames_for_absent_nodes_and_from_strangers(short_dir: Path) -
 
 
 def _start_hub(rundir: Path, nodes: int = 2) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "obmm.testbed.hub", str(rundir), str(nodes)])
+    proc = subprocess.Popen([sys.executable, "-m", "obmm.testbed.vm.hub", str(rundir), str(nodes)])
     deadline = time.monotonic() + 15
     while not qemu.hub_socket(rundir).exists():
         assert proc.poll() is None and time.monotonic() < deadline, "hub did not start"
@@ -271,7 +271,7 @@ def test_hub_dies_with_its_owner(short_dir: Path) -> None:
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from obmm.testbed import cluster as cl, qemu\n"
+        "from obmm.testbed.vm import cluster as cl, qemu\n"
         f"d = Path({str(short_dir)!r})\n"
         "c = cl.Cluster(name='o', rundir=d, logdir=d,"
         " topology=qemu.Topology(nodes=2), accel='tcg', image=None)  # type: ignore\n"

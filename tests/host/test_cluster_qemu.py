@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import qemu
 from obmm.testbed.paths import qemu_dir
+from obmm.testbed.vm import qemu
 
 RUN = Path("/dev/shm/obmm-testbed-t")
 

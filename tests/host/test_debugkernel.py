@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from obmm.bench.local import LocalNode
-from obmm.testbed import debugkernel, image, initramfs, kmemleak, paths, qemu
-from obmm.testbed.cluster import boot_timeout
+from obmm.testbed import paths
+from obmm.testbed.builds import debugkernel, image, initramfs
 from obmm.testbed.settings import Settings, SettingsError
 from obmm.testbed.ssh import Result
+from obmm.testbed.vm import kmemleak, qemu
+from obmm.testbed.vm.cluster import boot_timeout
 
 FRAGMENT = paths.qemu_dir() / debugkernel.FRAGMENT
 

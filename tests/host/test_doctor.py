@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import accel, doctor
+from obmm.testbed.cli import doctor
+from obmm.testbed.vm import accel
 
 
 def test_too_little_memory_fails_with_what_to_change() -> None:

@@ -1,4 +1,5 @@
-"""obmm.tools.elfcheck on real .ko files built from kmod/obmm_testhook, and doctored copies.
+"""obmm.testbed.builds.elfcheck on real .ko files built from kmod/obmm_testhook, and
+doctored copies.
 
 The first run downloads the guest kernel's headers from Debian's mirror
 (~15 MB, into ~/.cache/obmm-testbed/kheaders); later runs use the cache.
@@ -14,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import kbuild
-from obmm.tools import elfcheck
+from obmm.testbed.builds import elfcheck, kbuild
 
 REPO = Path(__file__).resolve().parents[2]
 ARCH = "amd64"

@@ -12,8 +12,10 @@ from pathlib import Path, PurePosixPath
 
 from bytecode_probe import bytecode_imports
 
-from obmm.testbed import guest_suite, provision, qemu
+from obmm.testbed import provision
 from obmm.testbed.paths import repo_root
+from obmm.testbed.suite import guest_suite
+from obmm.testbed.vm import qemu
 
 
 def _ev(**kw: object) -> bytes:
@@ -78,7 +80,7 @@ def test_guest_command_maps_events_to_stdout_and_sets_node_env() -> None:
     assert "OBMM_NODE_ID=1" in words and "OBMM_NODES=2" in words
     assert f"OBMM_POOL_BASE={topo.pool_base}" in words
     assert "PYTHONPATH=/opt/obmm-testbed/pylib" in words
-    assert "obmm.testbed.guest_plugin" in words
+    assert "obmm.testbed.suite.guest_plugin" in words
     assert "tests/guest/t.py::test_it[a b]" in words  # quoted, one argument
     assert "--junitxml=/r/j.xml" in words
 
@@ -107,7 +109,7 @@ def test_payload_has_package_tests_selftests_and_modules(tmp_path: Path) -> None
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         names = set(tar.getnames())
     assert "pylib/obmm/__init__.py" in names
-    assert "pylib/obmm/testbed/guest_plugin.py" in names
+    assert "pylib/obmm/testbed/suite/guest_plugin.py" in names
     assert "tests/guest/test_plumbing.py" in names
     assert "tests/guest/_selftest/test_warn.py" in names
     assert "kmod/obmm_testhook.ko" in names
@@ -148,7 +150,8 @@ def test_guest_plugin_streams_events_from_a_real_pytest(tmp_path: Path) -> None:
     )
     events = tmp_path / "events"
     cmd = (
-        f"{shlex.quote(sys.executable)} -m pytest -p obmm.testbed.guest_plugin -p no:cacheprovider"
+        f"{shlex.quote(sys.executable)} -m pytest -p obmm.testbed.suite.guest_plugin"
+        " -p no:cacheprovider"
         f" -q {tmp_path / 'test_x.py'} 3>{events}"
     )
     env = {"OBMM_EVENT_FD": "3", "PYTHONPATH": str(repo_root() / "pylib"), "PATH": "/usr/bin:/bin"}
@@ -167,8 +170,8 @@ def test_guest_plugin_streams_events_from_a_real_pytest(tmp_path: Path) -> None:
 
 
 def test_ssh_cli_accepts_options_before_or_after_the_node() -> None:
-    from obmm.testbed.commands import split_ssh_args
-    from obmm.tools import cli
+    from obmm.testbed.cli import main as cli
+    from obmm.testbed.cli.commands import split_ssh_args
 
     parser = cli.build_parser()
     for argv in (

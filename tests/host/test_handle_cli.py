@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from obmm.handle import Handle
-from obmm.tools.cli import main
+from obmm.testbed.cli.main import main
 
 HANDLE = Handle(
     mem_id=3, tokenid=0xBEEF, length=4 << 20, uba=0x1_0000_0000, seid=b"\x01" * 16,
@@ -51,7 +51,7 @@ def test_serve_then_fetch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         [
             sys.executable,
             "-m",
-            "obmm.tools.cli",
+            "obmm.testbed.cli.main",
             "handle",
             "serve",
             f"region={path}",

@@ -24,11 +24,11 @@ import pytest
 from bytecode_probe import bytecode_imports
 
 from obmm import envvars
-from obmm.testbed.guest_plugin import emulator_only_reason
 from obmm.testbed.hw import config as hwconfig
 from obmm.testbed.hw import preflight as hwpreflight
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.hw.config import ConfigError, HwConfig, HwHost
+from obmm.testbed.suite.guest_plugin import emulator_only_reason
 
 # -- configuration --------------------------------------------------------------------------
 
@@ -524,7 +524,7 @@ def test_guest_pytest_command_runs_in_the_temp_dir_with_the_hardware_target(
         "PYTHONPATH=/tmp/obmm-hw.abc123/pylib:/tmp/obmm-hw.abc123/pydeps "
         "PYTHONDONTWRITEBYTECODE=1 OBMM_EVENT_FD=3 OBMM_TARGET=hardware OBMM_NODE_ID=1 "
         "OBMM_NODES=2 OBMM_DECODER=cmd:dec /usr/bin/python3 -m pytest -p "
-        "obmm.testbed.guest_plugin -p no:cacheprovider -v -rA "
+        "obmm.testbed.suite.guest_plugin -p no:cacheprovider -v -rA "
         "--junitxml=/tmp/obmm-hw.abc123/results/j.xml tests/guest 3>&1 1>&2"
     )
 

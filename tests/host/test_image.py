@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from obmm import envvars
-from obmm.testbed import image
-from obmm.testbed.image import ImageError, Recipe
+from obmm.testbed.builds import image
+from obmm.testbed.builds.image import ImageError, Recipe
 from obmm.testbed.progress import StepFailed
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import initramfs
-from obmm.testbed.image import find_recipe
+from obmm.testbed.builds import initramfs
+from obmm.testbed.builds.image import find_recipe
 
 # A stand-in for kmod's modprobe: prints what --show-depends would for three modules.
 FAKE_MODPROBE = """#!/bin/sh

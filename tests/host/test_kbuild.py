@@ -1,4 +1,4 @@
-"""obmm.testbed.kbuild: apt output parsing, the cached headers tree, and W=1 builds.
+"""obmm.testbed.builds.kbuild: apt output parsing, the cached headers tree, and W=1 builds.
 
 Builds run against the guest kernel's headers, fetched once from Debian's
 mirror into ~/.cache/obmm-testbed/kheaders (the cache serves later runs).
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import kbuild
+from obmm.testbed.builds import kbuild
 
 REPO = Path(__file__).resolve().parents[2]
 

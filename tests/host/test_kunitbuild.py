@@ -1,4 +1,4 @@
-"""obmm.testbed.kunitbuild: the adaptation of Debian's lib/kunit for a kernel without
+"""obmm.testbed.builds.kunitbuild: the adaptation of Debian's lib/kunit for a kernel without
 CONFIG_KUNIT, checked on text shaped like the pinned version (no download here)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import kunitbuild
+from obmm.testbed.builds import kunitbuild
 
 TEST_C = """\
 static void kunit_try_run_case(void *data)

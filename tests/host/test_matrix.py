@@ -1,4 +1,4 @@
-"""obmm.testbed.matrix: private apt trees, cells, the glibc shim, and a per-cell API break.
+"""obmm.testbed.stages.matrix: private apt trees, cells, the glibc shim, and a per-cell API break.
 
 The full three-cell build of kmod/ is the ``ci/kmod-matrix.sh`` stage (``make kmod-matrix``);
 here a small module that uses an API Debian 13's kernel changed proves that a break shows as
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import kbuild, matrix
+from obmm.testbed.builds import kbuild
+from obmm.testbed.stages import matrix
 
 
 def test_cells_and_their_make_variables() -> None:

@@ -9,14 +9,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 #: The front ends the issue of one bring-up names, by file.
 FRONT_ENDS = {
-    "guest suite": "pylib/obmm/testbed/guest_suite.py",
+    "guest suite": "pylib/obmm/testbed/suite/guest_suite.py",
     "cluster suite": "tests/cluster/conftest.py",
     "pytest plugin": "pylib/obmm/testbed/usercluster.py",
-    "obmm-testbed run": "pylib/obmm/testbed/run.py",
-    "obmm-testbed up": "pylib/obmm/testbed/commands.py",
+    "obmm-testbed run": "pylib/obmm/testbed/cli/run.py",
+    "obmm-testbed up": "pylib/obmm/testbed/cli/commands.py",
     "bench": "pylib/obmm/bench/cluster_hook.py",
-    "patch-check KUnit": "pylib/obmm/testbed/kunitguest.py",
-    "obmm-testbed dev": "pylib/obmm/testbed/dev.py",
+    "patch-check KUnit": "pylib/obmm/testbed/stages/kunitguest.py",
+    "obmm-testbed dev": "pylib/obmm/testbed/cli/dev.py",
 }
 #: Steps of the sequence that only bring_up (and the modules that define them) may call.
 STEPS = {"start": "Cluster.start", "prepare": "provision.prepare", "load_modules": "load_modules"}
@@ -46,7 +46,7 @@ def test_every_front_end_calls_bring_up() -> None:
 def test_no_module_but_the_session_repeats_a_step_of_the_sequence() -> None:
     allowed = {
         "pylib/obmm/testbed/session.py",  # the sequence
-        "pylib/obmm/testbed/cluster.py",  # Cluster.start restarts itself after a bad snapshot
+        "pylib/obmm/testbed/vm/cluster.py",  # Cluster.start restarts itself after a bad snapshot
         "pylib/obmm/testbed/provision.py",  # defines the steps
     }
     offenders = []

@@ -1,4 +1,4 @@
-"""Host tests for obmm.tools.patchcheck (the ``make patch-check`` checks).
+"""Host tests for obmm.testbed.stages.patchcheck (the ``make patch-check`` checks).
 
 The tests that apply the series need the pinned upstream tree (an input kept outside the
 project, :func:`obmm.testbed.paths.ub_upstream_dir`); without it they skip with one line.
@@ -14,7 +14,7 @@ import pytest
 
 from obmm import envvars
 from obmm.testbed import paths
-from obmm.tools import patchcheck
+from obmm.testbed.stages import patchcheck
 
 SERIES = Path(__file__).resolve().parents[2] / "kmod" / "patches" / "urma-seg-mapped"
 FIRST = "0001-"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import kbuild, provision
-from obmm.tools import elfcheck
+from obmm.testbed import provision
+from obmm.testbed.builds import elfcheck, kbuild
 
 
 class FakeImage:

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from obmm import envvars
-from obmm.testbed import fuzzdiff, kbuild, provision, realreport
+from obmm.testbed import provision
+from obmm.testbed.builds import elfcheck, kbuild
 from obmm.testbed.settings import Settings, SettingsError
 from obmm.testbed.ssh import Result
-from obmm.tools import elfcheck
+from obmm.testbed.stages import fuzzdiff, realreport
 
 
 class FakeImage:
@@ -64,7 +65,7 @@ DECLARED = {
 
 def test_the_driver_setting_not_the_module_name_decides_the_real_driver_parameters() -> None:
     """The emulator is obmm.ko too once it is renamed (issue 27): only `driver` says which."""
-    from obmm.testbed.qemu import Topology
+    from obmm.testbed.vm.qemu import Topology
 
     topo = Topology(nodes=1, memory_mib=1024, pool_mib=256)
     assert provision.real_driver_params(topo) == {
@@ -90,7 +91,7 @@ def test_the_driver_setting_not_the_module_name_decides_the_real_driver_paramete
 
 
 def test_a_failing_pool_wait_names_the_node_and_the_counters() -> None:
-    from obmm.testbed.qemu import Topology
+    from obmm.testbed.vm.qemu import Topology
 
     class Slow(RecordingNode):
         def run(self, cmd: str, **kw: object) -> Result:
@@ -270,7 +271,7 @@ def _added(item: FakeItem) -> list[tuple[str, str, bool]]:
 
 @pytest.mark.parametrize("driver", ["emu", "real", "hardware"])
 def test_the_driver_markers_under_each_driver(driver: str) -> None:
-    from obmm.testbed.guest_plugin import (
+    from obmm.testbed.suite.guest_plugin import (
         TESTBED_FABRIC_SKIP,
         emulator_only_reason,
         mark_for_driver,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from obmm.bench.local import LocalNode
-from obmm.testbed import run
+from obmm.testbed.cli import run
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.remote import NodeError, RemoteNode, dir_archive, node_env, unpack_on
 from obmm.testbed.ssh import Result

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import qemu, snapshot
+from obmm.testbed.vm import qemu, snapshot
 
 QEMU_ID = {"path": "/usr/bin/qemu-system-x86_64", "version": "QEMU 7.2", "size": 1, "mtime_ns": 2}
 

@@ -1,11 +1,13 @@
-"""obmm.testbed.urmabuild: which warnings of an upstream UB tree's build are whose, and what an
-older guest kernel adds to its flags.  No build here: the stage builds (make patch-check)."""
+"""obmm.testbed.builds.urmabuild: which warnings of an upstream UB tree's build are
+whose, and what an older guest kernel adds to its flags.  No build here: the stage builds (make
+patch-check)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from obmm.testbed import paths, urmabuild
+from obmm.testbed import paths
+from obmm.testbed.builds import urmabuild
 
 TREE = Path("/tmp/scratch/tree")
 UBCORE = TREE / "drivers/ub/urma/ubcore"

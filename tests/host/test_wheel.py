@@ -50,7 +50,7 @@ def test_the_wheel_carries_sources_not_build_output(installed: tuple[Path, Path,
     ):  # fmt: skip
         assert data + wanted in names, wanted
     assert not [n for n in names if n.endswith((".ko", ".o", ".pyc")) or "/results/" in n]
-    assert "obmm/testbed/run.py" in names and "obmm/bench/memprobe.c" in names
+    assert "obmm/testbed/cli/run.py" in names and "obmm/bench/memprobe.c" in names
 
 
 def test_the_installed_command_runs_from_any_directory(
@@ -111,7 +111,7 @@ def test_package_data_resolves_and_nothing_is_written_into_site_packages(
     probe = """
 import json, obmm
 from obmm.testbed import paths, provision
-from obmm.testbed.image import find_recipe
+from obmm.testbed.builds.image import find_recipe
 import io, tarfile
 names = tarfile.open(fileobj=io.BytesIO(provision.payload_tar(paths.repo_root()))).getnames()
 print(json.dumps({

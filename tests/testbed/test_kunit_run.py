@@ -1,5 +1,5 @@
 """KUnit on the guests' kernel (built without it), end to end: kunit.ko and kunit_run.ko made
-by obmm.testbed.kunitbuild, kmod/kunit_compat/kunit_selftest's suites (results known: 3 pass,
+by obmm.testbed.builds.kunitbuild, kmod/kunit_compat/kunit_selftest's suites (results known: 3 pass,
 1 fails, 1 skips) run in a node of their own, the kernel log read back by obmm.tools.ktap.
 What `make patch-check` relies on to say "N/N passed" for the URMA_SEG_MAPPED series."""
 
@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import kbuild, kunitbuild, kunitguest, paths, urmabuild
-from obmm.testbed.image import Image, ensure_image
+from obmm.testbed import paths
+from obmm.testbed.builds import kbuild, kunitbuild, urmabuild
+from obmm.testbed.builds.image import Image, ensure_image
 from obmm.testbed.progress import Progress
+from obmm.testbed.stages import kunitguest
 from obmm.tools import ktap
 
 

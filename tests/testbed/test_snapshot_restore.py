@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import cluster as cl
-from obmm.testbed import snapshot
-from obmm.testbed.image import Image, ensure_image
+from obmm.testbed.builds.image import Image, ensure_image
 from obmm.testbed.paths import results_dir
+from obmm.testbed.vm import cluster as cl
+from obmm.testbed.vm import snapshot
 
 # A shape of its own (the suites use 1024/256), so this test never disturbs their snapshots.
 TOPOLOGY = cl.qemu.Topology(nodes=1, memory_mib=512, pool_mib=128)

@@ -23,12 +23,13 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from obmm import abi
-from obmm.testbed import bytecode, kbuild, kmemleak, qemu
+from obmm.testbed.builds import bytecode, kbuild
+from obmm.testbed.builds.image import Image
 from obmm.testbed.errors import TestbedError
-from obmm.testbed.image import Image
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir, repo_root, ub_upstream_dir
 from obmm.testbed.remote import GUEST_ROOT
+from obmm.testbed.vm import kmemleak, qemu
 
 if TYPE_CHECKING:
     from obmm.testbed.node import Node
@@ -122,7 +123,7 @@ def build_guest_modules(
     image: Image, out: Path, driver: str = kbuild.DRIVER_EMU, *, test_hooks: bool = False
 ) -> list[Path]:
     """Build the driver's modules against the guest kernel's headers and pre-flight each .ko on
-    the host (:mod:`obmm.testbed.kbuild` plus the ELF checks); the .ko files to load.
+    the host (:mod:`obmm.testbed.builds.kbuild` plus the ELF checks); the .ko files to load.
 
     ``emu``: kmod/* into ``out`` (ub_compat is built too, as a W=1 check, but not loaded);
     ``test_hooks``: the suites' build of it, with the test-only module parameters, into
@@ -133,7 +134,7 @@ def build_guest_modules(
     A run builds the suites' modules several times over (qemu-test, the cluster suite, the
     hardware proofs): when the sources are those of the last build into `out`, its .ko files
     are used again (still ELF-checked)."""
-    from obmm.tools import elfcheck
+    from obmm.testbed.builds import elfcheck
 
     real = driver == kbuild.DRIVER_REAL
     release = image.kernel_release

@@ -21,15 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from obmm.testbed import ownership, provision, qemu
-from obmm.testbed.cluster import Cluster, default_logdir, load_topology, reap_dead_owners
+from obmm.testbed import ownership, provision
 from obmm.testbed.errors import TestbedError
-from obmm.testbed.kguard import KernelLogGuard
 from obmm.testbed.parallel import on_each
 from obmm.testbed.progress import Progress
 from obmm.testbed.remote import RemoteNode, node_env
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import Connection
+from obmm.testbed.vm import qemu
+from obmm.testbed.vm.cluster import Cluster, default_logdir, load_topology, reap_dead_owners
+from obmm.testbed.vm.kguard import KernelLogGuard
 
 if TYPE_CHECKING:
     from obmm.testbed.node import Node
@@ -164,9 +165,9 @@ def bring_up(
     their test-only parameters (:func:`obmm.testbed.provision.build_guest_modules`).  On any
     failure, Ctrl-C included, everything started is stopped.
     """
-    from obmm.testbed import accel as accel_mod
-    from obmm.testbed.image import ensure_image, find_recipe
+    from obmm.testbed.builds.image import ensure_image, find_recipe
     from obmm.testbed.paths import cache_dir, results_dir
+    from obmm.testbed.vm import accel as accel_mod
 
     if settings.name is None:
         raise SessionError("bring_up: the settings have no cluster name")
