@@ -6,6 +6,7 @@ import struct
 from pathlib import Path
 
 from obmm.testbed.cli import numaview
+from obmm.testbed.topology import Topology
 from obmm.testbed.vm import acpi, qemu
 
 
@@ -52,7 +53,7 @@ def test_remote_nodes_cover_every_peer() -> None:
 
 
 def test_argv_passes_the_tables_and_the_online_policy(tmp_path: Path) -> None:
-    topo = qemu.Topology(nodes=2)
+    topo = Topology(nodes=2)
     launch = qemu.NodeLaunch(
         index=0,
         ssh_port=2222,

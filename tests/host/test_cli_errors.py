@@ -19,7 +19,7 @@ from obmm.testbed.cli import run
 from obmm.testbed.hw import config as hwconfig
 from obmm.testbed.stages import kunitguest, matrix, patchcheck
 from obmm.testbed.suite import guest_suite
-from obmm.testbed.vm import qemu
+from obmm.testbed.topology import TopologyError
 from obmm.testbed.vm.cluster import ClusterError
 
 # Each one provokes a real failure, cheaply: nothing boots, builds or downloads.
@@ -102,7 +102,7 @@ def test_a_multi_line_error_prints_its_first_line(
         (ssh.SshError, RuntimeError),
         (guest_suite.RunnerError, RuntimeError),
         (provision.ProvisionError, RuntimeError),
-        (qemu.TopologyError, ValueError),
+        (TopologyError, ValueError),
         (hwconfig.ConfigError, ValueError),
         (BenchError, RuntimeError),
         (run.RunError, ValueError),

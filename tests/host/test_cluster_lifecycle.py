@@ -15,6 +15,7 @@ import pytest
 from fake_cluster import make_image, start_with, use_run_root
 
 from obmm.testbed.builds.image import Image
+from obmm.testbed.topology import Topology
 from obmm.testbed.vm import cluster as cl
 from obmm.testbed.vm import qemu
 
@@ -77,7 +78,7 @@ def _cluster_with(run_root: Path, image: Image, proc: subprocess.Popen[bytes], n
         pid_start=cl._pid_start_time(proc.pid), console_log=rundir / "c.log",
         qemu_log=rundir / "q.log", qmp_socket=rundir / "node0.qmp", overlay=rundir / "o.qcow2",
     )  # fmt: skip
-    c = cl.Cluster(name=name, rundir=rundir, logdir=rundir, topology=qemu.Topology(),
+    c = cl.Cluster(name=name, rundir=rundir, logdir=rundir, topology=Topology(),
                    accel="tcg", image=image, nodes=[node])  # fmt: skip
     c.save()
     return c
@@ -122,7 +123,7 @@ def test_starting_over_a_live_cluster_is_refused(
 ) -> None:
     _cluster_with(run_root, fake_image, sleeper, "x")
     with pytest.raises(cl.ClusterError, match="already running"):
-        cl.Cluster.start(fake_image, qemu.Topology(), name="x", wait=False)
+        cl.Cluster.start(fake_image, Topology(), name="x", wait=False)
     assert sleeper.poll() is None  # the running cluster was left alone
 
 
@@ -141,7 +142,7 @@ def test_qemu_that_fails_to_start_leaves_nothing_behind(
 ) -> None:
     qemu_bin = "false"
     with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
-        start_with(qemu_bin, fake_image, qemu.Topology(nodes=2), name="y", logdir=tmp_path / "logs")
+        start_with(qemu_bin, fake_image, Topology(nodes=2), name="y", logdir=tmp_path / "logs")
     assert not cl.rundir_for("y").exists()
     assert list(run_root.iterdir()) == []  # no lock or other file left on tmpfs
     assert (tmp_path / "logs" / "node0.qemu.log").read_text().startswith("$ false ")
@@ -153,14 +154,14 @@ def test_fast_boot_of_an_image_without_its_initramfs_says_what_to_use_and_leaves
     qemu_bin = "false"
     (fake_image.directory / "initrd-fast.img").unlink()
     with pytest.raises(cl.ClusterError, match="no fast-boot initramfs; use --init systemd"):
-        start_with(qemu_bin, fake_image, qemu.Topology(nodes=2), name="z", logdir=tmp_path / "logs")
+        start_with(qemu_bin, fake_image, Topology(nodes=2), name="z", logdir=tmp_path / "logs")
     assert list(run_root.iterdir()) == []
     # The distribution boot needs only what every image has.
     with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
         start_with(
             qemu_bin,
             fake_image,
-            qemu.Topology(nodes=1),
+            Topology(nodes=1),
             name="z",
             init="systemd",
             logdir=tmp_path / "l",
@@ -178,11 +179,11 @@ def test_fast_boot_uses_qboot_when_qemu_ships_it(
     qboot.write_bytes(b"rom")
     monkeypatch.setattr(qemu, "QBOOT", str(qboot))
     with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
-        start_with(qemu_bin, fake_image, qemu.Topology(nodes=1), name="q", logdir=tmp_path / "l")
+        start_with(qemu_bin, fake_image, Topology(nodes=1), name="q", logdir=tmp_path / "l")
     assert f"-bios {qboot} " in (tmp_path / "l" / "node0.qemu.log").read_text()
     qboot.unlink()
     with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
-        start_with(qemu_bin, fake_image, qemu.Topology(nodes=1), name="q", logdir=tmp_path / "m")
+        start_with(qemu_bin, fake_image, Topology(nodes=1), name="q", logdir=tmp_path / "m")
     assert "-bios" not in (tmp_path / "m" / "node0.qemu.log").read_text()
 
 
@@ -206,7 +207,7 @@ def test_interrupt_during_boot_kills_every_node_and_removes_files(
 
     monkeypatch.setattr(cl.Cluster, "wait_ssh", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        start_with(qemu_bin, fake_image, qemu.Topology(nodes=2), name="z", logdir=tmp_path / "logs")
+        start_with(qemu_bin, fake_image, Topology(nodes=2), name="z", logdir=tmp_path / "logs")
     assert len(pids) == 2
     for pid in pids:
         assert cl._pid_start_time(pid) is None  # gone (or a reaped zombie)
@@ -215,10 +216,10 @@ def test_interrupt_during_boot_kills_every_node_and_removes_files(
 
 
 def test_boot_timeout_scales_with_nodes_under_tcg() -> None:
-    one = cl.boot_timeout(qemu.Topology(nodes=1), "tcg")
-    eight = cl.boot_timeout(qemu.Topology(nodes=8), "tcg")
+    one = cl.boot_timeout(Topology(nodes=1), "tcg")
+    eight = cl.boot_timeout(Topology(nodes=8), "tcg")
     assert 60 <= one < eight
-    assert cl.boot_timeout(qemu.Topology(nodes=1), "kvm") < one
+    assert cl.boot_timeout(Topology(nodes=1), "kvm") < one
 
 
 def test_load_topology_by_name_or_path(tmp_path: Path) -> None:
@@ -250,7 +251,7 @@ def test_an_unknown_init_is_refused_before_anything_starts(
     run_root: Path, fake_image: Image
 ) -> None:
     with pytest.raises(cl.ClusterError, match="init must be one of fast, systemd, got 'runit'"):
-        cl.Cluster.start(fake_image, qemu.Topology(), name="r", init="runit")
+        cl.Cluster.start(fake_image, Topology(), name="r", init="runit")
     assert not run_root.exists() or list(run_root.iterdir()) == []
 
 
@@ -262,11 +263,12 @@ FAKE_QEMU = (
 OWNER_SCRIPT = """\
 import sys, time
 from pathlib import Path
-from obmm.testbed.vm import cluster as cl, qemu
+from obmm.testbed.topology import Topology
+from obmm.testbed.vm import cluster as cl
 from obmm.testbed.builds.image import Image
 image = Image.open(Path(sys.argv[1]))
 detach = sys.argv[3] == "detach"
-c = cl.Cluster.start(image, qemu.Topology(nodes=2), name=sys.argv[2], detach=detach,
+c = cl.Cluster.start(image, Topology(nodes=2), name=sys.argv[2], detach=detach,
                      wait=sys.argv[4] == "wait", qemu_binary=sys.argv[5], timeout=600)
 print(" ".join(str(n.pid) for n in c.nodes), c.hub_pid, flush=True)
 time.sleep(600)
@@ -301,8 +303,8 @@ def test_a_killed_owners_cluster_is_removed_by_the_next_command_and_no_other(
     owner = _owner(run_root, fake_image, "dead", fake, "own", "nowait")
     assert owner.stdout is not None
     *qemus, hub = (int(w) for w in owner.stdout.readline().split())
-    mine = start_with(str(fake), fake_image, qemu.Topology(nodes=1), name="mine", wait=False)
-    kept = start_with(str(fake), fake_image, qemu.Topology(nodes=1), name="kept", wait=False,
+    mine = start_with(str(fake), fake_image, Topology(nodes=1), name="mine", wait=False)
+    kept = start_with(str(fake), fake_image, Topology(nodes=1), name="kept", wait=False,
                       detach=True)  # fmt: skip
     kept.disown()
     try:
@@ -364,7 +366,7 @@ def test_a_down_killed_while_it_stops_leaves_nothing_after_the_next_command(
     fake = tmp_path / "fake-qemu"
     fake.write_text(FAKE_QEMU)
     fake.chmod(0o755)
-    kept = start_with(str(fake), fake_image, qemu.Topology(nodes=2), name="kept", wait=False,
+    kept = start_with(str(fake), fake_image, Topology(nodes=2), name="kept", wait=False,
                       detach=True)  # fmt: skip
     kept.disown()
     pids = [n.pid for n in kept.nodes] + [kept.hub_pid]
@@ -396,7 +398,7 @@ def test_a_cluster_of_nobody_is_reaped_once_nothing_of_it_runs(
     fake.chmod(0o755)
     names = ("kept", "legacy")
     for name in names:
-        cluster = start_with(str(fake), fake_image, qemu.Topology(nodes=2), name=name,
+        cluster = start_with(str(fake), fake_image, Topology(nodes=2), name=name,
                              wait=False, detach=True)  # fmt: skip
         cluster.disown()
     (cl.rundir_for("legacy") / cl.OWNER_FILE).unlink()

@@ -19,6 +19,7 @@ import pytest
 from fake_cluster import make_image, start_with, use_run_root
 
 from obmm.testbed.builds.image import Image
+from obmm.testbed.topology import MAX_NODES, Topology
 from obmm.testbed.vm import cluster as cl
 from obmm.testbed.vm import hub as hub_mod
 from obmm.testbed.vm import qemu
@@ -154,7 +155,7 @@ def _pairs(argv: list[str], flag: str) -> list[str]:
 
 
 def test_multi_node_clusters_get_a_nic_on_the_hub_over_unix_sockets_only() -> None:
-    argv = qemu.build_argv(qemu.Topology(nodes=3), _launch(2))
+    argv = qemu.build_argv(Topology(nodes=3), _launch(2))
     netdevs = _pairs(argv, "-netdev")
     assert (
         f"dgram,id=fabric,local.type=unix,local.path={RUN}/node2.net,"
@@ -170,13 +171,13 @@ def test_multi_node_clusters_get_a_nic_on_the_hub_over_unix_sockets_only() -> No
 
 
 def test_a_single_node_has_no_inter_node_nic() -> None:
-    argv = qemu.build_argv(qemu.Topology(nodes=1), _launch(0))
+    argv = qemu.build_argv(Topology(nodes=1), _launch(0))
     assert not any("fabric" in a for a in argv)
 
 
 def test_guest_addresses_are_link_local_and_distinct() -> None:
-    addrs = [qemu.fabric_ip(i) for i in range(qemu.MAX_NODES)]
-    assert len(set(addrs)) == qemu.MAX_NODES
+    addrs = [qemu.fabric_ip(i) for i in range(MAX_NODES)]
+    assert len(set(addrs)) == MAX_NODES
     assert all(a.startswith("169.254.") for a in addrs)
     assert qemu.fabric_ip(0) == "169.254.100.10" and qemu.fabric_ip(1) == "169.254.100.11"
     cmd = qemu.fabric_net_command(1)
@@ -217,7 +218,7 @@ def test_hub_starts_with_a_multi_node_cluster_and_stops_with_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     monkeypatch.setattr(cl.Cluster, "wait_ssh", lambda self, timeout, progress=None: None)
-    c = start_with(fake_qemu, fake_image, qemu.Topology(nodes=2), name="n", logdir=short_dir / "l")
+    c = start_with(fake_qemu, fake_image, Topology(nodes=2), name="n", logdir=short_dir / "l")
     try:
         state = json.loads(c.state_file.read_text())
         assert state["hub_pid"] == c.hub_pid and c.hub_alive()
@@ -242,7 +243,7 @@ def test_a_single_node_cluster_runs_no_hub(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     monkeypatch.setattr(cl.Cluster, "wait_ssh", lambda self, timeout, progress=None: None)
-    with start_with(fake_qemu, fake_image, qemu.Topology(nodes=1), name="s",
+    with start_with(fake_qemu, fake_image, Topology(nodes=1), name="s",
                           logdir=short_dir / "l") as c:  # fmt: skip
         assert c.hub_pid is None
     assert not c.rundir.exists()
@@ -261,7 +262,7 @@ def test_interrupt_during_boot_stops_the_hub_too(
 
     monkeypatch.setattr(cl.Cluster, "wait_ssh", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        start_with(fake_qemu, fake_image, qemu.Topology(nodes=2), name="i", logdir=short_dir / "l")
+        start_with(fake_qemu, fake_image, Topology(nodes=2), name="i", logdir=short_dir / "l")
     assert seen and _gone(seen[0])
     assert list(run_root.iterdir()) == []
 
@@ -271,10 +272,11 @@ def test_hub_dies_with_its_owner(short_dir: Path) -> None:
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from obmm.testbed.vm import cluster as cl, qemu\n"
+        "from obmm.testbed.topology import Topology\n"
+        "from obmm.testbed.vm import cluster as cl\n"
         f"d = Path({str(short_dir)!r})\n"
         "c = cl.Cluster(name='o', rundir=d, logdir=d,"
-        " topology=qemu.Topology(nodes=2), accel='tcg', image=None)  # type: ignore\n"
+        " topology=Topology(nodes=2), accel='tcg', image=None)  # type: ignore\n"
         "c._start_hub(detach=False)\n"
         "print(c.hub_pid, flush=True)\n"
         "time.sleep(600)\n"
@@ -301,7 +303,7 @@ def test_down_all_reaps_a_hub_whose_nodes_died(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     monkeypatch.setattr(cl.Cluster, "wait_ssh", lambda self, timeout, progress=None: None)
-    c = start_with(fake_qemu, fake_image, qemu.Topology(nodes=2), name="d", logdir=short_dir / "l")
+    c = start_with(fake_qemu, fake_image, Topology(nodes=2), name="d", logdir=short_dir / "l")
     try:
         for node in c.nodes:
             os.kill(node.pid, 9)

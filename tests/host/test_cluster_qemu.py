@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from obmm.testbed.paths import qemu_dir
+from obmm.testbed.topology import Topology, TopologyError
 from obmm.testbed.vm import qemu
 
 RUN = Path("/dev/shm/obmm-testbed-t")
@@ -33,7 +34,7 @@ def _pairs(argv: list[str], flag: str) -> list[str]:
 
 
 def test_node_ram_is_its_shared_file_on_the_run_dir() -> None:
-    argv = qemu.build_argv(qemu.Topology(nodes=2), _launch(1))
+    argv = qemu.build_argv(Topology(nodes=2), _launch(1))
     assert _pairs(argv, "-machine") == ["q35,memory-backend=ram"]
     # Cross-node atomics: multi-threaded TCG and a second possible CPU (parallel TCG).
     assert _pairs(argv, "-accel") == ["tcg,thread=multi"]
@@ -44,7 +45,7 @@ def test_node_ram_is_its_shared_file_on_the_run_dir() -> None:
 
 
 def test_every_node_maps_every_nodes_ram_as_a_window_plus_the_control_region() -> None:
-    topo = qemu.Topology(nodes=3)
+    topo = Topology(nodes=3)
     argv = qemu.build_argv(topo, _launch(2))
     objects = _pairs(argv, "-object")
     devices = _pairs(argv, "-device")
@@ -59,14 +60,14 @@ def test_every_node_maps_every_nodes_ram_as_a_window_plus_the_control_region() -
 
 
 def test_explicit_pci_slots_never_collide() -> None:
-    argv = qemu.build_argv(qemu.Topology(nodes=8), _launch(0))
+    argv = qemu.build_argv(Topology(nodes=8), _launch(0))
     slots = [d.split("addr=")[1] for d in _pairs(argv, "-device") if "addr=" in d]
     assert len(slots) == len(set(slots))
     assert "0x17" in slots  # window of node 7
 
 
 def test_crash_handling_and_network_confinement() -> None:
-    argv = qemu.build_argv(qemu.Topology(), _launch(0, ssh_port=41234))
+    argv = qemu.build_argv(Topology(), _launch(0, ssh_port=41234))
     assert "-no-reboot" in argv
     cmdline = _pairs(argv, "-append")[0].split()
     assert "panic=-1" in cmdline
@@ -80,7 +81,7 @@ def test_crash_handling_and_network_confinement() -> None:
 
 
 def test_mem_hides_the_pool_at_the_top_of_ram() -> None:
-    topo = qemu.Topology(nodes=1, memory_mib=1024, pool_mib=256)
+    topo = Topology(nodes=1, memory_mib=1024, pool_mib=256)
     assert "mem=768M" in qemu.kernel_cmdline(topo, 0).split()
     assert "hugepages=4" in qemu.kernel_cmdline(topo, 0).split()
     assert topo.pool_base == 768 << 20
@@ -88,7 +89,7 @@ def test_mem_hides_the_pool_at_the_top_of_ram() -> None:
 
 
 def test_overlay_is_the_disk_and_kernel_is_booted_directly() -> None:
-    argv = qemu.build_argv(qemu.Topology(), _launch(0))
+    argv = qemu.build_argv(Topology(), _launch(0))
     assert _pairs(argv, "-kernel") == ["/img/vmlinuz"]
     assert _pairs(argv, "-initrd") == ["/img/initrd.img"]
     assert any(f"file={RUN}/node0.qcow2," in d for d in _pairs(argv, "-drive"))
@@ -96,21 +97,21 @@ def test_overlay_is_the_disk_and_kernel_is_booted_directly() -> None:
 
 def test_extra_args_hook_is_appended_for_the_guest_network() -> None:
     extra = ("-netdev", "socket,id=fab,listen=127.0.0.1:5000")
-    argv = qemu.build_argv(qemu.Topology(), _launch(0, extra_args=extra))
+    argv = qemu.build_argv(Topology(), _launch(0, extra_args=extra))
     assert argv[-2:] == list(extra)
 
 
 def test_serial_tcg_is_the_former_argv_for_the_bench() -> None:
-    argv = qemu.build_argv(qemu.Topology(cpus=2), _launch(0, accel=qemu.ACCEL_TCG_SERIAL))
+    argv = qemu.build_argv(Topology(cpus=2), _launch(0, accel=qemu.ACCEL_TCG_SERIAL))
     assert _pairs(argv, "-accel") == ["tcg"]
     assert _pairs(argv, "-smp") == ["2"]
     assert _pairs(argv, "-cpu") == [qemu.TCG_CPU]
-    parallel = qemu.build_argv(qemu.Topology(cpus=2), _launch(0))
+    parallel = qemu.build_argv(Topology(cpus=2), _launch(0))
     assert _pairs(parallel, "-smp") == ["2,maxcpus=2"]
 
 
 def test_kvm_uses_host_cpu() -> None:
-    argv = qemu.build_argv(qemu.Topology(), _launch(0, accel="kvm"))
+    argv = qemu.build_argv(Topology(), _launch(0, accel="kvm"))
     assert _pairs(argv, "-machine") == ["q35,memory-backend=ram"]
     assert _pairs(argv, "-accel") == ["kvm"]
     assert _pairs(argv, "-cpu") == ["host"]
@@ -132,19 +133,19 @@ def test_kvm_uses_host_cpu() -> None:
 def test_topology_rejects_what_the_fabric_cannot_express(
     kwargs: dict[str, int], message: str
 ) -> None:
-    with pytest.raises(qemu.TopologyError, match=message):
-        qemu.Topology(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(TopologyError, match=message):
+        Topology(**kwargs)  # type: ignore[arg-type]
 
 
 def test_node_index_outside_topology_is_refused() -> None:
-    with pytest.raises(qemu.TopologyError):
-        qemu.build_argv(qemu.Topology(nodes=2), _launch(2))
+    with pytest.raises(TopologyError):
+        qemu.build_argv(Topology(nodes=2), _launch(2))
 
 
 def test_shipped_topology_files_load() -> None:
     files = sorted((qemu_dir() / "topologies").glob("*.json"))
     assert {f.stem for f in files} >= {"single", "pair"}
-    loaded = {f.stem: qemu.Topology.load(f) for f in files}
+    loaded = {f.stem: Topology.load(f) for f in files}
     assert loaded["single"].nodes == 1
     assert loaded["pair"].nodes == 2
 
@@ -152,12 +153,12 @@ def test_shipped_topology_files_load() -> None:
 def test_topology_file_with_unknown_key_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"nodes": 2, "memroy_mib": 512}')
-    with pytest.raises(qemu.TopologyError, match="memroy_mib"):
-        qemu.Topology.load(bad)
+    with pytest.raises(TopologyError, match="memroy_mib"):
+        Topology.load(bad)
 
 
 def test_fast_init_is_tini_running_our_init_with_both_nics_on_the_command_line() -> None:
-    topo = qemu.Topology(nodes=2)
+    topo = Topology(nodes=2)
     words = qemu.kernel_cmdline(topo, 1, ("extra=1",)).split()
     assert "init=/usr/bin/tini" in words
     # Everything after "--" is init's argv; the caller's extra words stay kernel parameters.
@@ -171,25 +172,25 @@ def test_fast_init_is_tini_running_our_init_with_both_nics_on_the_command_line()
 
 
 def test_single_node_fast_init_has_no_fabric_nic() -> None:
-    words = qemu.kernel_cmdline(qemu.Topology(nodes=1), 0).split()
+    words = qemu.kernel_cmdline(Topology(nodes=1), 0).split()
     assert not any(w.startswith("obmm_testbed.fabric=") for w in words)
 
 
 def test_systemd_init_boots_the_distribution_userland() -> None:
-    words = qemu.kernel_cmdline(qemu.Topology(nodes=2), 0, init=qemu.INIT_SYSTEMD).split()
+    words = qemu.kernel_cmdline(Topology(nodes=2), 0, init=qemu.INIT_SYSTEMD).split()
     assert "systemd.hostname=node0" in words
     assert "--" not in words
     assert not any(w.startswith(("init=", "obmm_testbed.", "obmm.")) for w in words)
-    argv = qemu.build_argv(qemu.Topology(), _launch(0, init=qemu.INIT_SYSTEMD))
+    argv = qemu.build_argv(Topology(), _launch(0, init=qemu.INIT_SYSTEMD))
     assert "systemd.hostname=node0" in _pairs(argv, "-append")[0].split()
 
 
 def test_unknown_init_mode_is_refused() -> None:
-    with pytest.raises(qemu.TopologyError, match="init must be one of fast, systemd"):
-        qemu.kernel_cmdline(qemu.Topology(), 0, init="upstart")
+    with pytest.raises(TopologyError, match="init must be one of fast, systemd"):
+        qemu.kernel_cmdline(Topology(), 0, init="upstart")
 
 
 def test_firmware_is_passed_as_bios_only_when_set() -> None:
-    argv = qemu.build_argv(qemu.Topology(), _launch(0, firmware="/usr/share/qemu/qboot.rom"))
+    argv = qemu.build_argv(Topology(), _launch(0, firmware="/usr/share/qemu/qboot.rom"))
     assert _pairs(argv, "-bios") == ["/usr/share/qemu/qboot.rom"]
-    assert "-bios" not in qemu.build_argv(qemu.Topology(), _launch(0))
+    assert "-bios" not in qemu.build_argv(Topology(), _launch(0))

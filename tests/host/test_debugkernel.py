@@ -14,6 +14,7 @@ from obmm.testbed import paths
 from obmm.testbed.builds import debugkernel, image, initramfs
 from obmm.testbed.settings import Settings, SettingsError
 from obmm.testbed.ssh import Result
+from obmm.testbed.topology import Topology
 from obmm.testbed.vm import kmemleak, qemu
 from obmm.testbed.vm.cluster import boot_timeout
 
@@ -185,14 +186,14 @@ def test_kernel_knob_selects_the_variant_and_rejects_unknown_values(
 
 
 def test_cmdline_of_a_kernel_with_its_modules_built_in_loads_none() -> None:
-    topo = qemu.Topology()
+    topo = Topology()
     assert "obmm_testbed.modules=virtio_net,virtio_rng" in qemu.kernel_cmdline(topo, 0).split()
     words = qemu.kernel_cmdline(topo, 0, modules=()).split()
     assert not [w for w in words if w.startswith("obmm_testbed.modules")]
 
 
 def test_timeout_scale_stretches_the_boot_timeout() -> None:
-    topo = qemu.Topology(nodes=2)
+    topo = Topology(nodes=2)
     plain = boot_timeout(topo, "tcg")
     assert boot_timeout(topo, "tcg", 3.0) == 3 * plain
     with pytest.raises(SettingsError, match="must be >= 1"):

@@ -15,7 +15,7 @@ from bytecode_probe import bytecode_imports
 from obmm.testbed import provision
 from obmm.testbed.paths import repo_root
 from obmm.testbed.suite import guest_suite
-from obmm.testbed.vm import qemu
+from obmm.testbed.topology import Topology
 
 
 def _ev(**kw: object) -> bytes:
@@ -71,7 +71,7 @@ def test_collect_errors_and_garbage_lines() -> None:
 
 
 def test_guest_command_maps_events_to_stdout_and_sets_node_env() -> None:
-    topo = qemu.Topology(nodes=2)
+    topo = Topology(nodes=2)
     cmd = guest_suite.guest_pytest_command(
         ["tests/guest/t.py::test_it[a b]"], node=1, nodes=2, topology=topo, junit="/r/j.xml"
     )
@@ -86,7 +86,7 @@ def test_guest_command_maps_events_to_stdout_and_sets_node_env() -> None:
 
 
 def test_insmod_passes_only_the_fabric_parameters_the_module_declares() -> None:
-    topo = qemu.Topology(nodes=2, memory_mib=1024, pool_mib=256)
+    topo = Topology(nodes=2, memory_mib=1024, pool_mib=256)
     ko = PurePosixPath("/opt/obmm-testbed/kmod/obmm.ko")
     assert provision.insmod_command(ko, 1, topo, ["node_id", "debug"]) == f"insmod {ko} node_id=1"
     full = provision.insmod_command(ko, 0, topo, ["node_id", "pool_base", "pool_size"])

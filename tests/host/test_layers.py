@@ -7,86 +7,23 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from obmm.tools import layers
+from obmm.tools.layers import cycles, import_graph, layer_of, modules, upward_imports
 
 PYLIB = Path(__file__).resolve().parents[2] / "pylib"
 PACKAGE = PYLIB / "obmm"
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PYLIB).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def imported(name: str, path: Path, known: set[str]) -> Iterator[str]:
-    """Every obmm module `path` imports, at module level or inside a function (both count:
-    a deferred import still ties the two modules together)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                mod = ".".join([*base, node.module] if node.module else base)
-            else:
-                mod = node.module or ""
-            # `from obmm.x import y` names module obmm.x.y when y is a submodule
-            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names]
-        else:
-            continue
-        yield from (t for t in targets if t in known and t != name)
-
-
-def import_graph() -> dict[str, set[str]]:
-    mods = modules()
-    known = set(mods)
-    return {name: set(imported(name, path, known)) for name, path in mods.items()}
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+TESTBED = PACKAGE / "testbed"
 
 
 def test_the_graph_sees_known_edges() -> None:
     graph = import_graph()
     assert "obmm.abi" in graph["obmm.api"]
     assert "obmm.testbed.ssh" in graph["obmm.testbed.vm.cluster"]
+    assert "obmm.testbed.topology" in graph["obmm.testbed.session"]
 
 
 def test_no_import_circle_between_modules() -> None:
@@ -95,6 +32,88 @@ def test_no_import_circle_between_modules() -> None:
 
 def test_the_cycle_finder_finds_a_circle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_layers_command_prints_the_layers_and_passes() -> None:
+    """`python -m obmm.tools.layers`: each layer and what it imports; status 0 (no cycle, no
+    upward import)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "obmm.tools.layers"],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(PYLIB), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    for name in layers.LAYER_NAMES:
+        assert any(line.split()[:1] == [name] for line in lines), name
+    assert "python import cycles: ok" in lines
+    assert "python layering: ok" in lines
+
+
+def test_the_layers_command_fails_on_a_failing_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check that finds something (the C call graph's, once added to CHECKS, included)
+    makes the command's status 1 and prints its lines."""
+    monkeypatch.setattr(layers, "CHECKS", [*layers.CHECKS, ("c calls", lambda: ["a.c <-> b.c"])])
+    printed: list[str] = []
+    assert layers.report(printed.append) == 1
+    assert "c calls: 1 FAIL" in printed and "  a.c <-> b.c" in printed
+
+
+def test_every_module_is_in_a_layer() -> None:
+    assert {name: layer_of(name) for name in modules()}  # layer_of raises for a stray module
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_layering_check_sees_an_upward_import() -> None:
+    graph = {"obmm.testbed.vm.qemu": {"obmm.testbed.cli.run"}, "obmm.testbed.cli.run": set()}
+    assert upward_imports(graph) == [
+        "obmm.testbed.vm.qemu (testbed.vm) imports obmm.testbed.cli.run (testbed.cli)"
+    ]
+
+
+def _imports_of(prefix: str) -> set[str]:
+    graph = import_graph()
+    return {dep for mod, deps in graph.items() if mod.startswith(prefix) for dep in deps}
+
+
+def test_builds_and_vm_never_import_the_suite_stages_or_cli() -> None:
+    above = ("obmm.testbed.suite", "obmm.testbed.stages", "obmm.testbed.cli", "obmm.testbed.hw")
+    for below in ("obmm.testbed.builds.", "obmm.testbed.vm."):
+        assert {d for d in _imports_of(below) if d.startswith(above)} == set(), below
+
+
+def test_builds_never_import_the_machines() -> None:
+    """An image or a module build is made without QEMU: vm/ uses builds/, not the reverse."""
+    assert {d for d in _imports_of("obmm.testbed.builds.") if ".vm." in d} == set()
+
+
+def test_the_spine_imports_no_subpackage_above_it() -> None:
+    """The testbed's leaves (paths, errors, settings, topology, ssh, node, ...) import the
+    runtime, the tools and each other only."""
+    graph = import_graph()
+    spine = [f"obmm.testbed.{m}" for m in layers.SPINE]
+    subpackages = ("obmm.testbed.", "obmm.bench", "obmm.fuzz")
+    wrong = {
+        mod: sorted(d for d in graph[mod] if d.startswith(subpackages) and d not in spine)
+        for mod in spine
+    }
+    assert {mod: deps for mod, deps in wrong.items() if deps} == {}
+
+
+def test_the_tools_import_nothing_of_the_testbed() -> None:
+    assert {d for d in _imports_of("obmm.tools") if d.startswith("obmm.testbed")} == set()
+
+
+def test_the_testbed_top_level_is_small() -> None:
+    """The concerns live in subpackages; the top level is the spine and the public names."""
+    top = sorted(p.stem for p in TESTBED.glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 15, top
+    for public in ("settings", "session", "node", "pytest_cluster", "usercluster", "topology"):
+        assert public in top
 
 
 def test_import_obmm_loads_neither_paramiko_nor_the_testbed() -> None:

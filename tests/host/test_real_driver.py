@@ -65,7 +65,7 @@ DECLARED = {
 
 def test_the_driver_setting_not_the_module_name_decides_the_real_driver_parameters() -> None:
     """The emulator is obmm.ko too once it is renamed (issue 27): only `driver` says which."""
-    from obmm.testbed.vm.qemu import Topology
+    from obmm.testbed.topology import Topology
 
     topo = Topology(nodes=1, memory_mib=1024, pool_mib=256)
     assert provision.real_driver_params(topo) == {
@@ -91,7 +91,7 @@ def test_the_driver_setting_not_the_module_name_decides_the_real_driver_paramete
 
 
 def test_a_failing_pool_wait_names_the_node_and_the_counters() -> None:
-    from obmm.testbed.vm.qemu import Topology
+    from obmm.testbed.topology import Topology
 
     class Slow(RecordingNode):
         def run(self, cmd: str, **kw: object) -> Result:

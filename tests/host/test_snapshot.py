@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed.vm import qemu, snapshot
+from obmm.testbed.topology import Topology
+from obmm.testbed.vm import snapshot
 
 QEMU_ID = {"path": "/usr/bin/qemu-system-x86_64", "version": "QEMU 7.2", "size": 1, "mtime_ns": 2}
 
@@ -18,7 +19,7 @@ def _key(**over: object) -> snapshot.Key:
     args: dict[str, object] = {
         "image_fingerprint": "img-a",
         "qemu": QEMU_ID,
-        "topology": qemu.Topology(nodes=2),
+        "topology": Topology(nodes=2),
         "init": "fast",
         "accel": "tcg",
         "argvs": [["qemu", "-m", "1024M"], ["qemu", "-m", "1024M"]],
@@ -33,8 +34,8 @@ def _key(**over: object) -> snapshot.Key:
         {"image_fingerprint": "img-b"},
         {"qemu": {**QEMU_ID, "version": "QEMU 8.2"}},
         {"qemu": {**QEMU_ID, "mtime_ns": 3}},
-        {"topology": qemu.Topology(nodes=3)},
-        {"topology": qemu.Topology(nodes=2, pool_mib=128)},
+        {"topology": Topology(nodes=3)},
+        {"topology": Topology(nodes=2, pool_mib=128)},
         {"init": "systemd"},
         {"accel": "kvm"},
         {"argvs": [["qemu", "-m", "1024M"], ["qemu", "-m", "1024M", "-extra"]]},
@@ -45,8 +46,8 @@ def test_every_key_part_changes_the_digest(change: dict[str, object]) -> None:
 
 
 def test_description_and_run_specific_paths_and_ports_do_not_change_the_key() -> None:
-    a = qemu.Topology(nodes=2, description="one")
-    b = qemu.Topology(nodes=2, description="two")
+    a = Topology(nodes=2, description="one")
+    b = Topology(nodes=2, description="two")
     assert _key(topology=a).digest == _key(topology=b).digest
     argv = ["-qmp", "unix:/dev/shm/r1/node0.qmp", "hostfwd=tcp:127.0.0.1:4444-:22", "/l1/c.log"]
     other = ["-qmp", "unix:/dev/shm/r2/node0.qmp", "hostfwd=tcp:127.0.0.1:5555-:22", "/l2/c.log"]

@@ -29,7 +29,8 @@ from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir, repo_root, ub_upstream_dir
 from obmm.testbed.remote import GUEST_ROOT
-from obmm.testbed.vm import kmemleak, qemu
+from obmm.testbed.topology import Topology
+from obmm.testbed.vm import kmemleak
 
 if TYPE_CHECKING:
     from obmm.testbed.node import Node
@@ -50,7 +51,7 @@ REAL_POOL_READY_TIMEOUT_S = 120
 REAL_POOL_SYSFS = "/sys/kernel/obmm_mempool/obmm-0"
 
 
-def real_driver_params(topology: qemu.Topology) -> dict[str, str]:
+def real_driver_params(topology: Topology) -> dict[str, str]:
     """The real obmm.ko's parameters on the testbed: its pool is all of the memory ub_compat
     hands out (upstream's default is 1G), and after a failed allocation it fills again after
     1 s, not 30 (tests provoke ENOMEM, and the next test needs its pool back)."""
@@ -194,7 +195,7 @@ UB_CONTROLLERS = ("00001", "00002")
 def insmod_command(
     ko: PurePosixPath,
     node: int,
-    topology: qemu.Topology,
+    topology: Topology,
     declared: Iterable[str],
     params: Sequence[str] = (),
 ) -> str:
@@ -258,7 +259,7 @@ def check_params(ko: Path, declared: Iterable[str], params: Sequence[str]) -> No
 
 def prepare(
     nodes: Sequence[Node],
-    topology: qemu.Topology,
+    topology: Topology,
     modules: Sequence[Path],
     *,
     params: Sequence[str] = (),
@@ -309,7 +310,7 @@ def unload_modules(node: Node, modules: Sequence[Path]) -> None:
 
 def load_modules(
     node: Node,
-    topology: qemu.Topology,
+    topology: Topology,
     modules: Sequence[Path],
     *,
     params: Sequence[str] = (),
@@ -339,7 +340,7 @@ def load_modules(
 
 
 def wait_real_pool(
-    node: Node, topology: qemu.Topology, timeout: float = REAL_POOL_READY_TIMEOUT_S
+    node: Node, topology: Topology, timeout: float = REAL_POOL_READY_TIMEOUT_S
 ) -> None:
     """Wait until the real driver's pool holds all of its memory and what it does not use is
     cleared: its pool thread fills it after load and refills it after an unexport or a failed

@@ -28,7 +28,7 @@ from obmm.testbed.progress import Progress
 from obmm.testbed.remote import RemoteNode, node_env
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import Connection
-from obmm.testbed.vm import qemu
+from obmm.testbed.topology import Topology
 from obmm.testbed.vm.cluster import Cluster, default_logdir, load_topology, reap_dead_owners
 from obmm.testbed.vm.kguard import KernelLogGuard
 
@@ -89,7 +89,7 @@ class Session:
         return self.cluster.name
 
     @property
-    def topology(self) -> qemu.Topology:
+    def topology(self) -> Topology:
         return self.cluster.topology
 
     def __getitem__(self, index: int) -> GuestNode:
@@ -106,6 +106,30 @@ class Session:
 
     def all_alive(self) -> bool:
         return self.cluster.all_alive()
+
+    def refresh_payload(self, out: Path, *, test_hooks: bool = False) -> list[Path]:
+        """The driver's modules built for this cluster's image into `out`, and a fresh payload
+        (package, tests, those modules) on every node; the modules loaded stay as they are.  An
+        attached session made current (the guest suite's attach, `obmm-testbed dev`)."""
+        kos = provision.module_load_order(
+            provision.build_guest_modules(
+                self.cluster.image, out, self.settings.driver, test_hooks=test_hooks
+            )
+        )
+        provision.push_payload(self.nodes, kos)
+        return kos
+
+    def reload_modules(self, kos: Sequence[Path], params: Sequence[str]) -> None:
+        """Unload the modules and load `kos` with `params` on every node: the bring-up's module
+        step again, for modules rebuilt or parameters changed (`obmm-testbed dev`)."""
+        topology, driver = self.topology, self.settings.driver
+
+        def one(node: GuestNode) -> None:
+            provision.unload_modules(node, kos)
+            provision.load_modules(node, topology, kos, params=params, driver=driver)
+
+        on_each(self.nodes, one)
+        self.modules = list(kos)
 
     def close_connections(self) -> None:
         """Close every SSH connection; the nodes run on (`up`, `run --keep`)."""
@@ -126,10 +150,10 @@ class Session:
         self.stop()
 
 
-def topology_for(settings: Settings, default: str) -> qemu.Topology:
+def topology_for(settings: Settings, default: str) -> Topology:
     """The settings' topology (or `default`) with their node count, memory and pool applied."""
     base = load_topology(settings.topology or default)
-    topology = qemu.Topology(
+    topology = Topology(
         nodes=settings.nodes if settings.nodes is not None else base.nodes,
         memory_mib=settings.memory_mib if settings.memory_mib is not None else base.memory_mib,
         pool_mib=settings.pool_mib if settings.pool_mib is not None else base.pool_mib,

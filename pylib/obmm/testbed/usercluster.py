@@ -36,7 +36,7 @@ from obmm.testbed.remote import RemoteNode, dir_archive, unpack_on
 from obmm.testbed.session import GuestNode, Session
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import Result, SshError
-from obmm.testbed.vm import qemu
+from obmm.testbed.topology import Topology
 from obmm.testbed.vm.kguard import KernelLogGuard
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class UserCluster:
         return self.session.nodes
 
     @property
-    def topology(self) -> qemu.Topology:
+    def topology(self) -> Topology:
         return self.session.topology
 
     def __getitem__(self, index: int) -> GuestNode:

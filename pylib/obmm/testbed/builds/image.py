@@ -37,7 +37,7 @@ from obmm.testbed.builds.filelock import locked
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.paths import KERNEL_DEBIAN, KERNEL_DEBUG, cache_dir, qemu_dir
 from obmm.testbed.progress import Progress, StepFailed
-from obmm.testbed.vm import qemu
+from obmm.testbed.topology import FAST_INIT_MODULES, TCG_CPU
 
 log = logging.getLogger(__name__)
 
@@ -198,12 +198,12 @@ class Image:
     def fast_init_modules(self) -> tuple[str, ...]:
         """Modules the fast init loads before sshd: none for a kernel with them built in."""
         value = self.manifest.get("fast_init_modules")
-        return qemu.FAST_INIT_MODULES if value is None else tuple(value)
+        return FAST_INIT_MODULES if value is None else tuple(value)
 
     @property
     def tcg_cpu(self) -> str:
         """QEMU's -cpu for this image under TCG."""
-        return str(self.manifest.get("tcg_cpu", qemu.TCG_CPU))
+        return str(self.manifest.get("tcg_cpu", TCG_CPU))
 
     @property
     def extra_cmdline(self) -> tuple[str, ...]:

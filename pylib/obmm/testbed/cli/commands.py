@@ -22,7 +22,7 @@ from obmm.testbed import settings as settings_mod
 from obmm.testbed.builds.image import DEFAULT_RECIPE, ensure_image, find_recipe, list_recipes
 from obmm.testbed.cli import dev, numaview
 from obmm.testbed.settings import Settings
-from obmm.testbed.ssh import CommandTimeout, SshError
+from obmm.testbed.ssh import EXIT_GUEST_GONE, CommandTimeout, SshError
 from obmm.testbed.vm import qemu, snapshot
 from obmm.testbed.vm.cluster import (
     DEFAULT_NAME,
@@ -33,8 +33,6 @@ from obmm.testbed.vm.cluster import (
 )
 
 log = logging.getLogger(__name__)
-
-EXIT_GUEST_GONE = 255  # like ssh(1) when the connection dies
 
 
 def register(sub: Any) -> None:

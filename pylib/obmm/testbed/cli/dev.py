@@ -28,10 +28,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from obmm.testbed import provision
 from obmm.testbed import settings as settings_mod
-from obmm.testbed.node import Node, OutputFn
-from obmm.testbed.parallel import on_each
+from obmm.testbed.node import OutputFn
 from obmm.testbed.paths import results_dir
 from obmm.testbed.progress import Progress
 from obmm.testbed.session import Session, attach, bring_up
@@ -75,19 +73,13 @@ def command(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     session = _session(settings, progress)
     try:
-        kos = provision.module_load_order(
-            # the guest suite's build: its tests may use the test-only parameters
-            provision.build_guest_modules(
-                session.cluster.image, results_dir() / "kmod", settings.driver, test_hooks=True
-            )
-        )
-        t1 = time.monotonic()
-        provision.push_payload(session.nodes, kos)
+        # the guest suite's build: its tests may use the test-only parameters
+        kos = session.refresh_payload(results_dir() / "kmod", test_hooks=True)
         t2 = time.monotonic()
         reloaded = _reload_if_changed(session, kos, settings.params)
         t3 = time.monotonic()
         progress.line(
-            f"build {t1 - t0:.1f} s, payload {t2 - t1:.1f} s, "
+            f"build and payload {t2 - t0:.1f} s, "
             + (f"modules reloaded {t3 - t2:.1f} s" if reloaded else "modules unchanged")
         )
         status = _run_tests(session, list(args.pytest_args) or list(DEFAULT_PATHS))
@@ -130,13 +122,7 @@ def _reload_if_changed(session: Session, kos: Sequence[Path], params: Sequence[s
         loaded = None
     if loaded == modules_digest(kos, params):
         return False
-    topology = session.topology
-
-    def reload(node: Node) -> None:
-        provision.unload_modules(node, kos)
-        provision.load_modules(node, topology, kos, params=params, driver=session.settings.driver)
-
-    on_each(session.nodes, reload)
+    session.reload_modules(kos, params)
     _record(session, kos, params)
     return True
 

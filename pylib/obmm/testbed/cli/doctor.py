@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from obmm.testbed.paths import cache_dir, qemu_dir, repo_root, results_dir, run_root
+from obmm.testbed.topology import Topology
 from obmm.testbed.vm import accel
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
@@ -146,7 +147,7 @@ def cluster_need(nodes: int) -> tuple[int, int]:
     """(host RAM, run-root space) in bytes an N-node cluster of the pair topology needs."""
     from obmm.testbed.vm import qemu
 
-    topo = qemu.Topology.load(qemu_dir() / "topologies" / "pair.json")
+    topo = Topology.load(qemu_dir() / "topologies" / "pair.json")
     ram_files = nodes * topo.memory_mib + qemu.CONTROL_SIZE_MIB
     return (ram_files + nodes * QEMU_OVERHEAD_MIB) << 20, ram_files << 20
 

@@ -65,7 +65,7 @@ from obmm.testbed.remote import (
     wrap_command,
 )
 from obmm.testbed.settings import Settings
-from obmm.testbed.ssh import CommandTimeout, GuestGone, SshError
+from obmm.testbed.ssh import EXIT_GUEST_GONE, CommandTimeout, GuestGone, SshError
 from obmm.tools import interrupts
 
 if TYPE_CHECKING:
@@ -75,7 +75,6 @@ log = logging.getLogger(__name__)
 
 EXIT_KERNEL_REPORT = 1
 EXIT_TIMEOUT = 124  # like timeout(1)
-EXIT_GUEST_GONE = 255  # like ssh(1)
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_NODES = 2
 DEFAULT_EXCLUDES = (".git", ".venv", "__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache")

@@ -32,14 +32,13 @@ from pathlib import Path, PurePath
 from typing import Any, Protocol
 
 from obmm import envvars
-from obmm.testbed import provision
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.progress import Progress
 from obmm.testbed.remote import GUEST_ROOT
 from obmm.testbed.session import Session, attach, bring_up
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import CommandTimeout, Connection, GuestGone, SshError
-from obmm.testbed.vm import qemu
+from obmm.testbed.topology import Topology
 from obmm.testbed.vm.cluster import Cluster, NodeDied
 
 log = logging.getLogger(__name__)
@@ -155,7 +154,7 @@ def guest_pytest_command(
     *,
     node: int,
     nodes: int,
-    topology: qemu.Topology,
+    topology: Topology,
     junit: str | None = None,
     driver: str = "emu",
 ) -> str:
@@ -175,7 +174,7 @@ def guest_pytest_command(
 
 
 def guest_pytest_human_command(
-    args: Sequence[str], *, node: int, nodes: int, topology: qemu.Topology, driver: str = "emu"
+    args: Sequence[str], *, node: int, nodes: int, topology: Topology, driver: str = "emu"
 ) -> str:
     """pytest in a guest for a person at a terminal (`obmm-testbed dev`): the suite's
     environment, its output as pytest prints it, no event stream."""
@@ -284,7 +283,7 @@ class GuestSession:
         return self.session.cluster if self.session is not None else None
 
     @property
-    def topology(self) -> qemu.Topology:
+    def topology(self) -> Topology:
         return self.boot().topology
 
     @property
@@ -302,15 +301,7 @@ class GuestSession:
         try:
             if self.attach_to:
                 self.session = attach(self.settings, self.attach_to)
-                kos = provision.module_load_order(
-                    provision.build_guest_modules(
-                        self.session.cluster.image,
-                        self.results / "kmod",
-                        self.settings.driver,
-                        test_hooks=True,
-                    )
-                )
-                provision.push_payload(self.session.nodes, kos)
+                self.session.refresh_payload(self.results / "kmod", test_hooks=True)
             else:
                 self.session = bring_up(
                     self.settings,

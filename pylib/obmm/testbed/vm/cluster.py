@@ -38,6 +38,7 @@ from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import Connection, GuestGone, Target
+from obmm.testbed.topology import Topology
 from obmm.testbed.vm import acpi, kmemleak, qemu
 from obmm.testbed.vm import snapshot as snapshot_mod
 from obmm.tools import interrupts
@@ -88,15 +89,15 @@ def default_logdir(name: str) -> Path:
     return cache_dir() / "logs" / name
 
 
-def load_topology(spec: str) -> qemu.Topology:
+def load_topology(spec: str) -> Topology:
     """A topology by name (qemu/topologies/NAME.json) or path."""
     path = Path(spec)
     if not path.suffix:
         path = qemu_dir() / "topologies" / f"{spec}.json"
-    return qemu.Topology.load(path)
+    return Topology.load(path)
 
 
-def boot_timeout(topology: qemu.Topology, accel: str, scale: float = 1.0) -> float:
+def boot_timeout(topology: Topology, accel: str, scale: float = 1.0) -> float:
     """Seconds to wait for every node's sshd: TCG nodes share the host's cores (times `scale`,
     the settings' timeout_scale, for slower kernels)."""
     if accel == "kvm":
@@ -228,7 +229,7 @@ class Cluster:
     name: str
     rundir: Path
     logdir: Path
-    topology: qemu.Topology
+    topology: Topology
     accel: str
     image: Image
     init: str = qemu.INIT_FAST
@@ -287,7 +288,7 @@ class Cluster:
             name=state["name"],
             rundir=Path(state["rundir"]),
             logdir=Path(state["logdir"]),
-            topology=qemu.Topology.from_mapping(state["topology"]),
+            topology=Topology.from_mapping(state["topology"]),
             accel=state["accel"],
             init=state.get("init", qemu.INIT_SYSTEMD),
             restored_from=state.get("restored_from"),
@@ -311,7 +312,7 @@ class Cluster:
     def start(
         cls,
         image: Image,
-        topology: qemu.Topology,
+        topology: Topology,
         *,
         name: str = DEFAULT_NAME,
         accel: str = "tcg",

@@ -41,7 +41,7 @@ from typing import Any
 from obmm.testbed import paths
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
-from obmm.testbed.vm import qemu
+from obmm.testbed.topology import Topology
 from obmm.tools import interrupts
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class Key:
         *,
         image_fingerprint: str,
         qemu: dict[str, Any],
-        topology: qemu.Topology,
+        topology: Topology,
         init: str,
         accel: str,
         argvs: Sequence[Sequence[str]],
