@@ -3,7 +3,7 @@
 Prints each layer (a subpackage, or a named group of the testbed's top-level modules) and the
 layers it imports, then the checks: no import cycle between modules (deferred imports count: a
 function-level import still ties two modules together) and no module importing a layer above its
-own.  Exits 1 if a check fails.  ``tests/host/test_layers.py`` runs the same checks.
+own.  Exits 1 if a check fails.  ``tests/host/repo/test_layers.py`` runs the same checks.
 
 Reads the sources with :mod:`ast` and imports none of them (standard library only), so it runs
 where the testbed's dependencies are missing.  Other checks (the C call graph of the drivers)

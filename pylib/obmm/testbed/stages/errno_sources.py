@@ -3,7 +3,7 @@
 Reads the C files of one driver directory (the pinned upstream OBMM driver,
 :func:`obmm.testbed.paths.ub_upstream_dir` ``/drivers/ub/obmm``: an input given by path, never
 part of the project) and answers, per operation, which ``-EXXX`` constants its code can hand
-back.  ``tests/host/test_causes_derived.py`` compares the answer with :mod:`obmm.causes`.
+back.  ``tests/host/runtime/test_causes_derived.py`` compares the answer with :mod:`obmm.causes`.
 
 How:
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from obmm.testbed import provision
 
-KMOD = Path(__file__).resolve().parents[2] / "kmod" / "obmm_emu"
+KMOD = Path(__file__).resolve().parents[3] / "kmod" / "obmm_emu"
 PARAM_RE = re.compile(r"^\s*module_param(?:_named)?\(\s*(test_\w+)")
 
 

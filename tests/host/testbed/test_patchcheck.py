@@ -16,7 +16,7 @@ from obmm import envvars
 from obmm.testbed import paths
 from obmm.testbed.stages import patchcheck
 
-SERIES = Path(__file__).resolve().parents[2] / "kmod" / "patches" / "urma-seg-mapped"
+SERIES = Path(__file__).resolve().parents[3] / "kmod" / "patches" / "urma-seg-mapped"
 FIRST = "0001-"
 NEEDS_TOOLS = pytest.mark.skipif(
     shutil.which("perl") is None or shutil.which("git") is None, reason="needs perl and git"

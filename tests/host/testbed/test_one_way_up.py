@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 #: The front ends the issue of one bring-up names, by file.
 FRONT_ENDS = {
     "guest suite": "pylib/obmm/testbed/suite/guest_suite.py",

@@ -640,7 +640,7 @@ print("stopped", flush=True)
 
 
 def test_run_server_serves_until_interrupted() -> None:
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     child = subprocess.Popen(
         [sys.executable, "-c", RUN_SERVER, f"h1={H1.encode().hex()}", f"h2={H2.encode().hex()}"],
         stdout=subprocess.PIPE,

@@ -14,7 +14,7 @@ import pytest
 from obmm.tools import layers
 from obmm.tools.layers import cycles, import_graph, layer_of, modules, upward_imports
 
-PYLIB = Path(__file__).resolve().parents[2] / "pylib"
+PYLIB = Path(__file__).resolve().parents[3] / "pylib"
 PACKAGE = PYLIB / "obmm"
 TESTBED = PACKAGE / "testbed"
 

@@ -12,7 +12,7 @@ from obmm.handle import HANDLE_SIZE, Handle
 
 pytestmark = pytest.mark.needs_gcc
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

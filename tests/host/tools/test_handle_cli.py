@@ -46,7 +46,7 @@ def test_show_corrupted_reports_why(capsys: pytest.CaptureFixture[str]) -> None:
 def test_serve_then_fetch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "h.json"
     path.write_text(HANDLE.to_json())
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "pylib"))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3] / "pylib"))
     server = subprocess.Popen(
         [
             sys.executable,

@@ -124,7 +124,7 @@ def test_pytest_options_are_the_same_knobs(tmp_path: Path) -> None:
 
 
 def test_the_readme_documents_every_variable() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     assert envvars.render_markdown() in readme
     for var in envvars.ALL:
         assert f"`{var.name}`" in readme, var.name

@@ -13,7 +13,7 @@ from obmm.causes import CAUSES, causes, render_markdown
 from obmm.errors import ObmmError, errno_name
 from obmm.testbed.cli.main import main
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def test_readme_carries_the_cause_table() -> None:

@@ -531,7 +531,7 @@ def test_guest_pytest_command_runs_in_the_temp_dir_with_the_hardware_target(
 
 def test_emulator_only_tests_are_skipped_on_hardware_with_the_reason(tmp_path: Path) -> None:
     """The guest conftest's hook, on the host, with the kernel-log guard off."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     suite = tmp_path / "tests" / "guest"
     suite.mkdir(parents=True)
     (suite / "conftest.py").write_text((repo / "tests" / "guest" / "conftest.py").read_text())
@@ -582,7 +582,7 @@ def test_cluster_suite_in_hardware_mode_skips_emulator_only_with_the_reason(
 ) -> None:
     """tests/cluster's conftest with $OBMM_HW_CONFIG_JSON set: the emulator_only tests are
     reported as skipped with the reason (before any fixture would log in to a host)."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "emulator_only"]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("HW_", "OBMM_"))}
     collected = subprocess.run(

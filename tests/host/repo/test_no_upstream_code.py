@@ -24,7 +24,7 @@ import pytest
 from obmm import envvars
 from obmm.testbed import paths
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OURS = ("kmod", "pylib", "tests", "examples")
 UPSTREAM_SUFFIXES = {".c", ".h", ".py", ".mk", ".sh", ".md", ".txt", ""}
 TEXT_SUFFIXES = {".c", ".h", ".py", ".mk", ".sh", ".md", ".txt", ".patch", ".json", ".toml", ""}

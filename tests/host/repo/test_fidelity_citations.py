@@ -21,7 +21,7 @@ import pytest
 from obmm import envvars
 from obmm.testbed import paths
 
-FIDELITY = Path(__file__).resolve().parents[2] / "kmod" / "obmm_emu" / "FIDELITY.md"
+FIDELITY = Path(__file__).resolve().parents[3] / "kmod" / "obmm_emu" / "FIDELITY.md"
 HEADER = re.compile(r"^\|\s*behaviour\s*\|\s*status\s*\|\s*notes\s*\|\s*tested\s*\|$")
 #: A remark in parentheses after a cited function (one level of nesting).
 REMARK = r"\s*\((?:[^()]|\([^()]*\))*\)"

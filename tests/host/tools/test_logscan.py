@@ -532,7 +532,7 @@ def test_guest_conftest_fails_the_test_that_splatted_and_the_session(tmp_path: P
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     suite = tmp_path / "suite"
     suite.mkdir()
     shutil.copy(repo / "tests" / "guest" / "conftest.py", suite / "conftest.py")

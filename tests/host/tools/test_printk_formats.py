@@ -15,7 +15,7 @@ from obmm import envvars
 from obmm.testbed import paths
 from obmm.tools.printk_formats import log_calls, tree_log_calls
 
-EMU = Path(__file__).resolve().parents[2] / "kmod" / "obmm_emu"
+EMU = Path(__file__).resolve().parents[3] / "kmod" / "obmm_emu"
 UPSTREAM_OBMM = paths.ub_upstream_dir() / "drivers" / "ub" / "obmm"
 NEEDS_TREE = pytest.mark.skipif(
     not UPSTREAM_OBMM.is_dir(),

@@ -13,7 +13,7 @@ from urllib.parse import unquote
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 THIS = Path(__file__).resolve()
 
 # The shared reference (../shared/reference/*.md) is not part of a clone; docs/ carries it.

@@ -15,7 +15,7 @@ import pytest
 
 from obmm.testbed.builds import kbuild
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 POLICY = """\
 linux-image-amd64:

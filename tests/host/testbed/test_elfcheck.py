@@ -17,7 +17,7 @@ import pytest
 
 from obmm.testbed.builds import elfcheck, kbuild
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ARCH = "amd64"
 #: e_machine is the u16 at offset 18 of the ELF header.
 E_MACHINE_OFFSET = 18
