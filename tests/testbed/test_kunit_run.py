@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from obmm.testbed import paths
-from obmm.testbed.builds import kbuild, kunitbuild, urmabuild
+from obmm.testbed.builds import kheaders, kunitbuild, urmabuild
 from obmm.testbed.builds.image import Image, ensure_image
 from obmm.testbed.progress import Progress
 from obmm.testbed.stages import kunitguest
@@ -27,7 +27,7 @@ def image() -> Image:
 def modules(image: Image, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """kunit.ko, kunit_selftest.ko, kunit_run.ko, stripped, in load order."""
     out = tmp_path_factory.mktemp("kunit")
-    headers = kbuild.fetch_headers(image.kernel_release)
+    headers = kheaders.fetch_headers(image.kernel_release)
     built = kunitbuild.build(headers, image.kernel_release, out, Progress("kunit"), selftest=True)
     assert built.selftest is not None
     return urmabuild.stripped([built.kunit, built.selftest, built.runner], out / "guest")

@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from obmm import abi
-from obmm.testbed.builds import bytecode, kbuild
+from obmm.testbed.builds import bytecode, kbuild, kheaders
 from obmm.testbed.builds.image import Image
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
@@ -143,7 +143,7 @@ def build_guest_modules(
     if test_hooks:
         out = out / TEST_HOOKS_DIR
     # The debug kernel's own build tree, else Debian's headers for the release.
-    headers = image.kdir or kbuild.fetch_headers(release)
+    headers = image.kdir or kheaders.fetch_headers(release)
     # A rebuilt debug kernel keeps its release; its build tree's path names its config.
     key = release if image.kdir is None else f"{release} {image.kdir}"
     if real:

@@ -29,8 +29,9 @@ from obmm.testbed.remote import RemoteNode, node_env
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import Connection
 from obmm.testbed.topology import Topology
-from obmm.testbed.vm.cluster import Cluster, default_logdir, load_topology, reap_dead_owners
+from obmm.testbed.vm.cluster import Cluster, default_logdir, load_topology
 from obmm.testbed.vm.kguard import KernelLogGuard
+from obmm.testbed.vm.reaping import reap_dead_owners
 
 if TYPE_CHECKING:
     from obmm.testbed.node import Node

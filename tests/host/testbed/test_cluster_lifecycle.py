@@ -17,7 +17,7 @@ from fake_cluster import make_image, start_with, use_run_root
 from obmm.testbed.builds.image import Image
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import cluster as cl
-from obmm.testbed.vm import qemu
+from obmm.testbed.vm import qemu, reaping
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def _cluster_with(run_root: Path, image: Image, proc: subprocess.Popen[bytes], n
     rundir = cl.rundir_for(name)
     rundir.mkdir(parents=True)
     (rundir / "node0.ram").write_bytes(b"\0" * 4096)
-    node = cl.Node(
+    node = cl.NodeProcess(
         index=0, ssh_port=cl.allocate_ports(1)[0], pid=proc.pid,
         pid_start=cl._pid_start_time(proc.pid), console_log=rundir / "c.log",
         qemu_log=rundir / "q.log", qmp_socket=rundir / "node0.qmp", overlay=rundir / "o.qcow2",
@@ -133,7 +133,7 @@ def test_stale_state_of_a_dead_cluster_is_reaped(
     _cluster_with(run_root, fake_image, sleeper, "x")
     sleeper.kill()
     sleeper.wait()
-    assert cl.stop_all_stale() == ["x"]
+    assert reaping.stop_all_stale() == ["x"]
     assert not cl.rundir_for("x").exists()
 
 
@@ -312,10 +312,10 @@ def test_a_killed_owners_cluster_is_removed_by_the_next_command_and_no_other(
         owner.wait()
         assert all(_gone(pid) for pid in (*qemus, hub))  # they die with their owner
         assert cl.rundir_for("dead").is_dir()  # ... but the RAM files stay
-        assert cl.reap_dead_owners() == ["dead"]
+        assert reaping.reap_dead_owners() == ["dead"]
         assert not cl.rundir_for("dead").exists()
         assert cl.rundir_for("mine").is_dir() and cl.rundir_for("kept").is_dir()
-        assert cl.reap_dead_owners() == []
+        assert reaping.reap_dead_owners() == []
     finally:
         mine.stop()
         cl.Cluster.attach("kept").stop()
@@ -342,7 +342,7 @@ def test_up_killed_while_booting_leaves_nothing_after_the_next_command(
         owner.kill()
         owner.wait()
     assert not any(_gone(pid, 1.0) for pid in pids)  # detached: they outlived their owner
-    assert cl.reap_dead_owners() == ["booting"]
+    assert reaping.reap_dead_owners() == ["booting"]
     assert all(_gone(pid) for pid in pids)
     assert list(run_root.iterdir()) == []
 
@@ -379,7 +379,7 @@ def test_a_down_killed_while_it_stops_leaves_nothing_after_the_next_command(
         down.kill()
         down.wait()
     try:
-        assert cl.reap_dead_owners() == ["kept"]
+        assert reaping.reap_dead_owners() == ["kept"]
         assert all(_gone(pid) for pid in pids if pid is not None)
         assert list(run_root.iterdir()) == []
     finally:
@@ -403,7 +403,7 @@ def test_a_cluster_of_nobody_is_reaped_once_nothing_of_it_runs(
         cluster.disown()
     (cl.rundir_for("legacy") / cl.OWNER_FILE).unlink()
     try:
-        assert cl.reap_dead_owners() == []  # both run: left alone
+        assert reaping.reap_dead_owners() == []  # both run: left alone
         for name in names:
             cluster = cl.Cluster.attach(name)
             for pid in [n.pid for n in cluster.nodes] + [cluster.hub_pid]:
@@ -411,7 +411,7 @@ def test_a_cluster_of_nobody_is_reaped_once_nothing_of_it_runs(
                     continue  # one node: no hub
                 os.kill(pid, signal.SIGKILL)
                 assert _gone(pid)
-        assert cl.reap_dead_owners() == ["kept", "legacy"]
+        assert reaping.reap_dead_owners() == ["kept", "legacy"]
         assert list(run_root.iterdir()) == []
     finally:
         for name in names:

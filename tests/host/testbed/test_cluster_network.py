@@ -22,7 +22,7 @@ from obmm.testbed.builds.image import Image
 from obmm.testbed.topology import MAX_NODES, Topology
 from obmm.testbed.vm import cluster as cl
 from obmm.testbed.vm import hub as hub_mod
-from obmm.testbed.vm import qemu
+from obmm.testbed.vm import qemu, reaping
 
 MAC = [bytes([0x52, 0x54, 0, 0x4F, 0, i]) for i in range(3)]
 BROADCAST = b"\xff" * 6
@@ -310,7 +310,7 @@ def test_down_all_reaps_a_hub_whose_nodes_died(
             assert node.popen is not None
             node.popen.wait()
         assert c.hub_alive()
-        assert cl.stop_all_stale() == ["d"]
+        assert reaping.stop_all_stale() == ["d"]
         assert c.hub_popen is not None
         c.hub_popen.wait(timeout=10)
         assert not c.hub_alive()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed.builds import elfcheck, kbuild
+from obmm.testbed.builds import elfcheck, kbuild, kheaders
 
 REPO = Path(__file__).resolve().parents[3]
 ARCH = "amd64"
@@ -36,8 +36,8 @@ class Built:
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     if shutil.which("apt-get") is None or shutil.which("make") is None:
         pytest.skip("needs apt-get and make (a Debian host) to fetch headers and build")
-    release = kbuild.debian_kernel_release(ARCH)
-    headers = kbuild.fetch_headers(release, ARCH)
+    release = kheaders.debian_kernel_release(ARCH)
+    headers = kheaders.fetch_headers(release, ARCH)
     out = tmp_path_factory.mktemp("kmod-out")
     (ko,) = kbuild.build_modules(headers, REPO / "kmod", out, modules=["obmm_testhook"])
     return Built(release, headers, headers / "Module.symvers", ko)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed.builds import kbuild
+from obmm.testbed.builds import kbuild, kheaders
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -56,7 +56,7 @@ WARNING_MODULE = GOOD_MODULE.replace(
 
 
 def test_parse_policy_keeps_apt_order_and_suites() -> None:
-    assert kbuild.parse_policy(POLICY) == [
+    assert kheaders.parse_policy(POLICY) == [
         ("6.1.192-3", ["bookworm-security"]),
         ("6.1.176-1", ["bookworm"]),
         ("6.12.38-1~bpo12+1", ["bookworm-backports"]),
@@ -68,7 +68,7 @@ def test_parse_depends_takes_first_alternative_and_constraint() -> None:
         "linux-headers-6.1.0-57-common (= 6.1.192-3), linux-kbuild-6.1 (>= 6.1.192-3), "
         "linux-compiler-gcc-12-x86, gcc-12:native | gcc"
     )
-    assert kbuild.parse_depends(field) == [
+    assert kheaders.parse_depends(field) == [
         ("linux-headers-6.1.0-57-common", "= 6.1.192-3"),
         ("linux-kbuild-6.1", ">= 6.1.192-3"),
         ("linux-compiler-gcc-12-x86", None),
@@ -97,8 +97,8 @@ needs_debian = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def headers() -> Path:
-    release = kbuild.debian_kernel_release("amd64")
-    return kbuild.fetch_headers(release, "amd64")
+    release = kheaders.debian_kernel_release("amd64")
+    return kheaders.fetch_headers(release, "amd64")
 
 
 def _module_tree(root: Path, name: str, source: str) -> Path:
@@ -111,7 +111,7 @@ def _module_tree(root: Path, name: str, source: str) -> Path:
 
 @needs_debian
 def test_release_is_what_the_metapackage_depends_on() -> None:
-    release = kbuild.debian_kernel_release("amd64")
+    release = kheaders.debian_kernel_release("amd64")
     assert release.endswith("-amd64")
     assert release.split(".")[0].isdigit()
 
@@ -129,13 +129,13 @@ def test_headers_tree_is_self_contained(headers: Path) -> None:
                 assert not os.readlink(path).startswith("/"), path
     assert "include /" not in (headers / "Makefile").read_text()
     # Second call is a cache hit and returns the same tree.
-    assert kbuild.fetch_headers(headers.name.removeprefix("linux-headers-"), "amd64") == headers
+    assert kheaders.fetch_headers(headers.name.removeprefix("linux-headers-"), "amd64") == headers
 
 
 @needs_debian
 def test_missing_release_fails_with_a_clear_message(tmp_path: Path) -> None:
     with pytest.raises(kbuild.KbuildError) as info:
-        kbuild.fetch_headers("6.1.0-999-amd64", "amd64", tmp_path)
+        kheaders.fetch_headers("6.1.0-999-amd64", "amd64", tmp_path)
     assert str(info.value).startswith("cannot find headers for kernel 6.1.0-999-amd64 (amd64): ")
     assert list(tmp_path.iterdir()) == []
 
@@ -270,7 +270,7 @@ def test_kernel_release_is_kept_until_the_package_lists_change(
     lists = tmp_path / "lists"
     lists.mkdir()
     (lists / "deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages").write_text("a")
-    monkeypatch.setattr(kbuild, "APT_STATE_GLOBS", (f"{lists}/*Packages*",))
+    monkeypatch.setattr(kheaders, "APT_STATE_GLOBS", (f"{lists}/*Packages*",))
     monkeypatch.setenv("OBMM_TESTBED_CACHE", str(tmp_path / "cache"))
     asked: list[str] = []
 
@@ -278,14 +278,14 @@ def test_kernel_release_is_kept_until_the_package_lists_change(
         asked.append(arch)
         return f"6.1.0-{len(asked)}-amd64"
 
-    monkeypatch.setattr(kbuild, "_debian_kernel_release", fake)
-    assert kbuild.debian_kernel_release("amd64") == "6.1.0-1-amd64"
-    assert kbuild.debian_kernel_release("amd64") == "6.1.0-1-amd64"
+    monkeypatch.setattr(kheaders, "_debian_kernel_release", fake)
+    assert kheaders.debian_kernel_release("amd64") == "6.1.0-1-amd64"
+    assert kheaders.debian_kernel_release("amd64") == "6.1.0-1-amd64"
     assert len(asked) == 1
     (lists / "deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages").write_text("ab")
-    assert kbuild.debian_kernel_release("amd64") == "6.1.0-2-amd64"
+    assert kheaders.debian_kernel_release("amd64") == "6.1.0-2-amd64"
     # a private apt configuration (a matrix lane) is always asked
-    assert kbuild.debian_kernel_release("amd64", apt_config=tmp_path / "apt.conf") == (
+    assert kheaders.debian_kernel_release("amd64", apt_config=tmp_path / "apt.conf") == (
         "6.1.0-3-amd64"
     )
     # the source version the debug kernel is built from is kept the same way
@@ -295,8 +295,8 @@ def test_kernel_release_is_kept_until_the_package_lists_change(
         versions.append(package)
         return "6.1.99-1"
 
-    monkeypatch.setattr(kbuild, "_suite_version", version)
-    assert kbuild.suite_version("linux-source-6.1") == kbuild.suite_version("linux-source-6.1")
+    monkeypatch.setattr(kheaders, "_suite_version", version)
+    assert kheaders.suite_version("linux-source-6.1") == kheaders.suite_version("linux-source-6.1")
     assert versions == ["linux-source-6.1"]
 
 

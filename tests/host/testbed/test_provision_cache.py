@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from obmm.testbed import provision
-from obmm.testbed.builds import elfcheck, kbuild
+from obmm.testbed.builds import elfcheck, kbuild, kheaders
+from obmm.testbed.cli import kmod as kmod_cli
 
 
 class FakeImage:
@@ -31,7 +32,7 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[in
         ko.write_bytes(b"ko%d" % len(builds))
         return [ko]
 
-    monkeypatch.setattr(kbuild, "fetch_headers", lambda release, *a, **kw: tmp_path)
+    monkeypatch.setattr(kheaders, "fetch_headers", lambda release, *a, **kw: tmp_path)
     monkeypatch.setattr(kbuild, "build_modules", fake_build)
     monkeypatch.setattr(elfcheck.Symvers, "load", staticmethod(lambda path: None))
     monkeypatch.setattr(elfcheck, "module_exports", lambda ko: set())
@@ -93,11 +94,11 @@ def _kmod_command(kmod: Path, out: Path, *extra: str) -> int:
     import argparse
 
     parser = argparse.ArgumentParser()
-    kbuild.add_arguments(parser)
+    kmod_cli.add_arguments(parser)
     args = parser.parse_args(
         ["--release", FakeImage.kernel_release, "--kmod", str(kmod), "--out", str(out), *extra]
     )
-    return kbuild.command(args)
+    return kmod_cli.command(args)
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ import pytest
 
 from obmm import envvars
 from obmm.testbed import provision
-from obmm.testbed.builds import elfcheck, kbuild
+from obmm.testbed.builds import elfcheck, kbuild, kheaders
+from obmm.testbed.cli import kmod
 from obmm.testbed.settings import Settings, SettingsError
 from obmm.testbed.ssh import Result
 from obmm.testbed.stages import fuzzdiff, realreport
@@ -130,7 +131,7 @@ def fake_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, li
 
         return build
 
-    monkeypatch.setattr(kbuild, "fetch_headers", lambda release, *a, **kw: tmp_path)
+    monkeypatch.setattr(kheaders, "fetch_headers", lambda release, *a, **kw: tmp_path)
     monkeypatch.setattr(
         kbuild, "build_modules", fake("emu", ["obmm_emu", "obmm_testhook", "ub_compat"])
     )
@@ -162,9 +163,9 @@ def test_without_the_upstream_tree_the_build_says_so_in_one_line(
     with pytest.raises(kbuild.UpstreamMissing, match="no upstream UB driver tree at"):
         kbuild.check_upstream(tmp_path / "absent")
     parser = argparse.ArgumentParser()
-    kbuild.add_arguments(parser)
+    kmod.add_arguments(parser)
     args = parser.parse_args(["--driver", "real", "--upstream", str(tmp_path / "absent")])
-    assert kbuild.command(args) == 0
+    assert kmod.command(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("kbuild: real driver skipped: no upstream UB")
 

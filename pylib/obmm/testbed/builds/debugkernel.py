@@ -48,7 +48,7 @@ from pathlib import Path
 
 from obmm import envvars
 from obmm.testbed import paths
-from obmm.testbed.builds import kbuild
+from obmm.testbed.builds import kbuild, kheaders
 from obmm.testbed.builds.filelock import locked
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.progress import Progress, StepFailed
@@ -136,7 +136,7 @@ def base_dir() -> Path:
 def source_version() -> str:
     """The linux-source-6.1 version the host's apt lists offer for bookworm (or its security)."""
     try:
-        return kbuild.suite_version(SOURCE_PACKAGE, SUITE)
+        return kheaders.suite_version(SOURCE_PACKAGE, SUITE)
     except kbuild.KbuildError as exc:
         raise DebugKernelError(f"{exc} (the debug kernel is built from {SOURCE_PACKAGE})") from exc
 
@@ -169,7 +169,7 @@ def download_source(version: str, progress: Progress) -> Path:
         return deb
     progress.line(f"downloading {SOURCE_PACKAGE}={version} (about 140 MB) with apt-get download")
     with tempfile.TemporaryDirectory(prefix=".dl-", dir=downloads) as tmp:
-        kbuild._download([kbuild.DebPackage(SOURCE_PACKAGE, version, "all")], Path(tmp), None)
+        kheaders._download([kheaders.DebPackage(SOURCE_PACKAGE, version, "all")], Path(tmp), None)
         got = list(Path(tmp).glob("*.deb"))
         if len(got) != 1:
             raise DebugKernelError(f"apt-get download {SOURCE_PACKAGE}={version} gave {got}")

@@ -256,7 +256,7 @@ def resolve_kernel_release(recipe: Recipe) -> str:
     if recipe.distro != "debian":
         raise ImageError(f"recipe {recipe.name}: kernel_release must be set explicitly")
     try:
-        from obmm.testbed.builds.kbuild import debian_kernel_release
+        from obmm.testbed.builds.kheaders import debian_kernel_release
     except ImportError:
         return _apt_kernel_release()
     return str(debian_kernel_release())

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from obmm.testbed import paths
-from obmm.testbed.builds import debugkernel, kbuild
+from obmm.testbed.builds import debugkernel, kbuild, kheaders
 from obmm.testbed.builds.filelock import locked
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.progress import Progress
@@ -185,7 +185,7 @@ def build(
             f"kernel {release} has CONFIG_KUNIT: its own kunit.ko runs module suites; "
             "the out-of-tree KUnit is for kernels without it"
         )
-    version = kbuild.headers_version(release)
+    version = kheaders.headers_version(release)
     package = source_package(release)
     sources = kunit_sources(release, version, progress)
     work = out / "kunit-build"
@@ -216,8 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     progress = Progress("kunit")
     try:
-        release = args.release or kbuild.debian_kernel_release()
-        headers = kbuild.fetch_headers(release)
+        release = args.release or kheaders.debian_kernel_release()
+        headers = kheaders.fetch_headers(release)
         mods = build(headers, release, args.out or paths.results_dir() / "kunit", progress)
     except TestbedError as exc:
         print(f"kunitbuild: {exc}", file=sys.stderr)

@@ -1,4 +1,6 @@
-"""`obmm-testbed` subcommands for the QEMU testbed: up, down, status, ssh, cp, console, image.
+"""`obmm-testbed` subcommands of the testbed, all registered here: up, down, status, ssh, cp,
+console, image, dev, numa; kmod, kmod-matrix, fuzz-diff, hw-test, hw-preflight, run,
+patch-check, doctor.
 
 A command that cannot do its job raises a TestbedError; `obmm.testbed.cli.main.main` prints its one
 line and exits 2.  `ssh` keeps ssh(1)'s and timeout(1)'s statuses for a lost guest and a
@@ -20,23 +22,26 @@ from typing import Any, BinaryIO
 from obmm.testbed import ownership
 from obmm.testbed import settings as settings_mod
 from obmm.testbed.builds.image import DEFAULT_RECIPE, ensure_image, find_recipe, list_recipes
-from obmm.testbed.cli import dev, numaview
+from obmm.testbed.cli import dev, doctor, kmod, numaview, run
+from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import EXIT_GUEST_GONE, CommandTimeout, SshError
+from obmm.testbed.stages import fuzzdiff, matrix, patchstage
 from obmm.testbed.vm import qemu, snapshot
 from obmm.testbed.vm.cluster import (
     DEFAULT_NAME,
     Cluster,
     ClusterError,
-    reap_dead_owners,
-    stop_all_stale,
 )
+from obmm.testbed.vm.reaping import reap_dead_owners, stop_all_stale
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
-    """Add the testbed subcommands to the `obmm-testbed` parser's subparsers."""
+    """Add the testbed's verbs to the `obmm-testbed` parser's subparsers: the one registry of
+    them (main adds the tools' and the bench's).  A verb's module keeps its options
+    (`add_arguments`) and its `command`; ``python -m`` on the module runs the same command."""
     p = sub.add_parser("up", help="boot a cluster of QEMU nodes and wait for SSH")
     settings_mod.add_arguments(p, defaults_text={"topology": "single", "name": DEFAULT_NAME})
     p.add_argument(
@@ -117,6 +122,45 @@ def register(sub: Any) -> None:
     p = sub.add_parser("snapshot", help="list or remove the saved cluster snapshots")
     p.add_argument("action", choices=("list", "clear"))
     p.set_defaults(func=cmd_snapshot)
+
+    # Stages that build or test outside a booted cluster, run (a cluster of its own for your
+    # code) and doctor (can this host run it).
+    p = sub.add_parser("kmod", help="build kmod/* against the guest kernel and pre-flight them")
+    kmod.add_arguments(p)
+    p.set_defaults(func=kmod.command)
+
+    p = sub.add_parser("kmod-matrix", help="build kmod/* against every kernel of the matrix")
+    matrix.add_arguments(p)
+    p.set_defaults(func=matrix.command)
+
+    p = sub.add_parser("fuzz-diff", help=fuzzdiff.DESCRIPTION)
+    fuzzdiff.add_arguments(p)
+    p.set_defaults(func=fuzzdiff.command)
+
+    p = sub.add_parser("hw-test", help="the guest and cluster suites on real UB hosts over SSH")
+    hwstage.add_arguments(p)
+    p.set_defaults(func=hwstage.command)
+
+    p = sub.add_parser("hw-preflight", help="only the hardware stage's pre-flight checks")
+    hwstage.add_arguments(p)
+    p.set_defaults(func=hwstage.command, preflight_only=True)
+
+    p = sub.add_parser(
+        "run",
+        help="boot a cluster, copy a directory in, run commands on every node, tear down",
+        usage="obmm-testbed run [--nodes N] [--node N=CMD]... [--service N --ready-port P | "
+        "--ready-line TEXT] [--dir PATH] [--dest PATH] [--timeout S] [--keep] [-- CMD...]",
+    )
+    run.add_arguments(p)
+    p.set_defaults(func=run.command)
+
+    patchstage.register(sub)
+
+    p = sub.add_parser(
+        "doctor", help="check the host: QEMU, compiler, KVM, memory, /dev/shm, cache"
+    )
+    doctor.add_arguments(p)
+    p.set_defaults(func=doctor.command)
 
 
 def _name(p: argparse.ArgumentParser) -> None:

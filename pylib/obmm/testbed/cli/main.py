@@ -39,17 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.register(sub)
     # Always registered: a command whose optional dependency is missing says so when run.
     from obmm.testbed.cli import commands as testbed_commands
-    from obmm.testbed.cli import stage_commands
 
     testbed_commands.register(sub)
-    stage_commands.register(sub)
     return parser
 
 
 def _reap() -> None:
     """What owners that died (SIGKILL, OOM) left behind goes first, whatever the command."""
     from obmm.testbed.ownership import reap_scratch
-    from obmm.testbed.vm.cluster import reap_dead_owners
+    from obmm.testbed.vm.reaping import reap_dead_owners
 
     for name in reap_dead_owners():
         log.info("cluster %s: its owner died; its run directory was removed", name)

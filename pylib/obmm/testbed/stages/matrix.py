@@ -41,7 +41,7 @@ from pathlib import Path
 
 from obmm import envvars
 from obmm.testbed import paths
-from obmm.testbed.builds import kbuild
+from obmm.testbed.builds import kbuild, kheaders
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def private_apt_config(
 ) -> Path:
     """Write the cell's private apt tree and refresh its lists; return the apt.conf path."""
     root = apt_root(cell, cache)
-    native = native or kbuild.host_arch()
+    native = native or kheaders.host_arch()
     archs = [native] if cell.arch == native else [native, cell.arch]
     mirror = mirror or envvars.DEBIAN_MIRROR.raw() or DEFAULT_MIRROR
     security = security or envvars.DEBIAN_SECURITY_MIRROR.raw() or DEFAULT_SECURITY_MIRROR
@@ -312,7 +312,7 @@ def shim_newer_glibc_tools(root: Path, conf: Path | None, *, name: str) -> list[
 
 def uses_host_lists(cell: Cell, native: str | None = None) -> bool:
     """The cell the host's own apt lists serve (the guests' kernel): no private config."""
-    return cell.suite == kbuild.DEFAULT_SUITE and cell.arch == (native or kbuild.host_arch())
+    return cell.suite == kheaders.DEFAULT_SUITE and cell.arch == (native or kheaders.host_arch())
 
 
 def run_cell(
@@ -333,9 +333,9 @@ def run_cell(
         conf = None if uses_host_lists(cell) else private_apt_config(cell, cache=cache)
         result.seconds["apt"] = time.monotonic() - t
         t = time.monotonic()
-        release = kbuild.debian_kernel_release(cell.arch, cell.suite, apt_config=conf)
+        release = kheaders.debian_kernel_release(cell.arch, cell.suite, apt_config=conf)
         result.release = release
-        headers = kbuild.fetch_headers(
+        headers = kheaders.fetch_headers(
             release,
             cell.arch,
             (cache / "kheaders") if cache else None,

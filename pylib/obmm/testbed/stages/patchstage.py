@@ -33,7 +33,7 @@ from pathlib import Path
 
 from obmm import envvars
 from obmm.testbed import paths
-from obmm.testbed.builds import kbuild, kunitbuild, urmabuild
+from obmm.testbed.builds import kbuild, kheaders, kunitbuild, urmabuild
 from obmm.testbed.builds.image import Image, ensure_image, find_recipe
 from obmm.testbed.progress import Progress
 from obmm.testbed.settings import Settings
@@ -178,9 +178,9 @@ def _build_test_and_format(
         )  # fmt: skip
         return
     image = None if args.no_guest else ensure_image(find_recipe(settings.recipe), progress=progress)
-    release = image.kernel_release if image is not None else kbuild.debian_kernel_release()
-    headers = kbuild.fetch_headers(release)
-    headers_version = kbuild.headers_version(release)
+    release = image.kernel_release if image is not None else kheaders.debian_kernel_release()
+    headers = kheaders.fetch_headers(release)
+    headers_version = kheaders.headers_version(release)
     build_dir = out / "build"
     try:
         kunit = kunitbuild.build(headers, release, build_dir, progress)

@@ -157,7 +157,10 @@ def _pdeathsig() -> None:
 
 
 @dataclass
-class Node:
+class NodeProcess:
+    """One node's QEMU process and its files (not :class:`obmm.testbed.node.Node`, the interface
+    to a node's system: GuestNode wraps a cluster's NodeProcess in that)."""
+
     index: int
     ssh_port: int
     pid: int
@@ -210,7 +213,7 @@ class Node:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Node:
+    def from_dict(cls, d: dict[str, Any]) -> NodeProcess:
         return cls(
             index=int(d["index"]),
             ssh_port=int(d["ssh_port"]),
@@ -233,7 +236,7 @@ class Cluster:
     accel: str
     image: Image
     init: str = qemu.INIT_FAST
-    nodes: list[Node] = field(default_factory=list)
+    nodes: list[NodeProcess] = field(default_factory=list)
     # The snapshot this cluster was restored from (None: booted cold).
     restored_from: str | None = None
     #: The process the cluster dies with (None: `up`/`--keep`, owned by nobody until `down`).
@@ -297,7 +300,7 @@ class Cluster:
             hub_pid=state.get("hub_pid"),
             hub_pid_start=state.get("hub_pid_start"),
             qemu_binary=state.get("qemu_binary", envvars.QEMU.default),
-            nodes=[Node.from_dict(n) for n in state["nodes"]],
+            nodes=[NodeProcess.from_dict(n) for n in state["nodes"]],
         )
 
     @staticmethod
@@ -587,7 +590,7 @@ class Cluster:
             # Restoring a snapshot: each QEMU waits for its state on QMP (snapshot.load_states).
             extras = [(*e, "-incoming", "defer") for e in extras]
         pending = list(range(self.topology.nodes))
-        started: dict[int, Node] = {}
+        started: dict[int, NodeProcess] = {}
         for attempt in range(PORT_RETRIES):
             for i in pending:
                 started[i] = self._launch(i, ports[i], detach=detach, extra=extras[i])
@@ -609,7 +612,7 @@ class Cluster:
             + _read_tail(self.logdir / f"node{i}.qemu.log")
         )
 
-    def _launch(self, i: int, port: int, *, detach: bool, extra: tuple[str, ...]) -> Node:
+    def _launch(self, i: int, port: int, *, detach: bool, extra: tuple[str, ...]) -> NodeProcess:
         console = self.logdir / f"node{i}.console.log"
         qemu_log = self.logdir / f"node{i}.qemu.log"
         console.unlink(missing_ok=True)
@@ -629,7 +632,7 @@ class Cluster:
                 start_new_session=True,
                 preexec_fn=None if detach else _pdeathsig,
             )
-        return Node(
+        return NodeProcess(
             index=i,
             ssh_port=port,
             pid=popen.pid,
@@ -680,7 +683,7 @@ class Cluster:
             )
         return fast
 
-    def _bound(self, node: Node, timeout: float = 10.0) -> bool:
+    def _bound(self, node: NodeProcess, timeout: float = 10.0) -> bool:
         """Wait until QEMU is past device setup (its QMP socket exists), or has exited."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -738,14 +741,14 @@ class Cluster:
         """Wait for every node's sshd at once (nodes boot in parallel; so do the waits)."""
         deadline = time.monotonic() + timeout
 
-        def wait_one(node: Node) -> None:
+        def wait_one(node: NodeProcess) -> None:
             self._wait_node(node, deadline)
             if progress is not None:
                 progress.line(f"{node.name}: ssh ready on 127.0.0.1:{node.ssh_port}")
 
         on_each(self.nodes, wait_one)
 
-    def _wait_node(self, node: Node, deadline: float) -> None:
+    def _wait_node(self, node: NodeProcess, deadline: float) -> None:
         first_attempt: float | None = None
         if self.restored_from is not None:
             first_attempt = READY_LOGIN_TIMEOUT_S  # saved with sshd listening
@@ -794,7 +797,7 @@ class Cluster:
         """The connection the boot's readiness check left open to node `index`, once."""
         return self._ready.pop(index, None)
 
-    def _wait_console(self, node: Node, line: str, deadline: float) -> bool:
+    def _wait_console(self, node: NodeProcess, line: str, deadline: float) -> bool:
         """Until `line` appears on the node's console (True), or the deadline (False); a QEMU
         that exits meanwhile raises NodeDied."""
         wanted = line.encode()
@@ -816,7 +819,7 @@ class Cluster:
             time.sleep(CONSOLE_POLL_S)
         return False
 
-    def _configure_fabric_net(self, conn: Connection, node: Node) -> None:
+    def _configure_fabric_net(self, conn: Connection, node: NodeProcess) -> None:
         """Give the node its link-local address on the inter-node NIC."""
         result = conn.run(qemu.fabric_net_command(node.index), timeout=60)
         if not result.ok:
@@ -895,12 +898,12 @@ class Cluster:
         shutil.rmtree(self.rundir, ignore_errors=True)
 
     @staticmethod
-    def _wait_gone(node: Node, deadline: float) -> None:
+    def _wait_gone(node: NodeProcess, deadline: float) -> None:
         while node.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
 
     @staticmethod
-    def _qmp_quit(node: Node) -> bool:
+    def _qmp_quit(node: NodeProcess) -> bool:
         """Ask QEMU to quit; False if its monitor does not answer (signals follow at once).
 
         Bounded in time: a stopped or wedged QEMU accepts the socket but never greets, and
@@ -923,7 +926,7 @@ class Cluster:
         self.stop()
 
 
-async def _qmp_quit_async(node: Node) -> bool:
+async def _qmp_quit_async(node: NodeProcess) -> bool:
     from qemu.qmp import QMPClient
 
     qmp = QMPClient(node.name)
@@ -943,65 +946,3 @@ def _read_tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-def run_dir_owner(rundir: Path) -> tuple[bool, ownership.Owner | None]:
-    """(recorded, owner) of a run directory: whether it says who owns it, and who."""
-    for name in (STATE_FILE, OWNER_FILE):
-        try:
-            data = json.loads((rundir / name).read_text())
-        except (OSError, ValueError):
-            continue
-        owner = data.get("owner") if name == STATE_FILE and isinstance(data, dict) else data
-        return True, ownership.Owner.from_dict(owner)
-    return False, None
-
-
-def reap_dead_owners() -> list[str]:
-    """Stop and remove every cluster whose owner process is dead (its QEMUs and hub are killed
-    if any still run; the run directory with its RAM files, sockets and pidfiles goes).
-    Clusters with a live owner are never touched; those owned by nobody (``up``, ``run
-    --keep``) or by no record (a run directory from before owners were recorded) only once
-    nothing of them runs: no node and no hub alive, only RAM files holding host memory.  The
-    names of the clusters removed.  (Scratch: :func:`ownership.reap_scratch`.)"""
-    removed = []
-    root = run_root()
-    if root.is_dir():
-        for rundir in sorted(root.glob(f"{RUN_PREFIX}*")):
-            recorded, owner = run_dir_owner(rundir)
-            name = rundir.name[len(RUN_PREFIX) :]
-            if owner is not None and owner.alive():
-                continue
-            if (not recorded or owner is None) and not _nothing_runs(name):
-                continue
-            # No state.json: a start killed early; nothing was launched from it.
-            with contextlib.suppress(ClusterError):
-                Cluster.attach(name).stop()
-            shutil.rmtree(rundir, ignore_errors=True)
-            removed.append(name)
-    return removed
-
-
-def _nothing_runs(name: str) -> bool:
-    """Whether the cluster `name` has state and neither a node nor its hub is alive."""
-    try:
-        cluster = Cluster.attach(name)
-    except ClusterError:
-        return False  # no state: maybe a start under way, of a version without owners
-    return not any(n.alive() for n in cluster.nodes) and not cluster.hub_alive()
-
-
-def stop_all_stale() -> list[str]:
-    """Remove run directories whose QEMUs are all dead (left by a SIGKILLed owner)."""
-    removed = []
-    for name in Cluster.names():
-        try:
-            cluster = Cluster.attach(name)
-        except Exception:
-            shutil.rmtree(rundir_for(name), ignore_errors=True)
-            removed.append(name)
-            continue
-        if not any(n.alive() for n in cluster.nodes):
-            cluster.stop()
-            removed.append(name)
-    return removed
