@@ -205,7 +205,7 @@ def test_openeuler_recipe_fails_fast_when_its_repository_is_unreachable(
     assert time.monotonic() - start < 15
     message = str(err.value)
     assert "openEuler repository unreachable" in message
-    assert envvars.OPENEULER_REPO.name in message and "qemu/README.md" in message
+    assert envvars.OPENEULER_REPO.name in message and "docs/testbed.md" in message
     assert not list((cache / "images").glob(".tmp-*"))
 
 
@@ -221,3 +221,24 @@ def test_every_shipped_recipe_loads_and_names_existing_hooks() -> None:
 def test_unknown_recipe_is_a_clear_error() -> None:
     with pytest.raises(ImageError, match="no recipe named 'nope'"):
         image.find_recipe("nope")
+
+
+def test_mounts_left_under_the_rootfs_are_found_deepest_first() -> None:
+    mountinfo = "\n".join(
+        [
+            "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw",
+            "90 22 0:5 / /b/.tmp-x/rootfs/dev rw - devtmpfs udev rw",
+            "91 90 0:6 / /b/.tmp-x/rootfs/dev/pts rw - devpts none rw",
+            "92 22 0:7 / /b/.tmp-x/rootfs/sys ro - sysfs sys ro",
+            "93 22 0:8 / /b/.tmp-x/rootfs2/sys ro - sysfs sys ro",
+            "94 22 0:9 / /b/.tmp-x/rootfs/with\\040space rw - tmpfs t rw",
+        ]
+    )
+    found = image.mounts_under(Path("/b/.tmp-x/rootfs"), mountinfo)
+    assert found[0] == Path("/b/.tmp-x/rootfs/dev/pts")
+    assert set(found) == {
+        Path("/b/.tmp-x/rootfs/dev/pts"),
+        Path("/b/.tmp-x/rootfs/dev"),
+        Path("/b/.tmp-x/rootfs/sys"),
+        Path("/b/.tmp-x/rootfs/with space"),
+    }

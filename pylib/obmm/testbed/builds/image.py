@@ -432,12 +432,19 @@ def _build(
         envvars.AUTHORIZED_KEY.name: authorized_key,
         envvars.KERNEL_RELEASE.name: release,
     }
-    if recipe.distro == "debian":
-        _bootstrap_debian(recipe, rootfs, release, logfile, env, progress)
-    elif recipe.distro == "openeuler":
-        _bootstrap_openeuler(recipe, rootfs, release, logfile, env, progress)
-    else:
-        raise ImageError(f"recipe {recipe.name}: unknown distro {recipe.distro!r}")
+    try:
+        if recipe.distro == "debian":
+            _bootstrap_debian(recipe, rootfs, release, logfile, env, progress)
+        elif recipe.distro == "openeuler":
+            _bootstrap_openeuler(recipe, rootfs, release, logfile, env, progress)
+        else:
+            raise ImageError(f"recipe {recipe.name}: unknown distro {recipe.distro!r}")
+    finally:
+        # mmdebstrap only warns when it cannot unmount the chroot's /sys, /proc or /dev ("target
+        # is busy"): mke2fs -d would then copy a live sysfs (and fail on it), and the clean-up's
+        # rmtree would walk into the host's /dev.  Detach what is left first.
+        for point in _detach_mounts_under(rootfs):
+            progress.line(f"detached {point} left mounted by the bootstrap")
 
     boot = rootfs / "boot"
     kernel = boot / f"vmlinuz-{release}"
@@ -539,6 +546,29 @@ def _swap_mirror(line: str, mirror: str) -> str:
     return " ".join(parts)
 
 
+def mounts_under(root: Path, mountinfo: str) -> list[Path]:
+    """The mount points at or below `root` in a /proc/self/mountinfo text, deepest first (pure)."""
+    prefix = str(root).rstrip("/")
+    points = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 5:
+            continue
+        # Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
+        point = fields[4].encode().decode("unicode_escape")
+        if point == prefix or point.startswith(prefix + "/"):
+            points.append(Path(point))
+    return sorted(points, key=lambda p: len(p.parts), reverse=True)
+
+
+def _detach_mounts_under(root: Path) -> list[Path]:
+    """Lazily unmount everything mounted at or below `root`; returns what it detached."""
+    points = mounts_under(root.resolve(), Path("/proc/self/mountinfo").read_text())
+    for point in points:
+        subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+    return points
+
+
 def _bootstrap_debian(
     recipe: Recipe,
     rootfs: Path,
@@ -583,7 +613,7 @@ def probe_repository(url: str, timeout: float = REPO_PROBE_TIMEOUT_S) -> None:
             f"openEuler repository unreachable: {probe}: {exc}.\n"
             f"Set {envvars.OPENEULER_REPO.name} to a reachable mirror of openEuler 24.03 LTS "
             "(the directory holding OS/ and everything/), or use the Debian image "
-            "(the default). See qemu/README.md, 'openEuler'."
+            "(the default). See docs/testbed.md, 'openEuler 24.03 LTS'."
         ) from exc
 
 
@@ -606,7 +636,7 @@ def _bootstrap_openeuler(
     if shutil.which("dnf") is None:
         raise ImageError(
             "dnf is not installed on this host; the openEuler recipe needs it "
-            "(`apt-get install dnf` on Debian; see qemu/README.md)"
+            "(`apt-get install dnf` on Debian; see docs/testbed.md)"
         )
     version = str(recipe.extra.get("kernel_version", release))
     packages = [f"kernel-{version}", f"kernel-devel-{version}", *recipe.packages]
