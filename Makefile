@@ -71,7 +71,7 @@ test: setup-python
 		$(SIDE_BY_SIDE) --record $(TEST_TIMES) --stage $$stage --plain \
 			"$$stage=$(MAKE) --no-print-directory $$stage STAGE_TIMES=$(TEST_TIMES)" || st=1; \
 	done; \
-	$(PY) -m obmm.tools.stage_summary --times $(TEST_TIMES); \
+	$(PY) -m obmm.testbed.stages.stage_summary --times $(TEST_TIMES); \
 	exit $$st
 
 lint: setup-python
@@ -164,7 +164,7 @@ testbed-and-hw-proof: setup-python
 # last fuzz-diff result.
 REAL_ENV = OBMM_TESTBED_DRIVER=real
 real-driver-test: setup-python
-	@$(PY) -m obmm.testbed.realreport --check-upstream --step real-driver-test || exit 0; \
+	@$(PY) -m obmm.testbed.stages.realreport --check-upstream --step real-driver-test || exit 0; \
 	$(MAKE) --no-print-directory suite-build || exit 1; \
 	$(VENV)/bin/obmm-testbed kmod --driver real --reuse || exit 1; \
 	st=0; \
@@ -172,16 +172,16 @@ real-driver-test: setup-python
 		'real=$(REAL_ENV) $(PYTEST) $(GUEST_SUITE) $(call JUNIT,real-qemu)' \
 		'realcluster=$(REAL_ENV) $(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,real-cluster)' \
 	|| st=1; \
-	$(PY) -m obmm.testbed.realreport || st=1; \
+	$(PY) -m obmm.testbed.stages.realreport || st=1; \
 	exit $$st
 
 # One seeded operation sequence of the structured fuzzer on an emulator node and a real-driver
-# node, every call's outcome compared (obmm.testbed.fuzzdiff); stops at the first unexplained
+# node, every call's outcome compared (obmm.testbed.stages.fuzzdiff); stops at the first unexplained
 # difference with a shrunk reproducer.  results/fuzz-diff.json and .md.
 FUZZ_DIFF_SEED ?= 1
 FUZZ_DIFF_OPS ?= 20000
 fuzz-diff: setup-python
-	@$(PY) -m obmm.testbed.realreport --check-upstream --step fuzz-diff || exit 0; \
+	@$(PY) -m obmm.testbed.stages.realreport --check-upstream --step fuzz-diff || exit 0; \
 	$(MAKE) --no-print-directory suite-build || exit 1; \
 	$(VENV)/bin/obmm-testbed fuzz-diff --seed $(FUZZ_DIFF_SEED) --ops $(FUZZ_DIFF_OPS)
 

@@ -4,7 +4,7 @@
 #                       DEBUG_ATOMIC_SLEEP, DEBUG_OBJECTS, kmemleak, UBSAN bounds and fault
 #                       injection from Debian's linux-source-6.1 (apt-get download), cached in
 #                       ~/.cache/obmm-testbed/debug-kernel keyed by source version and config
-#                       (pylib/obmm/testbed/debugkernel.py, qemu/debug-kernel/debug.config)
+#                       (pylib/obmm/testbed/builds/debugkernel.py, qemu/debug-kernel/debug.config)
 #   make debug-test     the guest suite and the cluster suite (the selections of qemu-test, one
 #                       after the other: KASAN guests side by side would starve 2 cores)
 #                       with every guest booted on it
@@ -32,16 +32,16 @@ DEBUG_FUZZ_CMD ?= $(MAKE) --no-print-directory fuzz FUZZ_SEED=$(DEBUG_FUZZ_SEED)
 .PHONY: debug-kernel debug-test
 
 debug-kernel: setup-python
-	$(PY) -m obmm.testbed.debugkernel build -j $(DEBUG_KERNEL_JOBS)
+	$(PY) -m obmm.testbed.builds.debugkernel build -j $(DEBUG_KERNEL_JOBS)
 
 debug-test: setup-python
 	@st=0; t0=$$(date +%s); \
 	$(MAKE) --no-print-directory debug-kernel image || exit 1; \
 	export OBMM_TESTBED_KERNEL=debug OBMM_TESTBED_TIMEOUT_SCALE=$(DEBUG_TIMEOUT_SCALE); \
-	$(PY) -m obmm.testbed.kmemleak clear; \
+	$(PY) -m obmm.testbed.vm.kmemleak clear; \
 	$(PYTEST) $(GUEST_ALL) $(call JUNIT,debug-qemu) || st=1; \
 	$(PYTEST) $(CLUSTER_ALL) $(call JUNIT,debug-cluster) || st=1; \
 	{ $(DEBUG_FUZZ_CMD); } || st=1; \
-	$(PY) -m obmm.testbed.kmemleak check || st=1; \
+	$(PY) -m obmm.testbed.vm.kmemleak check || st=1; \
 	echo "debug-test: $$(( $$(date +%s) - t0 )) s, $$([ $$st = 0 ] && echo PASS || echo FAIL)"; \
 	exit $$st

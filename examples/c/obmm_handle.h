@@ -4,7 +4,7 @@
  *
  * Byte-compatible twin of pylib/obmm/handle.py (format version 1): 88
  * bytes, little-endian, magic "OBMH", CRC32 (zlib polynomial) over bytes
- * 0..83.  tests/host/test_handle_c.py checks both sides against each other.
+ * 0..83.  tests/host/runtime/test_handle_c.py checks both sides against each other.
  *
  *   off size field        off size field
  *   0   4    magic        44  4    pxm_numa (s32)

@@ -7,7 +7,7 @@
  *
  * Remote nodes: the possible NUMA nodes that have neither CPUs nor memory
  * when the module loads (the guests boot with such nodes in their SRAT,
- * obmm.testbed.acpi; real kernels reserve them with numa_remote=).  An
+ * obmm.testbed.vm.acpi; real kernels reserve them with numa_remote=).  An
  * import without a node takes the first remote node that holds no memory
  * and that no preimport declaration reserved (find_unused_remote_node()).
  *

@@ -5,7 +5,7 @@
  *
  * Remote nodes: OLK reserves them with numa_remote=; here they are the
  * possible nodes that are offline when the module loads (the guests boot
- * with such nodes in their SRAT, obmm.testbed.acpi).
+ * with such nodes in their SRAT, obmm.testbed.vm.acpi).
  *
  * add_memory_remote() is add_memory_driver_managed() of the range as
  * "System RAM (Remote)", onlined by the kernel as it is added (the guests

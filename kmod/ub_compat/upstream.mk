@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: GPL-2.0
 # How a UB driver directory of an upstream tree (drivers/ub/obmm) is built
-# out of tree over this compat layer.  obmm.testbed.kbuild writes, into a
+# out of tree over this compat layer.  obmm.testbed.builds.kbuild writes, into a
 # copy of that directory, a Kbuild of two lines: `include` of this file,
 # then `include $(src)/Makefile` (the upstream object list), and runs
 #   make -C KDIR M=COPY CONFIG_OBMM=m UB_COMPAT_DIR=... UB_UPSTREAM_DIR=...

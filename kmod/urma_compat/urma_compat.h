@@ -5,7 +5,7 @@
  *
  * Force-included (-include) into every object of an out-of-tree build of
  * drivers/ub/urma/{ubcore,uburma} from an upstream tree given by path, by
- * obmm.testbed.urmabuild, and only for guest kernels older than 6.6; nothing
+ * obmm.testbed.builds.urmabuild, and only for guest kernels older than 6.6; nothing
  * of that tree is copied here. README.md beside it says, shim by shim, what
  * the newer kernel has and how the shim differs.
  */

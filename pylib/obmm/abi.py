@@ -1,7 +1,7 @@
 """cffi bindings of `uapi/ub/obmm.h`, in ABI mode: no C compiler needed at run time.
 
 Real UB hosts often have python3 and cffi but no compiler, so the layouts
-here are declared, not compiled.  `tests/host/test_abi.py` proves that every
+here are declared, not compiled.  `tests/host/runtime/test_abi.py` proves that every
 size, alignment, field offset and ioctl number equals what gcc computes from
 the header, and equals the reference table.
 """

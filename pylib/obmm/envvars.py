@@ -14,7 +14,7 @@ Groups:
 
 Standard library only: the runtime (``obmm.identity``, ``obmm.decoder``), the guests' pytest
 plugin and the testbed all import it.  The variable table of docs/settings.md is generated from
-:data:`ALL` (``ci/sync_docs.py``); ``tests/host/test_envvars.py`` checks that no other module
+:data:`ALL` (``ci/sync_docs.py``); ``tests/host/repo/test_layers.py`` checks that no other module
 spells a variable's name as an environment read.
 """
 

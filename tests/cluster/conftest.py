@@ -42,7 +42,6 @@ from xharness import ClusterHarness
 
 from obmm import envvars
 from obmm.testbed import provision
-from obmm.testbed.guest_plugin import mark_for_driver
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import is_input_skip, note_input_skip, repo_root, results_dir
@@ -50,6 +49,7 @@ from obmm.testbed.provision import payload_tar
 from obmm.testbed.session import Session, attach, bring_up, topology_for
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import SshError
+from obmm.testbed.suite.guest_plugin import mark_for_driver
 from obmm.tools import interrupts
 
 HARDWARE = bool(envvars.HW_CONFIG_JSON.raw())

@@ -3,7 +3,7 @@ node 0's export at the same time, and no update is lost.
 
 On hardware the UB fabric makes these atomic.  In the testbed two QEMUs share the exporter's
 RAM file, and TCG makes a guest's atomic instructions host atomics only when it runs the vCPU
-"parallel" (multi-threaded TCG, more than one possible CPU: obmm.testbed.qemu.TCG_ACCEL); a
+"parallel" (multi-threaded TCG, more than one possible CPU: obmm.testbed.vm.qemu.TCG_ACCEL); a
 1-vCPU guest without that lost 5.7 of 40 million increments and left a CAS lock held.
 """
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from xharness import ClusterHarness
 
-from obmm.testbed.guest_plugin import TESTBED_FABRIC_SKIP, emulator_only_reason
 from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.session import Session
+from obmm.testbed.suite.guest_plugin import TESTBED_FABRIC_SKIP, emulator_only_reason
 
 # It needs a QEMU cluster to stand in for hosts (and on hardware it would run itself again).
 pytestmark = pytest.mark.emulator_only

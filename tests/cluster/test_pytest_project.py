@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed.cluster import RUN_PREFIX
 from obmm.testbed.paths import repo_root, run_root
 from obmm.testbed.settings import scaled
+from obmm.testbed.vm.cluster import RUN_PREFIX
 
 pytestmark = pytest.mark.emulator_only  # obmm_testhook.ko, and the plugin boots QEMU nodes
 

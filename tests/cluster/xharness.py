@@ -17,7 +17,6 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from obmm import envvars
-from obmm.testbed.kguard import MARKER, KernelLogGuard
 from obmm.testbed.node import SshNode
 from obmm.testbed.remote import GUEST_ROOT
 from obmm.testbed.ssh import (
@@ -28,6 +27,7 @@ from obmm.testbed.ssh import (
     Result,
     SshError,
 )
+from obmm.testbed.vm.kguard import MARKER, KernelLogGuard
 
 AGENT_START_S = 120.0
 
@@ -243,7 +243,7 @@ class ClusterHarness:
         for node in list(self._conns):
             self.drop(node)
 
-    # -- kernel log guard (obmm.testbed.kguard) -------------------------------------------------
+    # -- kernel log guard (obmm.testbed.vm.kguard) -------------------------------------------------
 
     @property
     def guard(self) -> KernelLogGuard:

@@ -21,7 +21,7 @@ the driver under test is not the emulator (the hardware stage, or the real
 driver on the testbed); those marked ``testbed_fabric`` on real UB hardware; a
 test marked ``real_driver_differs(reason)`` is expected to fail on the real
 driver (strict xfail: its passing would fail it).  One place decides it all:
-obmm.testbed.guest_plugin.mark_for_driver.
+obmm.testbed.suite.guest_plugin.mark_for_driver.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from obmm import envvars
-from obmm.testbed.guest_plugin import driver_under_test, mark_for_driver
+from obmm.testbed.suite.guest_plugin import driver_under_test, mark_for_driver
 from obmm.tools import logscan
 
 # The OBMM fixtures (dev, fabric, leak check) live beside this file; a copy of

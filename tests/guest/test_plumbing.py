@@ -100,7 +100,7 @@ def test_fabric_windows_and_control_region_present() -> None:
 def test_kernel_headers_match_running_kernel() -> None:
     release = os.uname().release
     if release.endswith("-obmm-debug"):
-        # The debug kernel (obmm.testbed.debugkernel) boots Debian's image with its own
+        # The debug kernel (obmm.testbed.builds.debugkernel) boots Debian's image with its own
         # kernel; modules are built against its build tree on the host, never in the guest.
         pytest.skip(f"debug kernel {release}: the image carries Debian's headers only")
     assert Path(f"/usr/src/linux-headers-{release}/Makefile").is_file()

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from obmm.testbed.cluster import Cluster
-from obmm.testbed.image import Image
+from obmm.testbed.builds.image import Image
+from obmm.testbed.vm.cluster import Cluster
 
 
 def use_run_root(base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -1,6 +1,6 @@
 """Build the wheel from a copy of the checkout and install it into a fresh venv outside it.
 
-Shared by tests/host/test_wheel.py (no VM) and tests/testbed/test_run_cli.py (`run` from the
+Shared by tests/host/repo/test_wheel.py (no VM) and tests/testbed/test_run_cli.py (`run` from the
 installed wheel).  The checkout stays clean: the build runs in a copy.  The fresh venv gets the
 wheel only (``--no-deps``); its dependencies (cffi, paramiko, ...) come from the running
 interpreter's site-packages through a ``.pth`` file placed after the venv's own, so nothing is

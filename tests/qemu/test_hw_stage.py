@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed.guest_plugin import TESTBED_FABRIC_SKIP, emulator_only_reason
-from obmm.testbed.guest_suite import GuestSession
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.paths import results_dir
+from obmm.testbed.suite.guest_plugin import TESTBED_FABRIC_SKIP, emulator_only_reason
+from obmm.testbed.suite.guest_suite import GuestSession
 
 EMULATOR_REASON = emulator_only_reason("hardware")
 PREFLIGHT_BUDGET_S = 15.0
@@ -105,7 +105,7 @@ def _wait_guest_pytest_idle(session: GuestSession) -> None:
     # The guest suite of this session ran just before; its pytest may still be finishing.
     deadline = time.monotonic() + 300
     with session.connect(0) as conn:
-        while conn.run("pgrep -f obmm.testbed.guest_plugin", timeout=60).ok:
+        while conn.run("pgrep -f obmm.testbed.suite.guest_plugin", timeout=60).ok:
             assert time.monotonic() < deadline, "the guest suite's pytest never finished"
             time.sleep(2)
 

@@ -6,4 +6,4 @@ cluster suites a user's edit-run cycle needs) leaves them out; ``make test`` and
 The same plugin as tests/qemu: ``guest_session`` is a node of this run's own (restored or booted).
 """
 
-pytest_plugins = ["obmm.testbed.pytest_qemu"]
+pytest_plugins = ["obmm.testbed.suite.pytest_qemu"]

@@ -1,5 +1,5 @@
 """KUnit on the guests' kernel (built without it), end to end: kunit.ko and kunit_run.ko made
-by obmm.testbed.kunitbuild, kmod/kunit_compat/kunit_selftest's suites (results known: 3 pass,
+by obmm.testbed.builds.kunitbuild, kmod/kunit_compat/kunit_selftest's suites (results known: 3 pass,
 1 fails, 1 skips) run in a node of their own, the kernel log read back by obmm.tools.ktap.
 What `make patch-check` relies on to say "N/N passed" for the URMA_SEG_MAPPED series."""
 
@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import kbuild, kunitbuild, kunitguest, paths, urmabuild
-from obmm.testbed.image import Image, ensure_image
+from obmm.testbed import paths
+from obmm.testbed.builds import kheaders, kunitbuild, urmabuild
+from obmm.testbed.builds.image import Image, ensure_image
 from obmm.testbed.progress import Progress
+from obmm.testbed.stages import kunitguest
 from obmm.tools import ktap
 
 
@@ -25,7 +27,7 @@ def image() -> Image:
 def modules(image: Image, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """kunit.ko, kunit_selftest.ko, kunit_run.ko, stripped, in load order."""
     out = tmp_path_factory.mktemp("kunit")
-    headers = kbuild.fetch_headers(image.kernel_release)
+    headers = kheaders.fetch_headers(image.kernel_release)
     built = kunitbuild.build(headers, image.kernel_release, out, Progress("kunit"), selftest=True)
     assert built.selftest is not None
     return urmabuild.stripped([built.kunit, built.selftest, built.runner], out / "guest")

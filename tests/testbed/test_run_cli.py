@@ -22,9 +22,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 from wheel_venv import CHECKOUT, block_pytest, build_wheel, install
 
-from obmm.testbed.cluster import RUN_PREFIX
 from obmm.testbed.paths import cache_dir, run_root
 from obmm.testbed.settings import scaled
+from obmm.testbed.vm.cluster import RUN_PREFIX
 
 pytestmark = pytest.mark.slow
 PAIR = Path(__file__).resolve().parent / "run_pair"
@@ -122,7 +122,7 @@ def test_a_hanging_command_is_stopped_at_its_deadline_and_the_cluster_torn_down(
     name = f"runhang-{os.getpid()}"
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "obmm.tools.cli", "run", "--nodes", "1", "--name", name,
+        [sys.executable, "-m", "obmm.testbed.cli.main", "run", "--nodes", "1", "--name", name,
          "--dir", "none", "--timeout", "5", "--", "echo started; sleep 600"],
         capture_output=True, text=True, timeout=scaled(400), check=False,
     )  # fmt: skip

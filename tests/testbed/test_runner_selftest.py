@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed.cluster import NodeDied
-from obmm.testbed.guest_suite import (
-    GuestSession,
-    GuestUnresponsive,
-)
 from obmm.testbed.provision import GUEST_SELFTEST
 from obmm.testbed.settings import scaled
 from obmm.testbed.ssh import GuestGone
+from obmm.testbed.suite.guest_suite import (
+    GuestSession,
+    GuestUnresponsive,
+)
+from obmm.testbed.vm.cluster import NodeDied
 
 PANIC_BUDGET_S = 60.0
 # The frozen-guest test's liveness timers: seconds, not the suite's 30 s + 20 s defaults.
@@ -140,7 +140,7 @@ def test_copy_a_tree_in_and_a_file_out(guest_session: GuestSession, tmp_path: Pa
 def test_cli_finds_the_cluster_and_passes_exit_status_through(
     guest_session: GuestSession, capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from obmm.tools import cli
+    from obmm.testbed.cli import main as cli
 
     name = guest_session.boot().name
     assert cli.main(["status", "--name", name]) == 0

@@ -172,7 +172,7 @@ def assert_nothing_left(env: dict[str, str], *, after_next_command: bool = False
     run_root, tmp = env["OBMM_TESTBED_RUN_ROOT"], Path(env["TMPDIR"])
     if after_next_command:
         subprocess.run(
-            [sys.executable, "-m", "obmm.tools.cli", "status"], env=env, capture_output=True,
+            [sys.executable, "-m", "obmm.testbed.cli.main", "status"], env=env, capture_output=True,
             timeout=scaled(120), check=False,
         )  # fmt: skip
     deadline = time.monotonic() + scaled(15)
@@ -191,7 +191,7 @@ def _interrupted(entry: Entry, status: int, last: str) -> None:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "obmm.tools.cli", *args]
+    return [sys.executable, "-m", "obmm.testbed.cli.main", *args]
 
 
 # -- the matrix ----------------------------------------------------------------------------------

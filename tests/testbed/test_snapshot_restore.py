@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed import cluster as cl
-from obmm.testbed import snapshot
-from obmm.testbed.image import Image, ensure_image
+from obmm.testbed.builds.image import Image, ensure_image
 from obmm.testbed.paths import results_dir
+from obmm.testbed.topology import Topology
+from obmm.testbed.vm import cluster as cl
+from obmm.testbed.vm import snapshot
 
 # A shape of its own (the suites use 1024/256), so this test never disturbs their snapshots.
-TOPOLOGY = cl.qemu.Topology(nodes=1, memory_mib=512, pool_mib=128)
+TOPOLOGY = Topology(nodes=1, memory_mib=512, pool_mib=128)
 CLOCK_SLACK_S = 5.0
 
 
@@ -24,7 +25,7 @@ def image() -> Image:
     return ensure_image()
 
 
-def _start(image: Image, topology: cl.qemu.Topology, logs: Path) -> cl.Cluster:
+def _start(image: Image, topology: Topology, logs: Path) -> cl.Cluster:
     return cl.Cluster.start(
         image, topology, name=f"snaptest-{time.monotonic_ns()}", logdir=logs, snapshot="auto"
     )
@@ -103,7 +104,7 @@ def test_damaged_snapshot_falls_back_to_a_cold_boot_with_a_message(
 def test_another_cluster_shape_never_uses_the_snapshot(image: Image, logs: Path) -> None:
     with _start(image, TOPOLOGY, logs) as c:
         assert (_key_dir(c) / snapshot.MANIFEST).is_file()
-    other = cl.qemu.Topology(nodes=1, memory_mib=512, pool_mib=192)
+    other = Topology(nodes=1, memory_mib=512, pool_mib=192)
     with _start(image, other, logs) as c:
         assert c.restored_from is None
         snapshot.discard(snapshot.Snapshot(_key_dir(c), {}))

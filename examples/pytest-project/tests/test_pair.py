@@ -1,8 +1,8 @@
 """The exporter/client pair across two nodes, tested with the obmm-testbed pytest plugin.
 
-The ``obmm_cluster`` fixture is the session's 2-node cluster with obmm.ko (the emulator) loaded; around
-every test the plugin scans the nodes' kernel logs (a WARN or oops fails the test with the
-excerpt), checks that no region, shmdev node or pool memory was left behind, and stops the
+The ``obmm_cluster`` fixture is the session's 2-node cluster with obmm.ko (the emulator)
+loaded; around every test the plugin scans the nodes' kernel logs (a WARN or oops fails the test
+with the excerpt), checks that no region, shmdev node or pool memory was left behind, and stops the
 processes the test started.
 """
 

@@ -50,7 +50,7 @@ BENCH_TOPOLOGY = "bench-pair"
 #: The testbed settings the bench takes as flags (the others from the environment).
 FIELDS = ("accel", "recipe", "kernel", "qemu")
 QEMU_TEST_TIMINGS = Path("results") / "qemu-test-timings.json"
-#: The last `make test`'s stage summary (obmm.tools.stage_summary writes it).
+#: The last `make test`'s stage summary (obmm.testbed.stages.stage_summary writes it).
 STAGE_SUMMARY = Path("results") / "stage-summary.json"
 
 
@@ -126,7 +126,7 @@ def record_qemu_test(junit: Path, seconds: float, image_built: bool, out: Path) 
 
 def image_built_since(start_epoch: float) -> bool:
     """Whether the cached default image was built at or after `start_epoch` (a cold run)."""
-    from obmm.testbed.image import ensure_image
+    from obmm.testbed.builds.image import ensure_image
 
     built_at = ensure_image().manifest.get("built_at", "")
     try:
@@ -253,7 +253,7 @@ TCG_WORKLOAD = (
     "cd /opt/obmm-testbed && PYTHONPATH=pylib python3 -m pytest -q -p no:cacheprovider "
     "tests/guest/test_export.py tests/guest/test_shmdev.py"
 )
-TCG_VARIANTS = ("tcg", "tcg-serial")  # obmm.testbed.qemu.ACCEL_TCG_SERIAL
+TCG_VARIANTS = ("tcg", "tcg-serial")  # obmm.testbed.vm.qemu.ACCEL_TCG_SERIAL
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -286,7 +286,7 @@ def _tcg_sample(settings: Settings, accel: str) -> tuple[float, float]:
 def tcg_parallel_figures(
     settings: Settings, samples: int, say: Callable[[str], None]
 ) -> list[Figure]:
-    """What parallel TCG (cross-node atomics; obmm.testbed.qemu.TCG_ACCEL) costs.
+    """What parallel TCG (cross-node atomics; obmm.testbed.vm.qemu.TCG_ACCEL) costs.
 
     A pair runs TCG_WORKLOAD on both nodes at once, booted (or restored) with parallel TCG and
     with serial TCG as before, interleaved (parallel, serial, parallel, ...) so a drift of the
@@ -348,7 +348,7 @@ def inner_loop_figures(
                 shutil.copy2(src, root / rel)
         env = {**os.environ, envvars.ROOT.name: str(root), envvars.ACCEL.name: settings.accel}
         env.pop(envvars.RESULTS.name, None)
-        argv = [sys.executable, "-m", "obmm.tools.cli", "dev", "--name", name, "--",
+        argv = [sys.executable, "-m", "obmm.testbed.cli.main", "dev", "--name", name, "--",
                 INNER_LOOP_TEST, "-q"]  # fmt: skip
 
         def dev() -> float:
@@ -371,7 +371,7 @@ def inner_loop_figures(
                 say(f"inner loop: edit {INNER_LOOP_FILE}, dev one test, sample {k + 1}/{samples}")
                 times.append(dev())
         finally:
-            subprocess.run([sys.executable, "-m", "obmm.tools.cli", "down", "--name", name],
+            subprocess.run([sys.executable, "-m", "obmm.testbed.cli.main", "down", "--name", name],
                            env=env, capture_output=True, check=False)  # fmt: skip
     return [
         make_testbed_figure(
@@ -386,11 +386,11 @@ def inner_loop_figures(
 def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     if getattr(args, "scheme7", False):
         return scheme7_bench(args, config)
-    from obmm.testbed import accel as accel_mod
-    from obmm.testbed.image import ensure_image, find_recipe
+    from obmm.testbed.builds.image import ensure_image, find_recipe
     from obmm.testbed.ownership import scratch_dir
     from obmm.testbed.paths import cache_dir, repo_root, results_dir
     from obmm.testbed.progress import Progress
+    from obmm.testbed.vm import accel as accel_mod
 
     progress = Progress("bench")
     say = progress.line
@@ -507,10 +507,10 @@ def scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     (`--hw`) on the hardware stage's hosts."""
     if getattr(args, "hw", False):
         return hardware_scheme7_bench(args, config)
-    from obmm.testbed import accel as accel_mod
-    from obmm.testbed.image import ensure_image, find_recipe
+    from obmm.testbed.builds.image import ensure_image, find_recipe
     from obmm.testbed.paths import cache_dir
     from obmm.testbed.progress import Progress
+    from obmm.testbed.vm import accel as accel_mod
 
     progress = Progress("bench")
     settings = settings_mod.Settings.from_env(**{f: getattr(args, f, None) for f in FIELDS})

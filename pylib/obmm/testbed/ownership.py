@@ -5,7 +5,7 @@ pid and the pid's start time, so a recycled pid is never taken for it.  A cluste
 ``up`` or ``run --keep`` has no owner until ``down``.  When the owner dies without tearing down
 (SIGKILL, an OOM kill), its QEMUs and hub die with it (``PR_SET_PDEATHSIG``), but the run
 directory (RAM files on tmpfs: host memory), its sockets and pidfiles, and its scratch
-directories stay; the next testbed command (:func:`obmm.testbed.cluster.reap_dead_owners`, run by
+directories stay; the next testbed command (:func:`obmm.testbed.vm.reaping.reap_dead_owners`, run by
 every ``obmm-testbed`` command, every bring-up and ``obmm-testbed gc``) removes them.
 
 Standard library only, besides :mod:`obmm.testbed.paths`.

@@ -23,12 +23,14 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from obmm import abi
-from obmm.testbed import bytecode, kbuild, kmemleak, qemu
+from obmm.testbed.builds import bytecode, kbuild, kheaders
+from obmm.testbed.builds.image import Image
 from obmm.testbed.errors import TestbedError
-from obmm.testbed.image import Image
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir, repo_root, ub_upstream_dir
 from obmm.testbed.remote import GUEST_ROOT
+from obmm.testbed.topology import Topology
+from obmm.testbed.vm import kmemleak
 
 if TYPE_CHECKING:
     from obmm.testbed.node import Node
@@ -49,7 +51,7 @@ REAL_POOL_READY_TIMEOUT_S = 120
 REAL_POOL_SYSFS = "/sys/kernel/obmm_mempool/obmm-0"
 
 
-def real_driver_params(topology: qemu.Topology) -> dict[str, str]:
+def real_driver_params(topology: Topology) -> dict[str, str]:
     """The real obmm.ko's parameters on the testbed: its pool is all of the memory ub_compat
     hands out (upstream's default is 1G), and after a failed allocation it fills again after
     1 s, not 30 (tests provoke ENOMEM, and the next test needs its pool back)."""
@@ -122,7 +124,7 @@ def build_guest_modules(
     image: Image, out: Path, driver: str = kbuild.DRIVER_EMU, *, test_hooks: bool = False
 ) -> list[Path]:
     """Build the driver's modules against the guest kernel's headers and pre-flight each .ko on
-    the host (:mod:`obmm.testbed.kbuild` plus the ELF checks); the .ko files to load.
+    the host (:mod:`obmm.testbed.builds.kbuild` plus the ELF checks); the .ko files to load.
 
     ``emu``: kmod/* into ``out`` (ub_compat is built too, as a W=1 check, but not loaded);
     ``test_hooks``: the suites' build of it, with the test-only module parameters, into
@@ -133,7 +135,7 @@ def build_guest_modules(
     A run builds the suites' modules several times over (qemu-test, the cluster suite, the
     hardware proofs): when the sources are those of the last build into `out`, its .ko files
     are used again (still ELF-checked)."""
-    from obmm.tools import elfcheck
+    from obmm.testbed.builds import elfcheck
 
     real = driver == kbuild.DRIVER_REAL
     release = image.kernel_release
@@ -141,7 +143,7 @@ def build_guest_modules(
     if test_hooks:
         out = out / TEST_HOOKS_DIR
     # The debug kernel's own build tree, else Debian's headers for the release.
-    headers = image.kdir or kbuild.fetch_headers(release)
+    headers = image.kdir or kheaders.fetch_headers(release)
     # A rebuilt debug kernel keeps its release; its build tree's path names its config.
     key = release if image.kdir is None else f"{release} {image.kdir}"
     if real:
@@ -193,7 +195,7 @@ UB_CONTROLLERS = ("00001", "00002")
 def insmod_command(
     ko: PurePosixPath,
     node: int,
-    topology: qemu.Topology,
+    topology: Topology,
     declared: Iterable[str],
     params: Sequence[str] = (),
 ) -> str:
@@ -257,7 +259,7 @@ def check_params(ko: Path, declared: Iterable[str], params: Sequence[str]) -> No
 
 def prepare(
     nodes: Sequence[Node],
-    topology: qemu.Topology,
+    topology: Topology,
     modules: Sequence[Path],
     *,
     params: Sequence[str] = (),
@@ -308,7 +310,7 @@ def unload_modules(node: Node, modules: Sequence[Path]) -> None:
 
 def load_modules(
     node: Node,
-    topology: qemu.Topology,
+    topology: Topology,
     modules: Sequence[Path],
     *,
     params: Sequence[str] = (),
@@ -338,7 +340,7 @@ def load_modules(
 
 
 def wait_real_pool(
-    node: Node, topology: qemu.Topology, timeout: float = REAL_POOL_READY_TIMEOUT_S
+    node: Node, topology: Topology, timeout: float = REAL_POOL_READY_TIMEOUT_S
 ) -> None:
     """Wait until the real driver's pool holds all of its memory and what it does not use is
     cleared: its pool thread fills it after load and refills it after an unexport or a failed

@@ -21,15 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from obmm.testbed import ownership, provision, qemu
-from obmm.testbed.cluster import Cluster, default_logdir, load_topology, reap_dead_owners
+from obmm.testbed import ownership, provision
 from obmm.testbed.errors import TestbedError
-from obmm.testbed.kguard import KernelLogGuard
 from obmm.testbed.parallel import on_each
 from obmm.testbed.progress import Progress
 from obmm.testbed.remote import RemoteNode, node_env
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import Connection
+from obmm.testbed.topology import Topology
+from obmm.testbed.vm.cluster import Cluster, default_logdir, load_topology
+from obmm.testbed.vm.kguard import KernelLogGuard
+from obmm.testbed.vm.reaping import reap_dead_owners
 
 if TYPE_CHECKING:
     from obmm.testbed.node import Node
@@ -88,7 +90,7 @@ class Session:
         return self.cluster.name
 
     @property
-    def topology(self) -> qemu.Topology:
+    def topology(self) -> Topology:
         return self.cluster.topology
 
     def __getitem__(self, index: int) -> GuestNode:
@@ -105,6 +107,30 @@ class Session:
 
     def all_alive(self) -> bool:
         return self.cluster.all_alive()
+
+    def refresh_payload(self, out: Path, *, test_hooks: bool = False) -> list[Path]:
+        """The driver's modules built for this cluster's image into `out`, and a fresh payload
+        (package, tests, those modules) on every node; the modules loaded stay as they are.  An
+        attached session made current (the guest suite's attach, `obmm-testbed dev`)."""
+        kos = provision.module_load_order(
+            provision.build_guest_modules(
+                self.cluster.image, out, self.settings.driver, test_hooks=test_hooks
+            )
+        )
+        provision.push_payload(self.nodes, kos)
+        return kos
+
+    def reload_modules(self, kos: Sequence[Path], params: Sequence[str]) -> None:
+        """Unload the modules and load `kos` with `params` on every node: the bring-up's module
+        step again, for modules rebuilt or parameters changed (`obmm-testbed dev`)."""
+        topology, driver = self.topology, self.settings.driver
+
+        def one(node: GuestNode) -> None:
+            provision.unload_modules(node, kos)
+            provision.load_modules(node, topology, kos, params=params, driver=driver)
+
+        on_each(self.nodes, one)
+        self.modules = list(kos)
 
     def close_connections(self) -> None:
         """Close every SSH connection; the nodes run on (`up`, `run --keep`)."""
@@ -125,10 +151,10 @@ class Session:
         self.stop()
 
 
-def topology_for(settings: Settings, default: str) -> qemu.Topology:
+def topology_for(settings: Settings, default: str) -> Topology:
     """The settings' topology (or `default`) with their node count, memory and pool applied."""
     base = load_topology(settings.topology or default)
-    topology = qemu.Topology(
+    topology = Topology(
         nodes=settings.nodes if settings.nodes is not None else base.nodes,
         memory_mib=settings.memory_mib if settings.memory_mib is not None else base.memory_mib,
         pool_mib=settings.pool_mib if settings.pool_mib is not None else base.pool_mib,
@@ -164,9 +190,9 @@ def bring_up(
     their test-only parameters (:func:`obmm.testbed.provision.build_guest_modules`).  On any
     failure, Ctrl-C included, everything started is stopped.
     """
-    from obmm.testbed import accel as accel_mod
-    from obmm.testbed.image import ensure_image, find_recipe
+    from obmm.testbed.builds.image import ensure_image, find_recipe
     from obmm.testbed.paths import cache_dir, results_dir
+    from obmm.testbed.vm import accel as accel_mod
 
     if settings.name is None:
         raise SessionError("bring_up: the settings have no cluster name")

@@ -22,8 +22,8 @@ from typing import Any
 
 from obmm import envvars
 from obmm.testbed.errors import TestbedError
+from obmm.testbed.topology import MAX_NODES
 
-MAX_NODES = 8
 PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*$")
 
 

@@ -62,6 +62,11 @@ class CommandTimeout(SshError):
         self.stderr = stderr
 
 
+# A command's status when its node (or the connection) died under it: ssh(1)'s.  A Result's
+# exit_status is -1 then; the CLI verbs exit with this.
+EXIT_GUEST_GONE = 255
+
+
 @dataclass(frozen=True)
 class Result:
     command: str

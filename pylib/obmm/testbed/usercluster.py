@@ -15,7 +15,7 @@ booted or restored from a snapshot, the driver loaded on every node) and returns
   (or the C exchange helpers), fetched on this node over the inter-node network;
   ``node.serve_handles({name: handle})`` publishes handles made on the host;
 * :meth:`UserCluster.check_start` / :meth:`UserCluster.check_end`: the kernel-log guard
-  (:mod:`obmm.testbed.kguard`), the leak check (regions, shmdev nodes, pool ``used``) and the
+  (:mod:`obmm.testbed.vm.kguard`), the leak check (regions, shmdev nodes, pool ``used``) and the
   clean state between tests (processes stopped, leaked regions removed).
 
 Every command gets the environment `obmm-testbed run` gives its commands
@@ -30,14 +30,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from obmm.testbed import qemu
-from obmm.testbed.kguard import KernelLogGuard
 from obmm.testbed.node import DEFAULT_TIMEOUT_S, Node
 from obmm.testbed.parallel import on_each
 from obmm.testbed.remote import RemoteNode, dir_archive, unpack_on
 from obmm.testbed.session import GuestNode, Session
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import Result, SshError
+from obmm.testbed.topology import Topology
+from obmm.testbed.vm.kguard import KernelLogGuard
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class UserCluster:
         return self.session.nodes
 
     @property
-    def topology(self) -> qemu.Topology:
+    def topology(self) -> Topology:
         return self.session.topology
 
     def __getitem__(self, index: int) -> GuestNode:
@@ -215,8 +215,8 @@ class UserCluster:
 
 def boot(settings: Settings) -> UserCluster:
     """Bring the settings' cluster up with the driver loaded on each node."""
-    from obmm.testbed.cluster import default_logdir
     from obmm.testbed.session import bring_up, default_topology
+    from obmm.testbed.vm.cluster import default_logdir
 
     assert settings.name is not None
     session = bring_up(

@@ -7,12 +7,12 @@ a file of layer 0 calls no function of another file; a file of layer *n* calls f
 below *n* only.  Files that call each other, directly or around a ring, form a cycle (a
 strongly connected component): they are printed with the calls that close the ring, and the
 exit status is 1.
-``tests/host/test_c_layers.py`` holds the project's modules to no cycle.
+``tests/host/repo/test_c_layers.py`` holds the project's modules to no cycle.
 
 How (no C parser: pycparser cannot read kernel sources, which need the kernel's headers and
 GNU extensions): comments, string and char literals and preprocessor lines are blanked
-(:func:`obmm.tools.errno_sources.blank`), function definitions are found by brace matching at
-file level (:func:`obmm.tools.errno_sources.functions`), and a call is a name followed by
+(:func:`obmm.tools.csource.blank`), function definitions are found by brace matching at
+file level (:func:`obmm.tools.csource.functions`), and a call is a name followed by
 ``(``, in a body or at file scope (a macro that expands to a function).  A call from file A to
 a name that A does not define, and that another file defines without ``static``, is an edge
 A -> that file; so is a use of a variable that another file defines and a header declares
@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from obmm.tools.errno_sources import KEYWORDS, Function, blank, functions
+from obmm.tools.csource import KEYWORDS, Function, blank, functions
 
 #: A name followed by ``(``, not a member (``->f(``, ``.f(``).
 CALL = re.compile(r"(?<![.>\w])([A-Za-z_]\w*)\s*\(")

@@ -13,10 +13,11 @@ argument order) that did not.
 
 A job's CPU time is that of every process of its steps, children included: each step's shell is
 reaped with ``os.wait4``, whose usage counts the descendants each process waited for (pytest waits
-for the QEMUs it starts, :meth:`obmm.testbed.cluster.Cluster.stop`, so a guest's CPU is its job's).
+for the QEMUs it starts, :meth:`obmm.testbed.vm.cluster.Cluster.stop`, so a guest's CPU is its
+job's).
 ``--stage NAME --record FILE`` appends one JSON line per job and one for the whole run to FILE
-(``make test``'s stage summary, :mod:`obmm.tools.stage_summary`); ``--plain`` passes a single
-job's output through unprefixed (a stage timed as a whole, whose own jobs prefix theirs).
+(``make test``'s stage summary, :mod:`obmm.testbed.stages.stage_summary`); ``--plain`` passes a
+single job's output through unprefixed (a stage timed as a whole, whose own jobs prefix theirs).
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ from pathlib import Path
 import paramiko
 
 from obmm.decoder import EMU_SYSFS  # the emulator's fabric sysfs: tells its obmm apart
-from obmm.testbed import bytecode, ssh
+from obmm.testbed import ssh
+from obmm.testbed.builds import bytecode
 from obmm.testbed.hw.config import HwConfig, HwHost
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@
 
 1. **Pre-flight** (:mod:`obmm.testbed.hw.preflight`) of every host in parallel; the first failing
    check of a host ends the stage within seconds with its reason (exit status 2).
-2. **Guest suite** on each host in turn: a host-side pytest (``-p obmm.testbed.pytest_qemu -p
+2. **Guest suite** on each host in turn: a host-side pytest (``-p obmm.testbed.suite.pytest_qemu -p
    obmm.testbed.hw.pytest_plugin tests/qemu/guest.guestsuite``) copies the package and
    ``tests/guest``
    (plus, if the host lacks pytest, a pure-Python pytest archive) to a fresh temp directory on
@@ -42,9 +42,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from obmm import envvars
-from obmm.testbed import guest_suite as runner
 from obmm.testbed import provision
-from obmm.testbed.cluster import ClusterError
 from obmm.testbed.errors import require_package
 from obmm.testbed.hw.config import ConfigError, HwConfig, HwHost, load
 from obmm.testbed.hw.preflight import (
@@ -57,6 +55,8 @@ from obmm.testbed.hw.preflight import (
 from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.remote import RemoteNode
 from obmm.testbed.ssh import Connection, SshError
+from obmm.testbed.suite import guest_suite as runner
+from obmm.testbed.vm.cluster import ClusterError
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,10 @@ TESTBED_FABRIC_REASON = "testbed_fabric"
 class HwSession:
     """One hardware host standing where pytest_qemu expects a booted QEMU cluster.
 
-    Duck-types :class:`obmm.testbed.guest_suite.GuestSession` (``boot``, ``collect``, ``start``,
-    ``connect``, ``close``) so :mod:`obmm.testbed.pytest_qemu` turns each test run on the host
-    into a host test item exactly as for a guest.
+    Duck-types :class:`obmm.testbed.suite.guest_suite.GuestSession`
+    (``boot``, ``collect``, ``start``, ``connect``, ``close``) so
+    :mod:`obmm.testbed.suite.pytest_qemu` turns each test run on the host into a host test item
+    exactly as for a guest.
     """
 
     def __init__(
@@ -371,7 +372,7 @@ def run_guest_suite(
         env[envvars.HW_SHIP_DEPS_TAR.name] = str(ship_tar)
     else:
         env.pop(envvars.HW_SHIP_DEPS_TAR.name, None)
-    plugins = ("-p", "obmm.testbed.pytest_qemu", "-p", "obmm.testbed.hw.pytest_plugin")
+    plugins = ("-p", "obmm.testbed.suite.pytest_qemu", "-p", "obmm.testbed.hw.pytest_plugin")
     suite = f"hw-{config.hosts[index].label}"
     return _host_pytest([*plugins, *pytest_args, SUITE_FILE], outdir, suite, env)
 
@@ -423,7 +424,7 @@ def qemu_stand_in(name: str, workdir: Path) -> dict[str, Any]:
     Its nodes' SSH forwards become the hosts, the testbed's key the identity, and the host key
     recorded in the image manifest the only entry of a known_hosts file (strict policy).
     """
-    from obmm.testbed.cluster import Cluster
+    from obmm.testbed.vm.cluster import Cluster
 
     cluster = Cluster.attach(name)
     workdir.mkdir(parents=True, exist_ok=True)

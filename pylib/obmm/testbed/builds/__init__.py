@@ -1,0 +1,2 @@
+"""Build artefacts: kernel headers and modules, guest images, initramfs, the debug kernel, KUnit and
+URMA builds.  Kept free of imports (the package is copied into guests)."""

@@ -1,0 +1,186 @@
+"""The guest runner's host-side pieces: event parsing, commands, payload (no VM)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import subprocess
+import sys
+import tarfile
+from pathlib import Path, PurePosixPath
+
+from bytecode_probe import bytecode_imports
+
+from obmm.testbed import provision
+from obmm.testbed.paths import repo_root
+from obmm.testbed.suite import guest_suite
+from obmm.testbed.topology import Topology
+
+
+def _ev(**kw: object) -> bytes:
+    return (json.dumps(kw) + "\n").encode()
+
+
+def _phase(nodeid: str, when: str, outcome: str, **kw: object) -> bytes:
+    return _ev(event="report", nodeid=nodeid, when=when, outcome=outcome, **kw)
+
+
+def test_results_merge_phases_and_survive_split_lines() -> None:
+    p = guest_suite.EventParser()
+    stream = b"".join([
+        _ev(event="collected", nodeids=["a", "b", "c"]),
+        _ev(event="start", nodeid="a"),
+        _phase("a", "setup", "passed"),
+        _phase("a", "call", "passed", sections=[["Captured stdout call", "hi\n"]]),
+        _phase("a", "teardown", "failed", longrepr="kernel log guard: WARNING at x"),
+        _ev(event="finish", nodeid="a"),
+        _ev(event="start", nodeid="b"),
+        _phase("b", "setup", "failed", longrepr="fixture broke"),
+        _ev(event="finish", nodeid="b"),
+        _ev(event="start", nodeid="c"),
+    ])  # fmt: skip
+    for i in range(0, len(stream), 7):  # arbitrary chunking, as SSH delivers it
+        p.feed(stream[i : i + 7])
+    assert p.collected == ["a", "b", "c"]
+    a, b = p.results["a"], p.results["b"]
+    assert a.outcome == "failed" and "[teardown] kernel log guard: WARNING" in a.longrepr
+    assert a.sections == [("Captured stdout call", "hi\n")]
+    assert b.outcome == "error" and "fixture broke" in b.longrepr
+    assert p.finished == {"a", "b"}
+    assert p.current == "c"  # what was running if the guest dies now
+
+
+def test_skip_and_xfail_are_kept_apart() -> None:
+    p = guest_suite.EventParser()
+    p.feed(_phase("s", "setup", "skipped", longrepr="no device"))
+    p.feed(_phase("x", "call", "skipped", wasxfail="known bug"))
+    p.feed(_phase("xp", "call", "passed", wasxfail="fixed now"))
+    assert (p.results["s"].outcome, p.results["s"].reason) == ("skipped", "no device")
+    assert (p.results["x"].outcome, p.results["x"].reason) == ("xfailed", "known bug")
+    assert p.results["xp"].outcome == "xpassed"
+
+
+def test_collect_errors_and_garbage_lines() -> None:
+    p = guest_suite.EventParser()
+    p.feed(b"not json\n" + _ev(event="collect_error", nodeid="t.py", longrepr="ImportError"))
+    p.feed(_ev(event="session_finish", exitstatus=2))
+    assert p.collect_errors == {"t.py": "ImportError"}
+    assert p.garbage == ["not json"]
+    assert p.session_exit == 2
+
+
+def test_guest_command_maps_events_to_stdout_and_sets_node_env() -> None:
+    topo = Topology(nodes=2)
+    cmd = guest_suite.guest_pytest_command(
+        ["tests/guest/t.py::test_it[a b]"], node=1, nodes=2, topology=topo, junit="/r/j.xml"
+    )
+    assert cmd.endswith("3>&1 1>&2")
+    words = shlex.split(cmd)
+    assert "OBMM_NODE_ID=1" in words and "OBMM_NODES=2" in words
+    assert f"OBMM_POOL_BASE={topo.pool_base}" in words
+    assert "PYTHONPATH=/opt/obmm-testbed/pylib" in words
+    assert "obmm.testbed.suite.guest_plugin" in words
+    assert "tests/guest/t.py::test_it[a b]" in words  # quoted, one argument
+    assert "--junitxml=/r/j.xml" in words
+
+
+def test_insmod_passes_only_the_fabric_parameters_the_module_declares() -> None:
+    topo = Topology(nodes=2, memory_mib=1024, pool_mib=256)
+    ko = PurePosixPath("/opt/obmm-testbed/kmod/obmm.ko")
+    assert provision.insmod_command(ko, 1, topo, ["node_id", "debug"]) == f"insmod {ko} node_id=1"
+    full = provision.insmod_command(ko, 0, topo, ["node_id", "pool_base", "pool_size"])
+    assert full == f"insmod {ko} node_id=0 pool_base=0x30000000 pool_size=0x10000000"
+    assert provision.insmod_command(ko, 0, topo, []) == f"insmod {ko}"
+    # Two UB controllers named as on UB hosts, when the module takes the names.
+    with_ubc = provision.insmod_command(ko, 0, topo, ["node_id", "ubc_dev"])
+    assert with_ubc == f"insmod {ko} node_id=0 ubc_dev=00001,00002"
+
+
+def test_testhook_loads_first() -> None:
+    order = provision.module_load_order([Path("obmm.ko"), Path("obmm_testhook.ko")])
+    assert [p.name for p in order] == ["obmm_testhook.ko", "obmm.ko"]
+
+
+def test_payload_has_package_tests_selftests_and_modules(tmp_path: Path) -> None:
+    ko = tmp_path / "obmm_testhook.ko"
+    ko.write_bytes(b"\x7fELF")
+    data = provision.payload_tar(repo_root(), [ko])
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = set(tar.getnames())
+    assert "pylib/obmm/__init__.py" in names
+    assert "pylib/obmm/testbed/suite/guest_plugin.py" in names
+    assert "tests/guest/test_plumbing.py" in names
+    assert "tests/guest/_selftest/test_warn.py" in names
+    assert "kmod/obmm_testhook.ko" in names
+    assert "tests/c/smoke.c" in names  # C programs the guest tests compile there
+    assert "pyproject.toml" in names
+    # bytecode: only the package's, for this interpreter, made for the payload (not a stale
+    # __pycache__ of the checkout, and none for the tests: pytest rewrites those)
+    tag = sys.implementation.cache_tag
+    pyc = {n for n in names if "__pycache__" in n or n.endswith(".pyc")}
+    assert pyc and all(n.startswith("pylib/obmm/") and n.endswith(f".{tag}.pyc") for n in pyc)
+    assert "pylib/obmm/__pycache__/api." + tag + ".pyc" in pyc
+
+
+def test_unpacked_payload_imports_from_its_bytecode(tmp_path: Path) -> None:
+    """A node's interpreter takes the shipped bytecode as is: nothing compiled, none stale;
+    and the bindings' declarations come precompiled, pycparser is never imported."""
+    with tarfile.open(fileobj=io.BytesIO(provision.payload_tar(repo_root()))) as tar:
+        tar.extractall(tmp_path, filter="tar")
+    probe = (
+        "import sys, obmm.api, obmm.fuzz.engine, obmm.tools.logscan\n"
+        "assert obmm.abi.FFI_ORIGIN == 'precompiled', obmm.abi.FFI_ORIGIN\n"
+        "assert 'pycparser' not in sys.modules\n"
+    )
+    found = bytecode_imports(tmp_path, tmp_path / "pylib", probe)
+    assert len(found.loaded) >= 5, found.stderr[-2000:]
+    assert found.compiled == []
+    assert found.stale == []
+
+
+def test_guest_plugin_streams_events_from_a_real_pytest(tmp_path: Path) -> None:
+    # The plugin runs in the guest under Debian's pytest; here the host's pytest stands in.
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n"
+        "def test_ok(): print('out')\n"
+        "def test_bad(): assert 1 == 2\n"
+        "@pytest.mark.skip(reason='why')\n"
+        "def test_skip(): pass\n"
+    )
+    events = tmp_path / "events"
+    cmd = (
+        f"{shlex.quote(sys.executable)} -m pytest -p obmm.testbed.suite.guest_plugin"
+        " -p no:cacheprovider"
+        f" -q {tmp_path / 'test_x.py'} 3>{events}"
+    )
+    env = {"OBMM_EVENT_FD": "3", "PYTHONPATH": str(repo_root() / "pylib"), "PATH": "/usr/bin:/bin"}
+    subprocess.run(["sh", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, check=False)
+    p = guest_suite.EventParser()
+    p.feed(events.read_bytes())
+    outcomes = {n.split("::")[-1]: r.outcome for n, r in p.results.items()}
+    assert outcomes == {"test_ok": "passed", "test_bad": "failed", "test_skip": "skipped"}
+    bad = next(r for n, r in p.results.items() if n.endswith("test_bad"))
+    assert "assert 1 == 2" in bad.longrepr
+    assert p.session_exit == 1
+    assert len(p.collected) == 3
+    # Marker names come with the collection (the hardware-stage proof selects by them).
+    by_name = {n.split("::")[-1]: m for n, m in p.markers.items()}
+    assert by_name == {"test_ok": [], "test_bad": [], "test_skip": ["skip"]}
+
+
+def test_ssh_cli_accepts_options_before_or_after_the_node() -> None:
+    from obmm.testbed.cli import main as cli
+    from obmm.testbed.cli.commands import split_ssh_args
+
+    parser = cli.build_parser()
+    for argv in (
+        ["ssh", "--name", "c1", "0", "--", "ls", "-l", "/"],
+        ["ssh", "0", "--name", "c1", "--", "ls", "-l", "/"],
+    ):
+        name, node, _timeout, command = split_ssh_args(parser.parse_args(argv))
+        assert (name, node, command) == ("c1", "0", ["ls", "-l", "/"])
+    _, node, _, command = split_ssh_args(parser.parse_args(["ssh", "node1", "uname", "-a"]))
+    assert (node, command) == ("node1", ["uname", "-a"])
+    _, node, _, command = split_ssh_args(parser.parse_args(["ssh", "node1"]))
+    assert (node, command) == ("node1", [])
