@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Refresh the README's generated tables: the cause table (obmm.causes), the variable table
-(obmm.envvars) and the fidelity table (kmod/obmm_emu/FIDELITY.md).  `--check` exits 1 when the
+"""Refresh the README's generated tables: the cause table (obmm.causes), the ubs-mem/UBSE code
+table (obmm.ubsm_causes), the variable table (obmm.envvars) and the fidelity table
+(kmod/obmm_emu/FIDELITY.md).  `--check` exits 1 when the
 README is stale."""
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "pylib"))
 
-from obmm import envvars  # noqa: E402
+from obmm import envvars, ubsm_causes  # noqa: E402
 from obmm.causes import render_markdown  # noqa: E402
 
 FIDELITY_BEGIN = "<!-- fidelity table: generated from kmod/obmm_emu/FIDELITY.md -->"
 FIDELITY_END = "<!-- end of fidelity table -->"
 CAUSES_BEGIN = "<!-- cause table: generated from pylib/obmm/causes.py -->"
 CAUSES_END = "<!-- end of cause table -->"
+UBSM_BEGIN = "<!-- ubsm code table: generated from pylib/obmm/ubsm_causes.py -->"
+UBSM_END = "<!-- end of ubsm code table -->"
 VARS_BEGIN = "<!-- variable table: generated from pylib/obmm/envvars.py -->"
 VARS_END = "<!-- end of variable table -->"
 
@@ -38,6 +41,7 @@ def _replace(text: str, begin: str, end: str, body: str) -> str:
 
 def render(readme: str) -> str:
     readme = _replace(readme, CAUSES_BEGIN, CAUSES_END, render_markdown())
+    readme = _replace(readme, UBSM_BEGIN, UBSM_END, ubsm_causes.render_markdown())
     readme = _replace(readme, VARS_BEGIN, VARS_END, envvars.render_markdown())
     return _replace(readme, FIDELITY_BEGIN, FIDELITY_END, fidelity_table())
 
