@@ -2,7 +2,7 @@
 /*
  * The testbed's emulated UB fabric as a guest sees it, shared by the
  * emulated driver (obmm_emu) and the compat layer the real driver runs on
- * (ub_compat): one copy of the layout (qemu/README.md, "The emulated
+ * (ub_compat): one copy of the layout (docs/testbed.md, "The emulated
  * fabric"), of the UBA encoding and of the window discovery.
  *
  * Every node of an N-node cluster sees, as ivshmem-plain PCI devices on

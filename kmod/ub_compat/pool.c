@@ -10,7 +10,7 @@
  * from other nodes when its folios are physically contiguous in order.
  *
  * So the folios come from memory of our own: the RAM the guest kernel does
- * not use (above mem=, qemu/README.md), given struct pages as device memory
+ * not use (above mem=, docs/testbed.md), given struct pages as device memory
  * (memremap_pages(), MEMORY_DEVICE_GENERIC) whose vmemmap is made of 2 MiB
  * compound pages: pfn_folio() of a granule is a 2 MiB folio, as the
  * driver expects of a buddy allocation.

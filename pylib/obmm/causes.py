@@ -2,7 +2,7 @@
 
 Built from the real driver's check order (docs/obmm-driver.md section 4, citing
 drivers/ub/obmm/ file:function).  `obmm.errors` takes
-its hints from here and the README prints the same table (`render_markdown`).
+its hints from here and docs/causes.md prints the same table (`render_markdown`, `ci/sync_docs.py`).
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def causes(op: str, errname: str) -> tuple[str, ...]:
 
 
 def render_markdown() -> str:
-    """The README's "what can go wrong" table."""
+    """The "what can go wrong" table of docs/causes.md."""
     lines = ["| operation | errno | likely causes |", "|---|---|---|"]
     for (op, errname), texts in CAUSES.items():
         shown_op = "any `/dev/obmm` ioctl" if op == ANY_OP else op

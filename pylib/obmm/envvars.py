@@ -13,8 +13,8 @@ Groups:
 * ``internal``: set by the testbed for its own child processes; not for users.
 
 Standard library only: the runtime (``obmm.identity``, ``obmm.decoder``), the guests' pytest
-plugin and the testbed all import it.  The README's variable tables are generated from
-:data:`ALL` (``ci/sync_readme.py``); ``tests/host/test_envvars.py`` checks that no other module
+plugin and the testbed all import it.  The variable table of docs/settings.md is generated from
+:data:`ALL` (``ci/sync_docs.py``); ``tests/host/test_envvars.py`` checks that no other module
 spells a variable's name as an environment read.
 """
 
@@ -409,7 +409,7 @@ def in_group(group: str) -> tuple[Var, ...]:
 
 
 def render_markdown(groups: tuple[str, ...] = GROUPS) -> str:
-    """The README's table of variables."""
+    """The table of variables of docs/settings.md."""
     rows = ["| variable | group | default | meaning |", "|---|---|---|---|"]
     for group in groups:
         for var in in_group(group):

@@ -5,7 +5,7 @@ set -eu
 root="$1"
 here=$(dirname "$0")
 
-# The fast-boot init (tini runs it as PID 1's child); see obmm-init and qemu/README.md.
+# The fast-boot init (tini runs it as PID 1's child); see obmm-init and docs/testbed.md.
 install -m 0755 "$here/obmm-init" "$root/usr/local/sbin/obmm-init"
 
 # Root login by the cache's key only.

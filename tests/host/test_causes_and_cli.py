@@ -1,4 +1,4 @@
-"""The cause table, its README copy, ObmmError messages and the bindings-only CLI."""
+"""The cause table, its copy in docs/causes.md, ObmmError messages and the bindings-only CLI."""
 
 from __future__ import annotations
 
@@ -13,19 +13,20 @@ from obmm.causes import CAUSES, causes, render_markdown
 from obmm.errors import ObmmError, errno_name
 from obmm.tools.cli import main
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+CAUSES_PAGE = REPO / "docs" / "causes.md"
 
 
-def test_readme_carries_the_cause_table() -> None:
-    assert render_markdown() in README.read_text(), (
-        "README's 'what can go wrong' table is stale: run `python3 ci/sync_readme.py`"
+def test_the_causes_page_carries_the_cause_table() -> None:
+    assert render_markdown() in CAUSES_PAGE.read_text(), (
+        "docs/causes.md's 'what can go wrong' table is stale: run `python3 ci/sync_docs.py`"
     )
 
 
-def test_readme_generated_tables_are_fresh() -> None:
-    """The cause table and the emulator's fidelity table (kmod/obmm_emu/FIDELITY.md)."""
+def test_generated_tables_are_fresh() -> None:
+    """The cause, variable and fidelity tables (kmod/obmm_emu/FIDELITY.md), each on its page."""
     out = subprocess.run(
-        [sys.executable, str(README.parent / "ci" / "sync_readme.py"), "--check"],
+        [sys.executable, str(REPO / "ci" / "sync_docs.py"), "--check"],
         capture_output=True,
         text=True,
     )

@@ -611,7 +611,7 @@ def probe_repository(url: str, timeout: float = REPO_PROBE_TIMEOUT_S) -> None:
             f"openEuler repository unreachable: {probe}: {exc}.\n"
             f"Set {envvars.OPENEULER_REPO.name} to a reachable mirror of openEuler 24.03 LTS "
             "(the directory holding OS/ and everything/), or use the Debian image "
-            "(the default). See qemu/README.md, 'openEuler'."
+            "(the default). See docs/testbed.md, 'openEuler 24.03 LTS'."
         ) from exc
 
 
@@ -634,7 +634,7 @@ def _bootstrap_openeuler(
     if shutil.which("dnf") is None:
         raise ImageError(
             "dnf is not installed on this host; the openEuler recipe needs it "
-            "(`apt-get install dnf` on Debian; see qemu/README.md)"
+            "(`apt-get install dnf` on Debian; see docs/testbed.md)"
         )
     version = str(recipe.extra.get("kernel_version", release))
     packages = [f"kernel-{version}", f"kernel-devel-{version}", *recipe.packages]

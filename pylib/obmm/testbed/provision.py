@@ -197,7 +197,7 @@ def insmod_command(
     declared: Iterable[str],
     params: Sequence[str] = (),
 ) -> str:
-    """insmod with the fabric parameters the module declares (see qemu/README.md), then
+    """insmod with the fabric parameters the module declares (see docs/testbed.md), then
     `params` (NAME=VALUE, the user's: they win over the fabric's of the same name)."""
     wanted = {
         "node_id": str(node),

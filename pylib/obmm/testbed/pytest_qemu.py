@@ -4,7 +4,7 @@ A ``*.guestsuite`` file (JSON: ``{"paths": [...], "ignore": [...], "node": 0}``)
 directory is collected by booting the cluster (once per host session), asking the guest's pytest
 which tests exist, and yielding one :class:`GuestItem` per guest test, nested like the guest's
 node ids.  The first item that runs starts one guest pytest for all selected items; each item then
-waits for its own result (see :mod:`obmm.testbed.runner`).
+waits for its own result (see :mod:`obmm.testbed.guest_suite`).
 
 Configuration is the testbed's settings (:mod:`obmm.testbed.settings`: ``OBMM_TESTBED_*``,
 e.g. ``OBMM_TESTBED_TOPOLOGY``, default ``single``; the name defaults to ``qemu-test-<pid>``

@@ -3,7 +3,8 @@
 Everything here is pure: the argv builder takes paths and ports and returns a list, so it has
 golden tests and the exact command can be logged and pasted by hand.
 
-The fabric convention (the emulated driver's obmm.ko depends on it; see qemu/README.md):
+The fabric convention (the emulated driver's obmm.ko depends on it; see docs/testbed.md,
+'The emulated fabric'):
 node i's RAM is the shared file `<rundir>/node<i>.ram`; every node maps every node's RAM file
 (its own included) as an ivshmem-plain BAR at PCI slot 0x10+j, and the 2 MiB control region
 `<rundir>/control` at slot 0x0f.  The top `pool_mib` of each node's RAM is hidden from the guest

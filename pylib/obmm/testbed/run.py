@@ -32,7 +32,7 @@ Why an archive and not a shared 9p/virtiofs directory: one tar stream per node c
 round trip and unpacks at guest memory speed, while under TCG every 9p/virtiofs file operation is
 a virtio round trip through the emulated guest (a build touches thousands); virtiofs also needs
 a virtiofsd per node, and both kinds of device block the QEMU migration that cluster snapshots
-restore from.  README.md ("Your code on the testbed") has the figures.
+restore from (docs/your-code.md, "`obmm-testbed run`").
 """
 
 from __future__ import annotations
