@@ -116,13 +116,6 @@ CODES: dict[int, UbsmCode] = {
                     f"{_MAP_H}:GetHugeTlbPmdSize",
                 ),
                 Cause(
-                    "opening /dev/obmm_shmdevN failed when mapping (for example a "
-                    "cacheable open of an import the driver allows only with O_SYNC): the open's "
-                    "errno is logged, the code is 6010",
-                    "ubs-mem",
-                    f"{_LIBCOMMON}:ObmmOpenInternal",
-                ),
-                Cause(
                     "ubsmd: a region lists more hosts than MEM_TOPOLOGY_MAX_HOSTS, or a node id "
                     "of the region is not a number",
                     "ubs-mem",
@@ -196,6 +189,38 @@ CODES: dict[int, UbsmCode] = {
             ),
         ),
         UbsmCode(
+            6051,
+            "SDK",
+            "UBSM_ERR_OBMM",
+            Cause(
+                "an OBMM step in the calling process failed: opening or switching the ownership "
+                "of the shared memory's /dev/obmm_shmdev devices",
+                "ubs-mem",
+                f"{_DEF_H}:UBSM_ERR_OBMM",
+            ),
+            (
+                Cause(
+                    "map: opening /dev/obmm_shmdevN failed (MXM_ERR_SHM_OBMM_OPEN; the open's "
+                    "errno is in the SDK's log), for example a cacheable open of an import the "
+                    "driver allows only with O_SYNC (EPERM)",
+                    "ubs-mem",
+                    "src/app_lib/mxm_shm_lib/RackMemShm.cpp:RackMemShmMmapByMemID",
+                ),
+                Cause(
+                    "the SDK opens with O_SYNC only when the memory was allocated with "
+                    "UBSM_FLAG_NONCACHE or UBSM_FLAG_ONLY_IMPORT_NONCACHE, cacheable otherwise",
+                    "ubs-mem",
+                    f"{_LIBCOMMON}:ObmmOpenInternal",
+                ),
+                Cause(
+                    "set_ownership: the OBMM ownership switch of a mapped range failed "
+                    "(MXM_ERR_OBMM_INNER)",
+                    "ubs-mem",
+                    "src/app_lib/mxm_shm_lib/RackMemShm.cpp:RackMemShm::UbsMemShmSetOwnerShipOpt",
+                ),
+            ),
+        ),
+        UbsmCode(
             800,
             "ubsmd",
             "MXM_ERR_UBSE_INNER",
@@ -220,9 +245,9 @@ CODES: dict[int, UbsmCode] = {
                     f"{_ADAPTER}:UbseMemAdapter::PopulateHostNameMap",
                 ),
                 Cause(
-                    "UBSE's topology calls failed (ubs_topo_node_local_get, ubs_topo_link_list, "
-                    "ubs_topo_node_list): the UBSE daemon is not running or its socket is not "
-                    "reachable by ubsmd",
+                    "UBSE's topology calls failed (ubs_topo_node_local_get, ubs_topo_link_list; "
+                    "ubs_topo_node_list in PopulateHostNameMap): the UBSE daemon is not running "
+                    "or its socket is not reachable by ubsmd",
                     "ubs-mem",
                     f"{_ADAPTER}:UbseMemAdapter::InitializeRegionList",
                 ),
@@ -258,9 +283,11 @@ CODES: dict[int, UbsmCode] = {
                     f"{_ADAPTER}:UbseMemAdapter::Initialize",
                 ),
                 Cause(
-                    "the library lacks a symbol ubsmd resolves (an older or newer libubse-client "
-                    "than this ubsmd was built against: every ubs_mem_* / ubs_topo_* function is "
-                    "required)",
+                    "the library lacks a symbol ubsmd resolves: all of them are required "
+                    "(ubs_engine_client_*, ubs_topo_*, ubs_mem_fd_*/numa_*/shm_*, "
+                    "ubs_engine_log_callback_register) and the missing one is named in ubsmd's "
+                    "log; a UBSE client without the shared-memory calls (ubs-engine @973f4300, "
+                    "branch br_container_dev_20260130, has no ubs_mem_shm_*) fails this way",
                     "ubs-mem",
                     f"{_ADAPTER}:UbseMemAdapter::DlopenLibUbse",
                 ),
