@@ -442,6 +442,14 @@ CODES: dict[int, UbsmCode] = {
                     f"{_SHARE_API}:ShareAllocate",
                 ),
                 Cause(
+                    "a shared-memory request passes ConfigConsistency, LenderRole, Provider, "
+                    "NodeState, Region, LendCount, TopoReachability, MaxLentSize and FreeMemory "
+                    "filters (and RequestedProviders, SocketAffinity, SpecifiedLender when asked)",
+                    "ubs-engine",
+                    "src/controllers/mem/mem_scheduler/ubse_mem_scheduler_request.cpp:"
+                    "SchedulerRequest::FromShareBorrowReq",
+                ),
+                Cause(
                     "no socket has the requested size free above its high watermark",
                     "ubs-engine",
                     f"{_FILTERS}/ubse_mem_scheduler_free_memory_filter.cpp:FreeMemoryFilter::FilterNodes",
