@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Refresh the generated tables of the documentation: the cause table (obmm.causes) in
-docs/causes.md, the variable table (obmm.envvars) in docs/settings.md and the fidelity table
+"""Refresh the generated tables of the documentation: the cause table (obmm.causes) and the
+ubs-mem/UBSE code table (obmm.ubsm_causes) in docs/causes.md, the variable table (obmm.envvars) in docs/settings.md and the fidelity table
 (kmod/obmm_emu/FIDELITY.md) in docs/emulated-driver.md.  `--check` exits 1 when a page is stale,
 lacks its markers, or another document carries a copy of a table."""
 
@@ -14,13 +14,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "pylib"))
 
-from obmm import envvars  # noqa: E402
+from obmm import envvars, ubsm_causes  # noqa: E402
 from obmm.causes import render_markdown  # noqa: E402
 
 FIDELITY_BEGIN = "<!-- fidelity table: generated from kmod/obmm_emu/FIDELITY.md -->"
 FIDELITY_END = "<!-- end of fidelity table -->"
 CAUSES_BEGIN = "<!-- cause table: generated from pylib/obmm/causes.py -->"
 CAUSES_END = "<!-- end of cause table -->"
+UBSM_BEGIN = "<!-- ubsm code table: generated from pylib/obmm/ubsm_causes.py -->"
+UBSM_END = "<!-- end of ubsm code table -->"
 VARS_BEGIN = "<!-- variable table: generated from pylib/obmm/envvars.py -->"
 VARS_END = "<!-- end of variable table -->"
 
@@ -38,6 +40,7 @@ def fidelity_table() -> str:
 
 TABLES: tuple[tuple[Path, str, str, Callable[[], str]], ...] = (
     (CAUSES_PAGE, CAUSES_BEGIN, CAUSES_END, render_markdown),
+    (CAUSES_PAGE, UBSM_BEGIN, UBSM_END, ubsm_causes.render_markdown),
     (SETTINGS_PAGE, VARS_BEGIN, VARS_END, envvars.render_markdown),
     (FIDELITY_PAGE, FIDELITY_BEGIN, FIDELITY_END, fidelity_table),
 )
