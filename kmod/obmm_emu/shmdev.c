@@ -714,8 +714,15 @@ static int obmm_mem_state_check_access(struct file *file, u8 state)
 	return 0;
 }
 
-/* The vm_flags an UPDATE_RANGE sets (the real OBMM_UPDATE_VM_FLAGS_MASK). */
-#define OBMM_UPDATE_VM_FLAGS	(VM_READ | VM_WRITE | VM_MAYREAD | VM_MAYWRITE)
+/*
+ * The vm_flags an UPDATE_RANGE sets.  Not VM_MAYREAD/VM_MAYWRITE, which the
+ * real OBMM_UPDATE_VM_FLAGS_MASK has too: the kernel counts a mapping in
+ * its file's i_mmap_writable by VM_SHARED | VM_MAYWRITE when it links and
+ * unlinks each VMA (vma_is_shared_maywrite()), so a VM_MAYWRITE changed in
+ * between (a split meanwhile) left the count at -1 and every later shared
+ * writable mmap of the region EPERM.
+ */
+#define OBMM_UPDATE_VM_FLAGS	(VM_READ | VM_WRITE)
 
 /* The part [*from, *to) of the VMA in [start, end), as region entries. */
 static void obmm_update_piece(const struct vm_area_struct *vma,
@@ -809,7 +816,8 @@ static void obmm_update_range_apply(struct obmm_region *r, unsigned long start,
 		obmm_vmap_commit(vma->vm_private_data, from, to, state);
 		flags = obmm_vmap_vm_flags(vma->vm_private_data,
 					   obmm_vma_entry(vma, vma->vm_start),
-					   obmm_vma_entry(vma, vma->vm_end - 1) + 1);
+					   obmm_vma_entry(vma, vma->vm_end - 1) + 1) &
+			OBMM_UPDATE_VM_FLAGS;
 		obmm_vma_clear_flags(vma, OBMM_UPDATE_VM_FLAGS & ~flags);
 		obmm_vma_set_flags(vma, flags);
 		/* As the core sets it for a shared mapping that write-notifies. */
