@@ -271,11 +271,18 @@ static pgprot_t obmm_prot(vm_flags_t flags, u8 state)
 	}
 }
 
-/* The protection of an entry's page-table entries: its access and cache. */
-static pgprot_t obmm_state_prot(u8 state)
+/*
+ * The protection of an entry's page-table entries in @vma: its access and
+ * cache.  Never writable in a VMA without VM_SHARED (a MAP_SHARED mapping
+ * of a read-only fd): a write there would be copy-on-write.
+ */
+static pgprot_t obmm_state_prot(const struct vm_area_struct *vma, u8 state)
 {
-	return obmm_prot(VM_SHARED |
-			 (obmm_state_vm_flags(state) & (VM_READ | VM_WRITE)), state);
+	vm_flags_t flags = obmm_state_vm_flags(state) & (VM_READ | VM_WRITE);
+
+	if (!(vma->vm_flags & VM_SHARED))
+		flags &= ~VM_WRITE;
+	return obmm_prot(VM_SHARED | flags, state);
 }
 
 #if OBMM_PMD_LAZY
@@ -349,13 +356,13 @@ static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
 	}
 #if OBMM_PMD_LAZY
 	if (obmm_vma_lazy(r)) {
-		ret = obmm_pmd_fault(vmf, r, obmm_state_prot(state));
+		ret = obmm_pmd_fault(vmf, r, obmm_state_prot(vma, state));
 		goto out;
 	}
 #endif
 	ret = vmf_insert_pfn_prot(vma, addr,
 				  PHYS_PFN(r->pa + obmm_vma_offset(vma, addr)),
-				  obmm_state_prot(state));
+				  obmm_state_prot(vma, state));
 out:
 	mutex_unlock(&r->mmap_lock);
 	return ret;
@@ -818,6 +825,14 @@ static void obmm_update_range_apply(struct obmm_region *r, unsigned long start,
 					   obmm_vma_entry(vma, vma->vm_start),
 					   obmm_vma_entry(vma, vma->vm_end - 1) + 1) &
 			OBMM_UPDATE_VM_FLAGS;
+		/*
+		 * A writer state does not make a VMA without VM_SHARED (a
+		 * read-only fd's) writable: its file may not be written, and
+		 * a write there would be copy-on-write, which a pfn mapping
+		 * cannot do.
+		 */
+		if (!(vma->vm_flags & VM_SHARED))
+			flags &= ~VM_WRITE;
 		obmm_vma_clear_flags(vma, OBMM_UPDATE_VM_FLAGS & ~flags);
 		obmm_vma_set_flags(vma, flags);
 		/* As the core sets it for a shared mapping that write-notifies. */
@@ -827,7 +842,7 @@ static void obmm_update_range_apply(struct obmm_region *r, unsigned long start,
 		zap_vma_ptes(vma, first, last - first);
 		if (obmm_vma_lazy(r) || r->revoked || !obmm_state_reader(state))
 			continue;
-		prot = obmm_state_prot(state);
+		prot = obmm_state_prot(vma, state);
 		for (addr = first; addr < last; addr += PAGE_SIZE)
 			/* A page that cannot be made now is made at its fault. */
 			vmf_insert_pfn_prot(vma, addr,

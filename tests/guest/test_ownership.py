@@ -275,7 +275,7 @@ def test_a_refused_move_leaves_the_mapping_its_access(region: int, pmd: bool) ->
     assert reads(lines) == [bytes(4), PATTERN, PATTERN]
 
 
-# ---- splits between updates (issue 36, finding 6) ----
+# ---- mappings of a read-only fd, and splits between updates (issue 36, findings 1 and 6) ----
 
 MADV_RANDOM = 1
 
@@ -288,6 +288,42 @@ def region_reads(mem_id: int, pmd: bool, n: int) -> bytes:
     """The first n bytes of the region, through a new shared writable mapping of it."""
     with obmm.ShmDev(mem_id) as shm, shm.mmap(granule(pmd), pmd=pmd) as m:
         return m.read(0, n)
+
+
+def test_a_read_only_fd_mapping_made_read_write_reads(region: int, pmd: bool) -> None:
+    """A MAP_SHARED mapping of a read-only fd is no shared writable VMA (the kernel clears
+    VM_SHARED and VM_MAYWRITE).  An UPDATE_RANGE to READWRITE through a read-write fd of the
+    region is accepted and the touch reads (the real driver does so); the emulator made it a
+    copy-on-write pfn mapping, whose entry vmf_insert_pfn_prot() refuses with a kernel BUG
+    (mm/memory.c), leaving the task stuck in exit_mm with the mm and the region locked."""
+    steps: list[list[Any]] = [
+        ["map_rdonly", granule(pmd), obmm.PROT_READ, pmd],
+        ["update", 0, granule(pmd), WRITE],
+        ["read", 0, len(PATTERN)],
+    ]
+    lines, sig = run_steps(region, steps)
+    assert sig == 0 and "done" in lines, lines
+    assert reads(lines) == [PATTERN]
+    assert region_reads(region, pmd, len(PATTERN)) == PATTERN
+
+
+@pytest.mark.emulator_only
+def test_a_read_only_fd_mapping_never_writes(region: int, pmd: bool) -> None:
+    """Made READWRITE, that mapping still may not write: its VMA does not get VM_WRITE (no
+    VM_SHARED: a write would be copy-on-write, which a pfn mapping cannot do), so a write
+    faults (SIGSEGV) and the region keeps its bytes.  The real driver makes the VMA a
+    copy-on-write one (FIDELITY.md)."""
+    steps: list[list[Any]] = [
+        ["map_rdonly", granule(pmd), obmm.PROT_READ, pmd],
+        ["update", 0, granule(pmd), WRITE],
+        ["maps"],
+        ["read", 0, len(PATTERN)],
+        ["write", 0, "00"],
+    ]
+    lines, sig = run_steps(region, steps)
+    assert (sig, last_step(lines)) == (signal.SIGSEGV, 4), lines
+    assert "maps r--s" in lines and reads(lines) == [PATTERN]
+    assert region_reads(region, pmd, len(PATTERN)) == PATTERN
 
 
 @pytest.mark.real_driver_differs(
