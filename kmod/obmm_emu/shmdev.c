@@ -234,7 +234,13 @@ static void obmm_vm_close(struct vm_area_struct *vma)
 	struct obmm_region *r = obmm_vma_region(vma);
 
 	mutex_lock(&r->mmap_lock);
-	if (!obmm_vmap_is_refused_copy(vma->vm_private_data, vma))
+	/*
+	 * A VMA emptied by a split that failed after .open (vm_start ==
+	 * vm_end, vm_pgoff 0: mm/mmap.c:__split_vma) maps nothing; its
+	 * entries stay the original VMA's.
+	 */
+	if (vma->vm_start < vma->vm_end &&
+	    !obmm_vmap_is_refused_copy(vma->vm_private_data, vma))
 		obmm_vmap_release(vma->vm_private_data,
 				  obmm_vma_entry(vma, vma->vm_start),
 				  obmm_vma_entry(vma, vma->vm_end - 1) + 1);
