@@ -1104,8 +1104,8 @@ static int obmm_preimport_iomem_conflict(phys_addr_t start, phys_addr_t end)
  * (obmm_preimport.c:obmm_preimport(), obmm_preimport_prefilled.c:
  * preimport_prepare_prefilled(): module get EPERM, check_preimport_cmd(),
  * EEXIST overlap, ENOMEM block bitmap, EBUSY iomem, EINVAL not UB memory,
- * EPERM no node), then the range is listed with its node.  No memory is
- * added yet.
+ * EPERM no node; but EINVAL before EBUSY, see below), then the range is
+ * listed with its node.  No memory is added yet.
  */
 static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 {
@@ -1142,18 +1142,24 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 	ret = obmm_preimport_alloc_blocks(pre, cmd->length);
 	if (ret)
 		goto err_unlist;
-	ret = obmm_preimport_iomem_conflict(pre->range.start, pre->range.end);
-	if (ret) {
-		obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, ret,
-			    "failed to setup ubmem resource on preimport: ret=%pe",
-			    ERR_PTR(ret));
-		goto err_unlist;
-	}
+	/*
+	 * The window first (the real driver asks iomem first: EBUSY before
+	 * EINVAL): the probe below puts a resource into the global tree for
+	 * a moment, which for a range outside every window made it, however
+	 * briefly, the parent of System RAM or of a device's BAR.
+	 */
 	node = obmm_fabric_window_node(cmd->pa, cmd->length, NULL);
 	if (node < 0) {
 		ret = obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
 				  "PA range invalid. Cacheable memory cannot be managed with preimport (pa=%#llx, length=%#llx is not inside one fabric window)",
 				  cmd->pa, cmd->length);
+		goto err_unlist;
+	}
+	ret = obmm_preimport_iomem_conflict(pre->range.start, pre->range.end);
+	if (ret) {
+		obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, ret,
+			    "failed to setup ubmem resource on preimport: ret=%pe",
+			    ERR_PTR(ret));
 		goto err_unlist;
 	}
 	pre->res.name = OBMM_PREIMPORT_RES_NAME;

@@ -204,7 +204,13 @@ static void obmm_vm_close(struct vm_area_struct *vma)
 	struct obmm_region *r = obmm_vma_region(vma);
 
 	mutex_lock(&r->mmap_lock);
-	if (!obmm_vmap_is_refused_copy(vma->vm_private_data, vma))
+	/*
+	 * A VMA emptied by a split that failed after .open (vm_start ==
+	 * vm_end, vm_pgoff 0: mm/mmap.c:__split_vma) maps nothing; its
+	 * entries stay the original VMA's.
+	 */
+	if (vma->vm_start < vma->vm_end &&
+	    !obmm_vmap_is_refused_copy(vma->vm_private_data, vma))
 		obmm_vmap_release(vma->vm_private_data,
 				  obmm_vma_entry(vma, vma->vm_start),
 				  obmm_vma_entry(vma, vma->vm_end - 1) + 1);
@@ -241,11 +247,18 @@ static pgprot_t obmm_prot(vm_flags_t flags, u8 state)
 	}
 }
 
-/* The protection of an entry's page-table entries: its access and cache. */
-static pgprot_t obmm_state_prot(u8 state)
+/*
+ * The protection of an entry's page-table entries in @vma: its access and
+ * cache.  Never writable in a VMA without VM_SHARED (a MAP_SHARED mapping
+ * of a read-only fd): a write there would be copy-on-write.
+ */
+static pgprot_t obmm_state_prot(const struct vm_area_struct *vma, u8 state)
 {
-	return obmm_prot(VM_SHARED |
-			 (obmm_state_vm_flags(state) & (VM_READ | VM_WRITE)), state);
+	vm_flags_t flags = obmm_state_vm_flags(state) & (VM_READ | VM_WRITE);
+
+	if (!(vma->vm_flags & VM_SHARED))
+		flags &= ~VM_WRITE;
+	return obmm_prot(VM_SHARED | flags, state);
 }
 
 #if OBMM_PMD_LAZY
@@ -319,13 +332,13 @@ static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
 	}
 #if OBMM_PMD_LAZY
 	if (obmm_vma_lazy(r)) {
-		ret = obmm_pmd_fault(vmf, r, obmm_state_prot(state));
+		ret = obmm_pmd_fault(vmf, r, obmm_state_prot(vma, state));
 		goto out;
 	}
 #endif
 	ret = vmf_insert_pfn_prot(vma, addr,
 				  PHYS_PFN(r->pa + obmm_vma_offset(vma, addr)),
-				  obmm_state_prot(state));
+				  obmm_state_prot(vma, state));
 out:
 	mutex_unlock(&r->mmap_lock);
 	return ret;
@@ -684,8 +697,15 @@ static int obmm_mem_state_check_access(struct file *file, u8 state)
 	return 0;
 }
 
-/* The vm_flags an UPDATE_RANGE sets (the real OBMM_UPDATE_VM_FLAGS_MASK). */
-#define OBMM_UPDATE_VM_FLAGS	(VM_READ | VM_WRITE | VM_MAYREAD | VM_MAYWRITE)
+/*
+ * The vm_flags an UPDATE_RANGE sets.  Not VM_MAYREAD/VM_MAYWRITE, which the
+ * real OBMM_UPDATE_VM_FLAGS_MASK has too: the kernel counts a mapping in
+ * its file's i_mmap_writable by VM_SHARED | VM_MAYWRITE when it links and
+ * unlinks each VMA (vma_is_shared_maywrite()), so a VM_MAYWRITE changed in
+ * between (a split meanwhile) left the count at -1 and every later shared
+ * writable mmap of the region EPERM.
+ */
+#define OBMM_UPDATE_VM_FLAGS	(VM_READ | VM_WRITE)
 
 /* The part [*from, *to) of the VMA in [start, end), as region entries. */
 static void obmm_update_piece(const struct vm_area_struct *vma,
@@ -779,7 +799,16 @@ static void obmm_update_range_apply(struct obmm_region *r, unsigned long start,
 		obmm_vmap_commit(vma->vm_private_data, from, to, state);
 		flags = obmm_vmap_vm_flags(vma->vm_private_data,
 					   obmm_vma_entry(vma, vma->vm_start),
-					   obmm_vma_entry(vma, vma->vm_end - 1) + 1);
+					   obmm_vma_entry(vma, vma->vm_end - 1) + 1) &
+			OBMM_UPDATE_VM_FLAGS;
+		/*
+		 * A writer state does not make a VMA without VM_SHARED (a
+		 * read-only fd's) writable: its file may not be written, and
+		 * a write there would be copy-on-write, which a pfn mapping
+		 * cannot do.
+		 */
+		if (!(vma->vm_flags & VM_SHARED))
+			flags &= ~VM_WRITE;
 		obmm_vma_clear_flags(vma, OBMM_UPDATE_VM_FLAGS & ~flags);
 		obmm_vma_set_flags(vma, flags);
 		/* As the core sets it for a shared mapping that write-notifies. */
@@ -789,7 +818,7 @@ static void obmm_update_range_apply(struct obmm_region *r, unsigned long start,
 		zap_vma_ptes(vma, first, last - first);
 		if (obmm_vma_lazy(r) || r->revoked || !obmm_state_reader(state))
 			continue;
-		prot = obmm_state_prot(state);
+		prot = obmm_state_prot(vma, state);
 		for (addr = first; addr < last; addr += PAGE_SIZE)
 			/* A page that cannot be made now is made at its fault. */
 			vmf_insert_pfn_prot(vma, addr,

@@ -52,6 +52,18 @@ for i, (kind, *args) in enumerate(steps):
     if kind == "map":
         length, prot, pmd = args
         m = shm.mmap(length, prot=prot, pmd=pmd)
+    elif kind == "map_rdonly":  # through a read-only fd; "update" still goes through shm's
+        length, prot, pmd = args
+        rdonly = obmm.ShmDev(mem_id, writable=False)
+        m = rdonly.mmap(length, prot=prot, pmd=pmd)
+    elif kind == "madvise":  # splits the VMA at the range's bounds
+        off, length, advice = args
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        ret = libc.madvise(m.addr + off, length, advice)
+        print("madvise", ctypes.get_errno() if ret else 0, flush=True)
+    elif kind == "unmap":
+        m.close()
     elif kind == "update":
         off, length, state = args
         shm.update_range(m.addr + off, m.addr + off + length, state, abi.OBMM_SHM_CACHE_INFER)
@@ -261,3 +273,79 @@ def test_a_refused_move_leaves_the_mapping_its_access(region: int, pmd: bool) ->
     lines, sig = run_steps(region, steps)
     assert sig == 0 and f"move {errno.EOPNOTSUPP}" in lines, lines
     assert reads(lines) == [bytes(4), PATTERN, PATTERN]
+
+
+# ---- mappings of a read-only fd, and splits between updates (issue 36, findings 1 and 6) ----
+
+MADV_RANDOM = 1
+
+
+def granule(pmd: bool) -> int:
+    return SZ_2M if pmd else SZ_4K
+
+
+def region_reads(mem_id: int, pmd: bool, n: int) -> bytes:
+    """The first n bytes of the region, through a new shared writable mapping of it."""
+    with obmm.ShmDev(mem_id) as shm, shm.mmap(granule(pmd), pmd=pmd) as m:
+        return m.read(0, n)
+
+
+def test_a_read_only_fd_mapping_made_read_write_reads(region: int, pmd: bool) -> None:
+    """A MAP_SHARED mapping of a read-only fd is no shared writable VMA (the kernel clears
+    VM_SHARED and VM_MAYWRITE).  An UPDATE_RANGE to READWRITE through a read-write fd of the
+    region is accepted and the touch reads (the real driver does so); the emulator made it a
+    copy-on-write pfn mapping, whose entry vmf_insert_pfn_prot() refuses with a kernel BUG
+    (mm/memory.c), leaving the task stuck in exit_mm with the mm and the region locked."""
+    steps: list[list[Any]] = [
+        ["map_rdonly", granule(pmd), obmm.PROT_READ, pmd],
+        ["update", 0, granule(pmd), WRITE],
+        ["read", 0, len(PATTERN)],
+    ]
+    lines, sig = run_steps(region, steps)
+    assert sig == 0 and "done" in lines, lines
+    assert reads(lines) == [PATTERN]
+    assert region_reads(region, pmd, len(PATTERN)) == PATTERN
+
+
+@pytest.mark.emulator_only
+def test_a_read_only_fd_mapping_never_writes(region: int, pmd: bool) -> None:
+    """Made READWRITE, that mapping still may not write: its VMA does not get VM_WRITE (no
+    VM_SHARED: a write would be copy-on-write, which a pfn mapping cannot do), so a write
+    faults (SIGSEGV) and the region keeps its bytes.  The real driver makes the VMA a
+    copy-on-write one (FIDELITY.md)."""
+    steps: list[list[Any]] = [
+        ["map_rdonly", granule(pmd), obmm.PROT_READ, pmd],
+        ["update", 0, granule(pmd), WRITE],
+        ["maps"],
+        ["read", 0, len(PATTERN)],
+        ["write", 0, "00"],
+    ]
+    lines, sig = run_steps(region, steps)
+    assert (sig, last_step(lines)) == (signal.SIGSEGV, 4), lines
+    assert "maps r--s" in lines and reads(lines) == [PATTERN]
+    assert region_reads(region, pmd, len(PATTERN)) == PATTERN
+
+
+@pytest.mark.real_driver_differs(
+    "upstream's bug: its UPDATE_RANGE sets and clears VM_MAYWRITE (OBMM_UPDATE_VM_FLAGS_MASK), "
+    "so the mapping's VMAs are counted in i_mmap_writable unevenly and the later writable mmap "
+    "is EPERM (FIDELITY.md)"
+)
+def test_a_split_between_updates_keeps_writable_mmaps(region: int, pmd: bool) -> None:
+    """READONLY, a split (madvise), READWRITE, munmap: the region's count of shared writable
+    mappings (i_mmap_writable) must come back to 0.  When UPDATE_RANGE cleared VM_MAYWRITE,
+    the split piece was not counted, READWRITE set it again and the munmap uncounted both
+    pieces: the count ended at -1 and every later shared writable mmap of the region was
+    EPERM."""
+    g = granule(pmd)
+    steps: list[list[Any]] = [
+        ["map", 2 * g, obmm.PROT_READ | obmm.PROT_WRITE, pmd],
+        ["update", 0, 2 * g, READ],
+        ["madvise", g, g, MADV_RANDOM],
+        ["update", 0, 2 * g, WRITE],
+        ["read", g, 4],
+        ["unmap"],
+    ]
+    lines, sig = run_steps(region, steps)
+    assert sig == 0 and "madvise 0" in lines and "done" in lines, lines
+    assert region_reads(region, pmd, len(PATTERN)) == PATTERN

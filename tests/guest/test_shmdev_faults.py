@@ -1,6 +1,6 @@
-"""shmdev mmap when the kernel's allocations fail: every failure point of the mmap call, one
-after the other (``/proc/thread-self/fail-nth``), gives ENOMEM (or EINVAL) or a whole mapping,
-never a kernel report, and leaves nothing behind.
+"""shmdev mmap, and splits of a mapping, when the kernel's allocations fail: every failure point
+of the call, one after the other (``/proc/thread-self/fail-nth``), gives ENOMEM (or EINVAL,
+EAGAIN) or what the call makes, never a kernel report, and leaves nothing behind.
 
 Needs a kernel with fault injection (the debug kernel of ``make debug-test``); the production
 Debian guest kernel has none, and there these tests skip saying so.
@@ -83,3 +83,58 @@ def test_mmap_survives_every_allocation_failure(
         else:
             pytest.fail(f"mmap still reached an injected failure after {MAX_POINTS} points")
     assert failed, "no allocation of the mmap call failed: fail-nth reached nothing"
+
+
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+MADV_RANDOM = 1
+
+
+def poke(addr: int, value: int) -> bool:
+    """Write a byte at addr and read it back."""
+    ctypes.memmove(addr, bytes([value]), 1)
+    return ctypes.string_at(addr, 1) == bytes([value])
+
+
+@pytest.mark.parametrize("pmd", [False, True], ids=["page", "pmd"])
+@pytest.mark.parametrize("split", ["madvise", "munmap"])
+def test_a_failed_split_leaves_the_mapping_whole(
+    dev: obmm.Obmm, fault_injection: faults.FaultInjection, pmd: bool, split: str
+) -> None:
+    """A split of the middle granule of a 3-granule mapping (madvise, or munmap of it) when an
+    allocation of the split fails: the kernel closes the new VMA it had opened emptied
+    (vm_start == vm_end, vm_pgoff 0: mm/mmap.c:__split_vma), and that close released an entry
+    range of about 2^52 entries, writing far out of bounds (issue 36, finding 2).  Each failure
+    point in turn: the call fails (madvise EAGAIN, munmap ENOMEM) or splits, no kernel report,
+    the mapping still reads and writes, and a new writable mapping of the region works
+    afterwards."""
+    g = SZ_2M if pmd else mmap.PAGESIZE
+    offset = obmm.OBMM_MMAP_FLAG_HUGETLB_PMD - (1 << 64) if pmd else 0
+    failed: list[int] = []
+    with exported(dev, 3 * g) as exp, obmm.ShmDev(exp.mem_id) as shm:
+        for n in range(1, MAX_POINTS + 1):
+            addr = _libc.mmap(None, 3 * g, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED,
+                              shm.fd, offset)  # fmt: skip
+            assert addr != MAP_FAILED, f"mmap: errno {ctypes.get_errno()}"
+            with fault_injection.nth(n) as reached:
+                if split == "madvise":
+                    ret = _libc.madvise(addr + g, g, MADV_RANDOM)
+                else:
+                    ret = _libc.munmap(addr + g, g)
+                err = ctypes.get_errno()
+                injected = reached()
+            if ret:
+                assert injected, f"{split} failed with errno {err} without an injected failure"
+                assert err in (errno.EAGAIN, errno.ENOMEM), f"point {n}: {errno.errorcode[err]}"
+                failed.append(n)
+            left = (0, g, 2 * g) if ret or split == "madvise" else (0, 2 * g)
+            for off in left:
+                assert poke(addr + off + 7, n % 251), f"point {n}: granule at {off:#x}"
+            _libc.munmap(addr, 3 * g)
+            if not injected:
+                break
+        else:
+            pytest.fail(f"{split} still reached an injected failure after {MAX_POINTS} points")
+        with shm.mmap(3 * g, pmd=pmd) as m:
+            m.write(0, b"after")
+            assert m.read(0, 5) == b"after"
+    assert failed, f"no allocation of the {split} call failed: fail-nth reached nothing"

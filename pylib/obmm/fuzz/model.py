@@ -78,11 +78,15 @@ class Map:
     granu: int
     # access bits of each granule of the mapping (UPDATE_RANGE changes them)
     access: list[int] = field(default_factory=list)
+    split: bool = False  # more than one VMA (a madvise cut it): mremap's move is EFAULT
 
     def can_read(self, off: int) -> bool:
         return not self.access or self.access[off // self.granu] != NO_ACCESS
 
     def can_write(self, off: int) -> bool:
+        # a MAP_SHARED mapping of a read-only fd never writes, whatever UPDATE_RANGE gives it
+        if not self.file.write:
+            return False
         return self.writable if not self.access else self.access[off // self.granu] == READWRITE
 
 

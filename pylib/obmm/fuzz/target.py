@@ -259,6 +259,7 @@ _libc.mremap.argtypes = [
 ]  # fmt: skip
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
 MAP_FAILED = (1 << 64) - 1
 MAP_SHARED = 0x01
@@ -290,6 +291,10 @@ def munmap(addr: int, length: int) -> int:
 
 def mprotect(addr: int, length: int, prot: int) -> int:
     return 0 if _libc.mprotect(addr, length, prot) == 0 else _err()
+
+
+def madvise(addr: int, length: int, advice: int) -> int:
+    return 0 if _libc.madvise(addr, length, advice) == 0 else _err()
 
 
 def mremap(addr: int, old: int, new: int, flags: int, new_addr: int = 0) -> tuple[int, int]:

@@ -178,3 +178,73 @@ def test_a_handoff_never_touches_an_address_the_mapping_does_not_let_it_read(
                                  writable=True, granu=2 << 20, access=[NO_ACCESS]))  # fmt: skip
     engine._op_handoff(Op(0, "handoff", (0,) * 6))
     assert touched == []
+
+
+def _engine_with_map(file_write: bool, pieces: int, granu: int = 4 << 10):  # type: ignore[no-untyped-def]
+    from obmm.fuzz import engine as engine_mod
+    from obmm.fuzz.model import File, Map, Model, Region
+
+    engine = engine_mod.Engine.__new__(engine_mod.Engine)
+    engine.trace, engine.log, engine.record, engine.faults = [], False, False, None
+    engine.model = Model()
+    engine.model.regions[1] = Region(mem_id=1, kind="export", size=pieces * granu, pa=1 << 32)
+    f = File(fid=1, fd=-1, mem_id=1, read=True, write=file_write, sync=False)
+    m = Map(addr=1 << 30, length=pieces * granu, mem_id=1, file=f, offset=0,
+            writable=file_write, granu=granu, access=[0x8] * pieces)  # fmt: skip
+    engine.model.maps.append(m)
+    return engine_mod, engine, m
+
+
+def test_a_read_only_fds_mapping_never_writes_whatever_its_state() -> None:
+    """Issue 36: an UPDATE_RANGE to READWRITE does not make a MAP_SHARED mapping of a read-only
+    fd writable (its VMA has no VM_SHARED); the fuzzer must not write there (SIGSEGV)."""
+    _, _, m = _engine_with_map(file_write=False, pieces=2)
+    assert m.can_read(0) and not m.can_write(0)
+    _, _, rw = _engine_with_map(file_write=True, pieces=2)
+    assert rw.can_write(0)
+
+
+def test_munmap_splits_a_mapping_with_madvise_and_mremap_then_faults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The split vocabulary (issue 36): one munmap in three or so cuts whole granules inside the
+    mapping with madvise instead, which splits its VMA (armed: EAGAIN allowed); a move of a
+    split mapping is EFAULT (more than one VMA) or, as before, EOPNOTSUPP."""
+    import contextlib
+    import errno
+    import mmap
+
+    engine_mod, engine, m = _engine_with_map(file_write=True, pieces=4)
+    calls: list[tuple[int, ...]] = []
+    unmapped: list[tuple[int, ...]] = []
+
+    def recorder(into: list[tuple[int, ...]]):  # type: ignore[no-untyped-def]
+        def call(*args: int) -> int:
+            into.append(args)
+            return 0
+
+        return call
+
+    monkeypatch.setattr(engine_mod.target, "madvise", recorder(calls))
+    monkeypatch.setattr(engine_mod.target, "munmap", recorder(unmapped))
+    # word 4: chance(4, 30) holds; word 1: first granule 1; word 2: two granules; word 3: advice
+    engine._op_munmap(Op(0, "munmap", (0, 1, 1, 0, 5 << 32, 50 << 32)))
+    assert calls == [(m.addr + (4 << 10), 2 * (4 << 10), mmap.MADV_RANDOM)]
+    assert unmapped == [] and m.split and m.length == 4 * (4 << 10)
+    # the whole mapping is cut once at least
+    calls.clear()
+    engine._op_munmap(Op(1, "munmap", (0, 0, 3, 1, 5 << 32, 50 << 32)))
+    assert calls == [(m.addr, 3 * (4 << 10), mmap.MADV_SEQUENTIAL)]
+    # armed (word 5), the split's allocation may fail: madvise says EAGAIN
+    engine.faults = SimpleNamespace(armed=contextlib.nullcontext)
+    monkeypatch.setattr(engine_mod.target, "madvise", lambda *a: errno.EAGAIN)
+    engine._op_munmap(Op(2, "munmap", (0, 1, 0, 0, 5 << 32, 5 << 32)))
+    engine.faults = None
+    with pytest.raises(engine_mod.Failure):
+        engine._op_munmap(Op(3, "munmap", (0, 1, 0, 0, 5 << 32, 50 << 32)))
+    monkeypatch.setattr(engine_mod.target, "mmap", lambda *a: (1 << 31, 0))
+    monkeypatch.setattr(engine_mod.target, "mremap", lambda *a: (0, errno.EFAULT))
+    engine._op_mremap(Op(4, "mremap", (0, 2, 0, 0, 0, 0)))  # "move"
+    m.split = False
+    with pytest.raises(engine_mod.Failure):
+        engine._op_mremap(Op(5, "mremap", (0, 2, 0, 0, 0, 0)))
