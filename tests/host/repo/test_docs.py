@@ -24,9 +24,9 @@ THIS = Path(__file__).resolve()
 
 # The shared reference (../shared/reference/*.md) is not part of a clone; docs/ carries it.  Nor
 # is there a place upstream code is looked for: it is given by path (issue 38), so no file names
-# one under shared/upstream.
+# any directory under shared/.
 OUTSIDE = re.compile(
-    r"\.\./shared/|shared/reference|shared/upstream"
+    r"\.\./shared/|(?<![\w./-])shared/[a-z]"
     r"|obmm-uapi-and-driver\.md|seed-scheme7\.md|seed-notes\.md|testbed-practices\.md"
 )
 LINKED = ("README.md", "CONTRIBUTING.md", "docs/*.md")
@@ -189,7 +189,7 @@ def test_checker_reports_references_into_the_shared_reference(tmp_path: Path) ->
     files = {
         "a.md": "see `../shared/reference/obmm-uapi-and-driver.md` §2\n",
         "b.py": '"""Reference: obmm-uapi-and-driver.md section 2.5."""\n',
-        "c.md": "pinned copy in `shared/upstream/` beside the checkout\n",
+        "c.md": "pinned copy in `shared/trees/` beside the checkout\n",
         "f.md": "the tree `$OBMM_UB_UPSTREAM` names (an input given by path)\n",
         "d.py": "# (reference seed-scheme7.md section 5)\n",
         "e.bin": b"\xff\xfe shared/reference",

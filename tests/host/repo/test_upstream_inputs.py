@@ -36,7 +36,7 @@ def test_not_given_is_none_even_with_a_tree_beside_the_checkout(
     root = tmp_path / "checkout"
     root.mkdir()
     for name in ("ub-os-component-dkms-65ba333", "libobmm-4c59568"):
-        (tmp_path / "shared" / "upstream" / name / "drivers" / "ub").mkdir(parents=True)
+        (tmp_path / "inputs" / name / "drivers" / "ub").mkdir(parents=True)
     monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv(envvars.ROOT.name, str(root))
     assert find() is None
