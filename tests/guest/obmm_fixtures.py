@@ -217,6 +217,16 @@ def obmm_leak_check() -> Iterator[None]:
     )
 
 
+#: The driver module as the testbed installs it (either driver is named obmm, as on UB hosts).
+MODULE = "obmm"
+MODULE_KO = Path("/opt/obmm-testbed/kmod") / f"{MODULE}.ko"
+MODULE_PARAMS = Path("/sys/module") / MODULE / "parameters"
+
+
+def module_loaded() -> bool:
+    return (Path("/sys/module") / MODULE).is_dir()
+
+
 EMU_MODULE = "obmm_emu"
 EMU_KO = Path("/opt/obmm-testbed/kmod") / f"{EMU_MODULE}.ko"
 EMU_PARAMS = Path("/sys/module") / EMU_MODULE / "parameters"

@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from obmm_fixtures import MAP_HUGETLB, SZ_2M, Fabric, exported
+from obmm_fixtures import MAP_HUGETLB, MODULE, SZ_2M, Fabric, exported
+from obmm_fixtures import MODULE_KO as KO
+from obmm_fixtures import MODULE_PARAMS as PARAMS
+from obmm_fixtures import module_loaded as loaded
 
 import obmm
 from obmm.tools import logscan
@@ -33,15 +36,8 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.emulator_only
 
-MODULE = "obmm"
-KO = Path("/opt/obmm-testbed/kmod") / f"{MODULE}.ko"
-PARAMS = Path("/sys/module") / MODULE / "parameters"
 # The parameters the testbed loads the module with (obmm.testbed.provision.insmod_command).
 RELOAD_PARAMS = ("node_id", "pool_base", "pool_size", "ubc_dev")
-
-
-def loaded() -> bool:
-    return (Path("/sys/module") / MODULE).is_dir()
 
 
 #: rmmod of an idle module returns within this, after any test (issue 24).

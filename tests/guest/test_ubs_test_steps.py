@@ -39,7 +39,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from obmm_fixtures import SHMDEV_SYSFS, Fabric, exported, pool_total, pool_used, settle_pool
+from obmm_fixtures import MODULE, SHMDEV_SYSFS, Fabric, exported, pool_total, pool_used, settle_pool
+from obmm_fixtures import MODULE_KO as KO
+from obmm_fixtures import MODULE_PARAMS as PARAMS
+from obmm_fixtures import module_loaded as loaded
 
 import obmm
 from obmm import abi
@@ -52,9 +55,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.emulator_only
 
-MODULE = "obmm"
-KO = Path("/opt/obmm-testbed/kmod") / f"{MODULE}.ko"
-PARAMS = Path("/sys/module") / MODULE / "parameters"
 # The parameters the testbed loads the module with (obmm.testbed.provision.insmod_command);
 # pool_size is left out of the host's options: ubs-test's mempool_size sizes the pool.
 FABRIC_PARAMS = ("node_id", "pool_base", "ubc_dev")
@@ -91,10 +91,6 @@ UBS_TEST_LOADS = {
         {"mempool_size": "16G", "skip_cache_maintain": "Y"},
     ),
 }
-
-
-def loaded() -> bool:
-    return (Path("/sys/module") / MODULE).is_dir()
 
 
 def sh(command: str, check: bool = True) -> subprocess.CompletedProcess[str]:

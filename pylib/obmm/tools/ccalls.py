@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from obmm.tools.csource import KEYWORDS, Function, blank, functions
+from obmm.tools.graphs import sccs
 
 #: A name followed by ``(``, not a member (``->f(``, ``.f(``).
 CALL = re.compile(r"(?<![.>\w])([A-Za-z_]\w*)\s*\(")
@@ -78,40 +79,6 @@ class Graph:
         for i, comp in enumerate(comps):
             out[level[i]].extend(comp)
         return [sorted(layer) for layer in out]
-
-
-def sccs(nodes: Iterable[str], succ: Mapping[str, Iterable[str]]) -> list[list[str]]:
-    """Tarjan's strongly connected components, callees before callers, each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(succ.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            out.append(sorted(comp))
-
-    for v in sorted(nodes):
-        if v not in index:
-            visit(v)
-    return out
 
 
 #: An object a Kbuild line lists, after ``:=`` or ``+=``.

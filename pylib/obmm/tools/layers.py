@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from obmm.tools import ccalls
+from obmm.tools.graphs import sccs
 
 PYLIB = Path(__file__).resolve().parent.parent.parent
 PACKAGE = PYLIB / "obmm"
@@ -93,37 +94,7 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
 
 def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one node (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+    return [c for c in sccs(graph, graph) if len(c) > 1]
 
 
 def layer_of(module: str) -> str:
