@@ -44,6 +44,17 @@
 #define OBMM_UBC_ID_STRIDE	0x100
 /* Entity type of a bus controller (the real guid's type field). */
 #define OBMM_UBC_ENTITY_TYPE	0x1
+/*
+ * The guid's other fields (drivers/ub/ubus's struct ub_guid): the vendor
+ * is Huawei's UB vendor id (openEuler's QEMU UB model, hw/ub/hisi/ubc.h
+ * VENDER_ID_HUAWEI); no public source gives a controller's device id or
+ * class code: 0.  The sequence number is the controller's EID (unique in
+ * the fabric).
+ */
+#define OBMM_UBC_VENDOR		0xcc08
+#define OBMM_UBC_DEVICE		0x0
+#define OBMM_UBC_CLASS_CODE	0x0
+#define OBMM_UBC_GUID_VERSION	0x0
 
 /* The UB bus's feature bits (include/ub/ubus/ubus.h of OLK). */
 #define OBMM_UB_MEM_BORROW_NC	BIT_ULL(0)
@@ -181,6 +192,43 @@ static ssize_t upi_show(struct device *dev, struct device_attribute *attr,
 
 static DEVICE_ATTR_RO(upi);
 
+/* ubus's sysfs.c: vendor and device "%#06x" (guid fields), class_code "%#06x". */
+static ssize_t vendor_show(struct device *dev, struct device_attribute *attr,
+			   char *buf)
+{
+	return sysfs_emit(buf, "%#06x\n", OBMM_UBC_VENDOR);
+}
+
+static DEVICE_ATTR_RO(vendor);
+
+static ssize_t device_show(struct device *dev, struct device_attribute *attr,
+			   char *buf)
+{
+	return sysfs_emit(buf, "%#06x\n", OBMM_UBC_DEVICE);
+}
+
+static DEVICE_ATTR_RO(device);
+
+static ssize_t class_code_show(struct device *dev,
+			       struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%#06x\n", OBMM_UBC_CLASS_CODE);
+}
+
+static DEVICE_ATTR_RO(class_code);
+
+/* ub_show_guid(): vendor-device-version-type-reserved-seq_num. */
+static ssize_t guid_show(struct device *dev, struct device_attribute *attr,
+			 char *buf)
+{
+	return sysfs_emit(buf, "%04x-%04x-%01x-%01x-%06x-%016llx\n",
+			  OBMM_UBC_VENDOR, OBMM_UBC_DEVICE,
+			  OBMM_UBC_GUID_VERSION, OBMM_UBC_ENTITY_TYPE, 0,
+			  (unsigned long long)obmm_ubc_eid(to_obmm_ubc(dev)->k));
+}
+
+static DEVICE_ATTR_RO(guid);
+
 static struct attribute *obmm_ubc_attrs[] = {
 	&dev_attr_eid.attr,
 	&dev_attr_primary_cna.attr,
@@ -190,6 +238,10 @@ static struct attribute *obmm_ubc_attrs[] = {
 	&dev_attr_entity_idx.attr,
 	&dev_attr_type.attr,
 	&dev_attr_upi.attr,
+	&dev_attr_vendor.attr,
+	&dev_attr_device.attr,
+	&dev_attr_class_code.attr,
+	&dev_attr_guid.attr,
 	NULL,
 };
 

@@ -180,6 +180,12 @@ UBC_FORMATS = {
     "ummu_map": r"0x[0-9a-f]{2,}|0{4}",  # %#04x
     "numa": r"0x[0-9a-f]{2,}|0{4}",  # %#04x of the proximity domain
     "ubc": r"0x[0-9a-f]{3,}|0{5}",  # %#05x
+    "vendor": r"0x[0-9a-f]{4,}|0{6}",  # %#06x of the guid's vendor
+    "device": r"0x[0-9a-f]{4,}|0{6}",  # %#06x of the guid's device
+    "class_code": r"0x[0-9a-f]{4,}|0{6}",  # %#06x
+    "type": r"0x[0-9a-f]+|0",  # %#x of the guid's type
+    # ub_show_guid(): vendor-device-version-type-reserved-seq_num
+    "guid": r"[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]-[0-9a-f]-[0-9a-f]{6}-[0-9a-f]{16}",
 }
 
 
@@ -204,6 +210,23 @@ def test_ub_bus_controller_attributes_as_the_ub_bus_prints_them() -> None:
             assert re.fullmatch(f"(?:{fmt})\n", text), (ctl, name, text)
     cnas = [int((Path(h).parent / "primary_cna").read_text(), 0) for h in hits]
     assert len(set(cnas)) == len(cnas), cnas
+
+
+@UB_COMPAT_BUS
+def test_ub_bus_controller_guid_names_its_vendor_device_and_type() -> None:
+    """The guid's fields are the vendor, device and type files' values; a controller's type
+    is UB_TYPE_CONTROLLER (1); each controller's guid is its own."""
+    ctls = [Path(h).parent for h in sorted(glob.glob("/sys/devices/ub_bus_controller*/*/ubc"))]
+    assert ctls
+    guids = []
+    for ctl in ctls:
+        guid = (ctl / "guid").read_text().strip()
+        vendor, device, _version, kind, _reserved, _seq = guid.split("-")
+        assert int(vendor, 16) == int((ctl / "vendor").read_text(), 0), (ctl, guid)
+        assert int(device, 16) == int((ctl / "device").read_text(), 0), (ctl, guid)
+        assert int(kind, 16) == int((ctl / "type").read_text(), 0) == 1, (ctl, guid)
+        guids.append(guid)
+    assert len(set(guids)) == len(guids), guids
 
 
 @UB_COMPAT_BUS
