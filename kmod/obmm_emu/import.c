@@ -894,7 +894,10 @@ long obmm_import_ioctl(void __user *uarg)
 				  "PA range invalid. Non-UBMEM memory cannot be mmaped as import memory");
 		goto err_range;
 	}
-	r->mem_cap = OBMM_CAP_CACHEABLE | OBMM_CAP_NONCACHEABLE;
+	/* get_pa_range_mem_cap(): what the decoder range may be mapped as. */
+	r->mem_cap = OBMM_CAP_NONCACHEABLE;
+	if (!obmm_fabric_window_nc_only(node))
+		r->mem_cap |= OBMM_CAP_CACHEABLE;
 	r->pa = cmd.addr;
 	r->size = cmd.length;
 	r->numa_remote = numa;
@@ -906,6 +909,11 @@ long obmm_import_ioctl(void __user *uarg)
 		ret = obmm_import_claim_ubmem(r, obmm_fabric_window(node)->res);
 	if (ret)
 		goto err_range;
+	if (numa && !(r->mem_cap & OBMM_CAP_CACHEABLE)) {
+		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				  "PA range invalid. Cacheable memory cannot be managed with numa.remote");
+		goto err_iomem;
+	}
 	if (numa) {
 		ret = obmm_import_numa(r, &cmd, &added);
 		if (ret)
@@ -1154,7 +1162,7 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 	 * briefly, the parent of System RAM or of a device's BAR.
 	 */
 	node = obmm_fabric_window_node(cmd->pa, cmd->length, NULL);
-	if (node < 0) {
+	if (node < 0 || obmm_fabric_window_nc_only(node)) {
 		ret = obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
 				  "PA range invalid. Cacheable memory cannot be managed with preimport");
 		goto err_unlist;

@@ -250,6 +250,7 @@ static inline u64 obmm_eid_half(const u8 *eid, unsigned int off)
 #define OBMM_OP_UNDECLARE_PREIMPORT	"UNDECLARE_PREIMPORT"
 #define OBMM_OP_UPDATE_RANGE		"SHMDEV_UPDATE_RANGE"
 #define OBMM_OP_MMAP			"SHMDEV_MMAP"
+#define OBMM_OP_OPEN			"SHMDEV_OPEN"
 
 static inline struct obmm_region *to_obmm_region(struct device *dev)
 {

@@ -79,8 +79,16 @@ static int obmm_shm_open(struct inode *inode, struct file *file)
 	need = obmm_file_cacheable(file) ? OBMM_CAP_CACHEABLE :
 		OBMM_CAP_NONCACHEABLE;
 	if (!(r->mem_cap & need)) {
+		if (need == OBMM_CAP_CACHEABLE)
+			err = obmm_refuse(OBMM_OP_OPEN, -EPERM,
+					  "Noncacheable region %d cannot be mmaped with cachable mode.",
+					  r->id);
+		else
+			err = obmm_refuse(OBMM_OP_OPEN, -EPERM,
+					  "Cacheable region %d cannot be mmaped with noncachable mode.",
+					  r->id);
 		obmm_region_put(r);
-		return -EPERM;
+		return err;
 	}
 	/*
 	 * Every file of the region maps through the region's own inode, not

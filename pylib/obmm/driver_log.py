@@ -198,6 +198,10 @@ REAL: tuple[Line, ...] = (
     ),
     _err("Failed to prepare import memory: ret=%pe", "obmm_import.c:obmm_import"),
     _err("Failed to create import device. ret=%pe", "obmm_import.c:obmm_import"),
+    _err(
+        "PA range invalid. Cacheable memory cannot be managed with numa.remote",
+        "obmm_import.c:setup_remote_numa",
+    ),
     # IMPORT of a preimported range
     _err("No information found with PA requested.", "obmm_preimport_prefilled.c:get_pa_mapping"),
     _err("PA requested is not a preimport address.", "obmm_preimport_prefilled.c:get_pa_mapping"),
@@ -263,6 +267,15 @@ REAL: tuple[Line, ...] = (
     _err(
         "preimport cannot be released: %u active users found.",
         "obmm_preimport_prefilled.c:preimport_release_prefilled",
+    ),
+    # shmdev open
+    _err(
+        "Noncacheable region %d cannot be mmaped with cachable mode.",
+        "obmm_shm_dev.c:obmm_shm_fops_open",
+    ),
+    _err(
+        "Cacheable region %d cannot be mmaped with noncachable mode.",
+        "obmm_shm_dev.c:obmm_shm_fops_open",
     ),
     # shmdev mmap
     _err(
