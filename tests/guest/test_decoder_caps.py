@@ -57,7 +57,9 @@ RELOAD_PARAMS = (*EMU_RELOAD_PARAMS, "ubc_dev")
 
 
 def reload(extra: list[str], params: dict[str, str]) -> None:
-    subprocess.run(["rmmod", MODULE], check=True)
+    """The module (if loaded) out, then in again with `params` and `extra`."""
+    if module_loaded():
+        subprocess.run(["rmmod", MODULE], check=True)
     args = [f"{p}={v}" for p, v in params.items()] + extra
     subprocess.run(["insmod", str(MODULE_KO), *args], check=True)
 
