@@ -125,24 +125,30 @@ static int obmm_export_alloc(struct obmm_region *r,
 	bool fast = cmd->flags & OBMM_EXPORT_FLAG_FAST;
 	int ret;
 
-	for (i = 0; i < cmd->length; i++) {
-		if (!cmd->size[i])
-			continue;
-		if (!obmm_pool_present() || i != obmm_pool_nid())
-			return obmm_refuse_emu(OBMM_OP_EXPORT, -ENODEV,
-					   "no memory pool on node %u (the pool is on node %d)",
-					   i, obmm_pool_present() ? obmm_pool_nid() : -1);
+	/* alloc_export_memory_pool(): every size's granule first. */
+	for (i = 0; i < cmd->length; i++)
 		if (cmd->size[i] % obmm_pool_granu())
 			return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
 					   "invalid size 0x%llx on node %d: not aligned to mempool granu %#lx",
 					   cmd->size[i], (int)i, (unsigned long)obmm_pool_granu());
-	}
+	/* allocate_memory_contiguous(): a node without an allocator. */
+	for (i = 0; i < cmd->length; i++)
+		if (cmd->size[i] &&
+		    (!obmm_pool_present() || i != obmm_pool_nid()))
+			return obmm_refuse(OBMM_OP_EXPORT, -ENODEV,
+					   "%s:no allocator working on node %d",
+					   "allocate_memory_contiguous", (int)i);
 	ret = obmm_pool_alloc(total, fast, &r->pa);
+	if (ret == -ENOMEM)
+		return obmm_refuse(OBMM_OP_EXPORT, ret,
+				   "%s: failed to alloc %#llx bytes for node %d",
+				   "allocate_memory_contiguous",
+				   (unsigned long long)total, obmm_pool_nid());
 	if (ret)
 		return obmm_refuse_emu(OBMM_OP_EXPORT, ret,
-				   "cannot allocate %#llx bytes%s from the pool of node %d",
-				   total, fast ? " of cleared memory (FAST)" : "",
-				   obmm_pool_nid());
+				       "cannot allocate %#llx bytes%s from the pool of node %d",
+				       total, fast ? " of cleared memory (FAST)" : "",
+				       obmm_pool_nid());
 	return 0;
 }
 

@@ -6,7 +6,8 @@ Each :class:`Line` is one format string of openeuler-mirror/kernel ``drivers/ub/
 ``pr_fmt`` (:data:`PREFIX`).  The commits the facts were read at are those FIDELITY.md names
 (``obmm_import.c@bf00953``, ``obmm_core.c@53eaf2b``, ``obmm_export.c@d4f4936``,
 ``obmm_export_from_pool.c@d4f4936``, ``obmm_export_from_user.c@80a7753``,
-``obmm_preimport.c@7863d54``, ``obmm_preimport_prefilled.c@7863d54``, ``obmm_shm_dev.c@753ece1``).
+``obmm_preimport.c@7863d54``, ``obmm_preimport_prefilled.c@7863d54``, ``obmm_shm_dev.c@753ece1``,
+``ubmempool_allocator.c``).
 
 The emulated driver logs these lines at the same checks (``kmod/obmm_emu``: ``obmm_refuse()``
 and ``obmm_klog()``); where the real driver refuses without a line, or the check is the
@@ -133,6 +134,11 @@ REAL: tuple[Line, ...] = (
     _err(
         "invalid size 0x%llx on node %d: not aligned to mempool granu %#lx",
         "obmm_export_from_pool.c:alloc_export_memory_pool",
+    ),
+    _err("%s:no allocator working on node %d", "ubmempool_allocator.c:allocate_memory_contiguous"),
+    _err(
+        "%s: failed to alloc %#llx bytes for node %d",
+        "ubmempool_allocator.c:allocate_memory_contiguous",
     ),
     # EXPORT_PID
     _err(
@@ -349,10 +355,8 @@ EMULATOR_OWN: dict[str, str] = {
     + " (obmm_addr_check.c:occupy_pa_range, not in the reference index)",
     "PA range [%pa, %pa] overlaps another import or preimport range": _UNREAD
     + " (obmm_addr_check.c:occupy_pa_range, not in the reference index)",
-    "no memory pool on node %u (the pool is on node %d)": _UNREAD
-    + " (conti_mem_allocator.c / ubmempool_allocator.c: one emulated pool node)",
-    "cannot allocate %#llx bytes%s from the pool of node %d": _UNREAD
-    + " (conti_mem_allocator.c:allocate_memory_contiguous)",
+    "cannot allocate %#llx bytes%s from the pool of node %d": _EMULATOR
+    + " (an allocation that failed otherwise than ENOMEM: a wait for quarantined memory)",
     "no free export record slot in the control region (%d per node)": _EMULATOR
     + " (the control region's record slots)",
     "length %#llx not a multiple of memseg size %#llx": _EMULATOR

@@ -210,6 +210,19 @@ def test_export_size_not_memseg_multiple(
     )
 
 
+def test_export_beyond_the_pool(dev: obmm.Obmm, kmsg: KmsgWatcher, kernel_log: KernelLog) -> None:
+    """More than the node's pool holds, without waiting (FAST): the allocator's own line, its
+    __func__ in it (ubmempool_allocator.c:allocate_memory_contiguous)."""
+    size = 1 << 32  # more than the guest's RAM: no pool grows to it
+    refuse(
+        kmsg,
+        kernel_log,
+        errno.ENOMEM,
+        lambda: dev.export(size, flags=abi.OBMM_EXPORT_FLAG_FAST),
+        rf"allocate_memory_contiguous: failed to alloc {size:#x} bytes for node 0",
+    )
+
+
 def test_export_pid_allow_mmap(dev: obmm.Obmm, kmsg: KmsgWatcher, kernel_log: KernelLog) -> None:
     refuse(
         kmsg,
