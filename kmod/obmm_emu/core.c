@@ -41,8 +41,7 @@ static long obmm_dev_ioctl(struct file *file, unsigned int cmd,
 
 	if (!obmm_fabric_enabled())
 		return obmm_refuse("ioctl", -EOPNOTSUPP,
-				   "obmm feature not enabled (cmd %#x; emulator: no fabric window or control region)",
-				   cmd);
+				   "obmm feature not enabled");
 
 	switch (cmd) {
 	case OBMM_CMD_EXPORT:

@@ -33,6 +33,18 @@ static unsigned int eid;
 module_param(eid, uint, 0444);
 MODULE_PARM_DESC(eid, "EID (first 32 bits) of this node's UB controller (default node_id + 1)");
 
+/*
+ * The windows whose decoder ranges are non-cacheable only (node ids): the
+ * UB decoder's answer to ub_memory_validate_pa(scna, start, end, true)
+ * for them is no, so an import there may be opened with O_SYNC only
+ * (obmm_import.c:get_pa_range_mem_cap).  Default: none, every range both.
+ */
+static int decoder_nc_only[TB_FABRIC_MAX_NODES];
+static unsigned int decoder_nc_only_count;
+module_param_array(decoder_nc_only, int, &decoder_nc_only_count, 0444);
+MODULE_PARM_DESC(decoder_nc_only,
+		 "Node ids whose window's decoder range is non-cacheable only (default none)");
+
 static unsigned int heartbeat_ms = OBMM_EMU_DEFAULT_HEARTBEAT_MS;
 module_param(heartbeat_ms, uint, 0444);
 MODULE_PARM_DESC(heartbeat_ms, "Control-region heartbeat period in ms (default 250)");
@@ -115,6 +127,16 @@ struct tb_fabric *obmm_fabric_tb(void)
 int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset)
 {
 	return tb_fabric_window_node(&fab.tb, start, len, offset);
+}
+
+bool obmm_fabric_window_nc_only(int node)
+{
+	unsigned int i;
+
+	for (i = 0; i < decoder_nc_only_count; i++)
+		if (decoder_nc_only[i] == node)
+			return true;
+	return false;
 }
 
 u64 obmm_fabric_boot_id(void)

@@ -79,8 +79,16 @@ static int obmm_shm_open(struct inode *inode, struct file *file)
 	need = obmm_file_cacheable(file) ? OBMM_CAP_CACHEABLE :
 		OBMM_CAP_NONCACHEABLE;
 	if (!(r->mem_cap & need)) {
+		if (need == OBMM_CAP_CACHEABLE)
+			err = obmm_refuse(OBMM_OP_OPEN, -EPERM,
+					  "Noncacheable region %d cannot be mmaped with cachable mode.",
+					  r->id);
+		else
+			err = obmm_refuse(OBMM_OP_OPEN, -EPERM,
+					  "Cacheable region %d cannot be mmaped with noncachable mode.",
+					  r->id);
 		obmm_region_put(r);
-		return -EPERM;
+		return err;
 	}
 	/*
 	 * Every file of the region maps through the region's own inode, not
@@ -565,11 +573,14 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 		return obmm_refuse(OBMM_OP_MMAP, -EPERM,
 				   "mmap region %d: not allow to be mmaped", r->id);
 	ret = obmm_mmap_check_access(file, vma->vm_flags);
-	if (ret)
+	if (ret) {
+		/* validate_perm()'s line, then obmm_shm_fops_mmap()'s. */
+		obmm_klog("%s false: vm_flags: %#lx, f_mode: %#x", "validate_perm",
+			  (unsigned long)vma->vm_flags,
+			  (__force unsigned int)file->f_mode);
 		return obmm_refuse(OBMM_OP_MMAP, ret,
-				   "mmap region %d: invalid vma permission: vm_flags: %#lx, f_mode: %#x",
-				   r->id, (unsigned long)vma->vm_flags,
-				   (__force unsigned int)file->f_mode);
+				   "mmap region %d: invalid vma permission", r->id);
+	}
 	if (offset & OBMM_MMAP_FLAG_HUGETLB_PMD) {
 		offset &= ~OBMM_MMAP_FLAG_HUGETLB_PMD;
 		if (!IS_ALIGNED(vma->vm_start, PMD_SIZE) ||
@@ -579,8 +590,8 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 					   vma->vm_start, vma->vm_end);
 		if (!IS_ALIGNED(offset, PMD_SIZE))
 			return obmm_refuse(OBMM_OP_MMAP, -EINVAL,
-					   "PMD mmap offset not PMD-aligned: offset=%#llx",
-					   offset);
+					   "PMD mmap offset not PMD-aligned: offset=%#lx",
+					   (unsigned long)offset);
 		granu = OBMM_MMAP_GRANU_PMD;
 	}
 	if (obmm_file_cacheable(file)) {
@@ -594,26 +605,24 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	mutex_lock(&r->mmap_lock);
 	if (r->mmap_granu != OBMM_MMAP_GRANU_NONE && r->mmap_granu != granu) {
 		ret = obmm_refuse(OBMM_OP_MMAP, -EPERM,
-				  "map with PAGE_SIZE and PMD_SIZE granu should not be mixed on the same region %d",
-				  r->id);
+				  "map with PAGE_SIZE and PMD_SIZE granu should not be mixed on the same region");
 		goto out;
 	}
 	if (offset >= r->size || len > r->size - offset) {
 		ret = obmm_refuse(OBMM_OP_MMAP, -EINVAL,
-				  "mmap region %d: offset:%#llx, size:%#lx over region size: %#llx",
-				  r->id, offset, len, r->size);
+				  "mmap region %d: offset:%#lx, size:%#lx over region size: %#llx",
+				  r->id, (unsigned long)offset, len, r->size);
 		goto out;
 	}
 	if (r->mmap_count && r->mmap_mode != mode) {
 		ret = obmm_refuse(OBMM_OP_MMAP, -EPERM,
-				  "region %d cannot be mapped to cc and nc at the same time",
-				  r->id);
+				  "region cannot be mapped to cc and nc at the same time");
 		goto out;
 	}
 	/* Emulator: the export of a revoked import is gone. */
 	if (r->revoked) {
-		ret = obmm_refuse(OBMM_OP_MMAP, -ENXIO,
-				  "emulator: import %d was revoked (its export is gone)",
+		ret = obmm_refuse_emu(OBMM_OP_MMAP, -ENXIO,
+				  "import %d was revoked (its export is gone)",
 				  r->id);
 		goto out;
 	}
@@ -721,6 +730,20 @@ static void obmm_update_piece(const struct vm_area_struct *vma,
  * hole (obmm_shm_dev.c:obmm_shm_update_range()'s EFAULTs, in its order).
  * mmap write lock held.
  */
+/* The vm_flags the real validate_ownership_perm() asks of a mem_state. */
+static unsigned long obmm_mem_state_vm_flags(u8 mem_state)
+{
+	switch (mem_state & OBMM_SHM_MEM_ACCESS_MASK) {
+	case OBMM_SHM_MEM_READONLY:
+		return VM_READ;
+	case OBMM_SHM_MEM_READWRITE:
+		return VM_READ | VM_WRITE;
+	case OBMM_SHM_MEM_READEXEC:
+		return VM_READ | VM_EXEC;
+	}
+	return VM_NONE;
+}
+
 static int obmm_update_range_check(struct obmm_region *r, unsigned long start,
 				   unsigned long end)
 {
@@ -743,8 +766,8 @@ static int obmm_update_range_check(struct obmm_region *r, unsigned long start,
 			return 0;
 	}
 	return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EFAULT,
-			   "VMAs do not cover requested range: expected_end=%#lx actual_end=%#lx",
-			   end, cursor);
+			   "VMAs do not cover requested range: expected_end=%#llx actual_end=%#lx",
+			   (unsigned long long)end, cursor);
 }
 
 /*
@@ -839,7 +862,7 @@ static long obmm_update_range(struct file *file, void __user *uarg)
 				   "failed to load update_range argument");
 	if (!obmm_file_cacheable(file))
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
-				   "Ownership operation is not applicable to o-sync mmap %d",
+				   "Ownership operation is not applicable to o-sync mmap %d.",
 				   r->id);
 	mutex_lock(&r->mmap_lock);
 	granu = obmm_granu_size(r->mmap_granu);
@@ -847,7 +870,7 @@ static long obmm_update_range(struct file *file, void __user *uarg)
 	mutex_unlock(&r->mmap_lock);
 	if (ret)
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, ret,
-				   "error updating ownership: ownership of memdev %d not initialized",
+				   "error updating ownership: ownership of memdev %d not initialized.",
 				   r->id);
 	if (cmd.start >= cmd.end)
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
@@ -855,19 +878,21 @@ static long obmm_update_range(struct file *file, void __user *uarg)
 				   cmd.start, cmd.end);
 	if (!IS_ALIGNED(cmd.start, granu) || !IS_ALIGNED(cmd.end, granu))
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
-				   "ownership update must be aligned: pid=%d start=%#llx end=%#llx granularity=%#lx",
-				   current->pid, cmd.start, cmd.end, granu);
+				   "ownership update must be aligned: pid=%d start=%#llx end=%#llx",
+				   current->pid, cmd.start, cmd.end);
 	ret = obmm_mem_state_check_access(file, cmd.mem_state);
 	if (ret)
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, ret,
-				   "mem_state %#x needs access the file was not opened for (f_mode %#x)",
-				   cmd.mem_state, (__force unsigned int)file->f_mode);
+				   "%s false: vm_flags: %#lx, f_mode: %#x",
+				   "validate_perm",
+				   obmm_mem_state_vm_flags(cmd.mem_state),
+				   (__force unsigned int)file->f_mode);
 	if (!obmm_mem_state_valid(cmd.mem_state))
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
 				   "Invalid mem_state: %#x", cmd.mem_state);
 	if (cmd.cache_ops > OBMM_SHM_CACHE_INFER)
-		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
-				   "invalid cache_ops %u", cmd.cache_ops);
+		return obmm_refuse_emu(OBMM_OP_UPDATE_RANGE, -EINVAL,
+				       "invalid cache_ops %u", cmd.cache_ops);
 	mmap_write_lock(current->mm);
 	mutex_lock(&r->mmap_lock);
 	ret = obmm_update_range_check(r, cmd.start, cmd.end);
