@@ -20,7 +20,10 @@ from obmm.fuzz import faults
 
 pytest_plugins = ["obmm_fixtures"]
 
-pytestmark = pytest.mark.emulator_only
+pytestmark = [
+    pytest.mark.emulator_only,
+    pytest.mark.kernel_log_allow(faults.VMALLOC_WARN.pattern, faults.VMALLOC_WARN.reason),
+]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
