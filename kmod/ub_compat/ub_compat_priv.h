@@ -37,7 +37,6 @@ void ub_compat_numa_remote_exit(void);
 
 /* ummu.c */
 void ub_compat_ummu_exit(void);
-bool ub_compat_ummu_maps(phys_addr_t pa, u64 len);
 
 /* mm.c */
 void ub_compat_mm_init(void);
