@@ -186,12 +186,32 @@ static u8 obmm_vma_state(const struct vm_area_struct *vma, unsigned long addr)
 			       obmm_vma_entry(vma, addr));
 }
 
+/*
+ * Whether @vma is a piece __split_vma() is cutting out of a VMA of the same
+ * mapping: opened before the VMA it comes from shrinks, so that one still
+ * maps the piece's range.  A copy mremap() makes is opened before it is
+ * linked, at an address range nothing of the mapping covers.  mmap write
+ * lock held.
+ */
+static bool obmm_vma_is_split_piece(struct vm_area_struct *vma)
+{
+	struct vm_area_struct *from = find_vma(vma->vm_mm, vma->vm_start);
+
+	return from && from != vma &&
+	       from->vm_private_data == vma->vm_private_data &&
+	       from->vm_start <= vma->vm_start && vma->vm_end <= from->vm_end;
+}
+
 static void obmm_vm_open(struct vm_area_struct *vma)
 {
 	struct obmm_region *r = obmm_vma_region(vma);
 
 	mutex_lock(&r->mmap_lock);
 	r->mmap_count++;
+	if (!obmm_vma_is_split_piece(vma))
+		obmm_vmap_cover(vma->vm_private_data,
+				obmm_vma_entry(vma, vma->vm_start),
+				obmm_vma_entry(vma, vma->vm_end - 1) + 1);
 	mutex_unlock(&r->mmap_lock);
 	obmm_vmap_get(vma->vm_private_data);
 }
@@ -234,10 +254,10 @@ static void obmm_vm_close(struct vm_area_struct *vma)
 	/*
 	 * A VMA emptied by a split that failed after .open (vm_start ==
 	 * vm_end, vm_pgoff 0: mm/mmap.c:__split_vma) maps nothing; its
-	 * entries stay the original VMA's.
+	 * entries stay the original VMA's.  Of a copy mremap() unmaps again,
+	 * the entries the original maps stay its (ownership.c: cover).
 	 */
-	if (vma->vm_start < vma->vm_end &&
-	    !obmm_vmap_is_refused_copy(vma->vm_private_data, vma))
+	if (vma->vm_start < vma->vm_end)
 		obmm_vmap_release(vma->vm_private_data,
 				  obmm_vma_entry(vma, vma->vm_start),
 				  obmm_vma_entry(vma, vma->vm_end - 1) + 1);
@@ -409,12 +429,7 @@ static int obmm_vm_mremap(struct vm_area_struct *vma, unsigned long flags)
 static int obmm_vm_mremap(struct vm_area_struct *vma)
 #endif
 {
-	struct obmm_region *r = obmm_vma_region(vma);
-
 	/* @vma is the copy mremap() made; it is unmapped again at once. */
-	mutex_lock(&r->mmap_lock);
-	obmm_vmap_refuse_copy(vma->vm_private_data, vma);
-	mutex_unlock(&r->mmap_lock);
 	return -EOPNOTSUPP;
 }
 
