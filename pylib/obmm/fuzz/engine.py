@@ -770,7 +770,10 @@ class Engine:
             if err:
                 return
             fixed = target.MREMAP_MAYMOVE | target.MREMAP_FIXED
-            _, err = target.mremap(m.addr, m.length, m.length, fixed, spare)
+            # armed, copy_vma()'s link or move_page_tables() may run out of memory: the kernel
+            # then unmaps the copy without asking .mremap (issue 36, finding 9)
+            with self.armed(op):
+                _, err = target.mremap(m.addr, m.length, m.length, fixed, spare)
             target.munmap(spare, m.length)
             # a mapping a madvise split is more than the one VMA mremap moves: EFAULT first
             # (unless a munmap of its tail left one VMA again)
