@@ -204,7 +204,9 @@ FUZZ_TIMEOUT ?= 3600
 # seconds of each phase (0: no limit); fuzz-result says how many ran.
 FUZZ_SECONDS ?= 0
 FUZZ_ROUND_SECONDS ?= 0
-FUZZ = env PYTHONPATH=/opt/obmm-testbed/pylib python3 -m obmm.fuzz
+# The host's OBMM_TESTBED_TIMEOUT_SCALE goes to the guest: the fuzzer's rmmod bound scales with it.
+FUZZ = env PYTHONPATH=/opt/obmm-testbed/pylib OBMM_TESTBED_TIMEOUT_SCALE=$(OBMM_TESTBED_TIMEOUT_SCALE) \
+	python3 -m obmm.fuzz
 FUZZ_PROGRESS = /tmp/obmm-fuzz.progress
 fuzz-cmd = { $(FUZZ) --seed $(1) --ops $(FUZZ_OPS) --seconds $(FUZZ_SECONDS) \
 	--progress $(FUZZ_PROGRESS) || { echo "fuzz: the run ended at $$(cat $(FUZZ_PROGRESS))"; false; }; } && \

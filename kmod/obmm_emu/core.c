@@ -214,16 +214,23 @@ static void obmm_emu_test_exit_delay(void)
 
 static void __exit obmm_emu_exit(void)
 {
+	bool acked;
+
 	pr_info("obmm_module: exit started\n");
 	misc_deregister(&obmm_misc);
 	obmm_ubc_exit();
 	obmm_sysfs_exit();
 	obmm_shmdev_exit();
 	obmm_region_fs_exit();
-	/* Before the fabric: the EXPORT_PID quarantine work reads the control region. */
-	obmm_exports_exit();
+	/*
+	 * Before the fabric: the EXPORT_PID quarantine work reads the control
+	 * region, and peers acknowledge through it.  Its pages are unpinned
+	 * only once the node is OFFLINE, so no peer still reaches them.
+	 */
+	acked = obmm_exports_exit_wait();
 	obmm_emu_fabric_down();
 	obmm_emu_test_exit_delay();
+	obmm_exports_exit(acked);
 	obmm_imports_exit();
 	obmm_regions_exit();
 	pr_info("obmm_module: exit completed\n");

@@ -470,6 +470,9 @@ static void obmm_pid_unpin(struct obmm_region *r, unsigned long npinned)
  * the withdrawal, so that no importer that has not yet revoked its import
  * can reach pages the kernel has handed to someone else.
  */
+/* How long unload waits for peers' acknowledgments of quarantined pages. */
+#define OBMM_PID_EXIT_ACK_MS	2000
+
 struct obmm_pid_quarantine {
 	struct list_head link;
 	struct page **pages;
@@ -576,9 +579,48 @@ static void obmm_pid_quarantine_add(struct obmm_region *r, u64 epoch)
 	schedule_delayed_work(&obmm_pid_quarantine_work, delay);
 }
 
-void obmm_exports_exit(void)
+/* Whether every quarantined entry's withdrawal is acknowledged. */
+static bool obmm_pid_quarantine_acked(void)
 {
+	u64 acked = obmm_access_acked_epoch();
+	struct obmm_pid_quarantine *q;
+	bool all = true;
+
+	mutex_lock(&obmm_pid_quarantine_lock);
+	list_for_each_entry(q, &obmm_pid_quarantine_list, link)
+		all &= q->epoch <= acked;
+	mutex_unlock(&obmm_pid_quarantine_lock);
+	return all;
+}
+
+/*
+ * Module exit, while the node is still ONLINE: the quarantine work stops
+ * and every live peer gets a while to acknowledge what is quarantined
+ * (each does within its scan period).  Nothing is unpinned yet: the node
+ * goes OFFLINE first (obmm_exports_exit()).  Whether all was acknowledged.
+ */
+bool obmm_exports_exit_wait(void)
+{
+	unsigned long deadline = jiffies + msecs_to_jiffies(OBMM_PID_EXIT_ACK_MS);
+
 	cancel_delayed_work_sync(&obmm_pid_quarantine_work);
+	while (!obmm_pid_quarantine_acked()) {
+		if (time_after(jiffies, deadline))
+			return false;
+		msleep(obmm_access_scan_ms());
+	}
+	return true;
+}
+
+/*
+ * Module exit, once the node is OFFLINE: the quarantined pages are let go.
+ * What a live peer did not acknowledge waits a peer's longest scan period
+ * first, in which it sees the node OFFLINE and revokes every import of it.
+ */
+void obmm_exports_exit(bool acked)
+{
+	if (!acked)
+		msleep(OBMM_ACCESS_MAX_SCAN_MS);
 	obmm_pid_quarantine_run(true);
 }
 

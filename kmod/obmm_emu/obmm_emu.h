@@ -117,9 +117,9 @@ struct obmm_region {
 	struct obmm_owner *owners;
 	unsigned long nr_owners;
 	/*
-	 * PMD granule on x86 PAT: a kernel mapping of the whole region in
-	 * the current mmap_mode, held while it is mapped, whose memtype
-	 * reservation gives the huge entries their caching mode (shmdev.c).
+	 * x86 PAT: a kernel mapping of the whole region in the current
+	 * mmap_mode, held while it is mapped, whose memtype reservation
+	 * gives the entries installed on touch their caching mode (shmdev.c).
 	 */
 	void __iomem *pmd_memtype;
 	/* import only: access revoked, new mmaps fail and PTEs are zapped */
