@@ -357,6 +357,35 @@ DECODER = Var(
     "`cmd:PROGRAM` or `file:TABLE` (obmm.decoder)",
     default="emulator",
 )
+UBSE_SOCKET = Var(
+    "OBMM_UBSE_SOCKET",
+    "node",
+    "our UBSE: the Unix socket of the node's service (libubse-client.so.1 and "
+    "`python -m obmm.ubse serve`)",
+    default="/run/obmm-ubse.sock",
+)
+UBSE_PORT = Var(
+    "OBMM_UBSE_PORT",
+    "node",
+    "our UBSE: the TCP port of every node's service on the inter-node network",
+    default=13858,
+    parse=as_int,
+)
+UBSE_BLOCK_MIB = Var(
+    "OBMM_UBSE_BLOCK_MIB",
+    "node",
+    "our UBSE: obmm.memory.block.size, MiB (an even value in 4..4096; else 128): one memid "
+    "per block",
+    parse=as_int,
+    default_text="128",
+)
+UBSE_LENDERS = Var(
+    "OBMM_UBSE_LENDERS",
+    "node",
+    "our UBSE: the slot ids of the nodes that may lend, space separated (UBSE's isLender); "
+    "unset: every node",
+    parse=as_words,
+)
 KMSG_GUARD = Var(
     "OBMM_KMSG_GUARD",
     "node",
