@@ -189,6 +189,13 @@ PARAMS = Var(
     parse=as_words,
 )
 QEMU = Var("OBMM_TESTBED_QEMU", "testbed", "the QEMU binary", default="qemu-system-x86_64")
+UBS_MEM = Var(
+    "OBMM_TESTBED_UBS_MEM",
+    "testbed",
+    "a ubs-mem build (installed as /usr/local/ubs_mem on every node, with our UBSE and ubsmd "
+    "started; docs/ubs-mem.md); needs the driver loaded",
+    default_text="none",
+)
 
 # -- paths (obmm.testbed.paths) -----------------------------------------------------------------
 

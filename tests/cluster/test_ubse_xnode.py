@@ -2,7 +2,8 @@
 
 Each node builds the library (ubse/) and the harness (guest_side/ubse_harness.c, which dlopens
 /usr/lib64/libubse-client.so.1 and resolves the 26 functions as ubsmd does) and runs its
-service (python -m obmm.ubse serve; node 0's is the master).  Node 0 lends: the create exports
+service (python -m obmm.ubse serve; node 0's is the master), as --ubs-mem does
+(obmm.testbed.ubsmem.start_ubse).  Node 0 lends: the create exports
 there, one memid per 4 MiB block; node 1 attaches: its service imports every block at the
 decoder address the UBA gives, and the harness maps the shmdevs and reads node 0's bytes.
 The error paths give UBSE's codes (obmm.ubse.codes).
@@ -18,14 +19,13 @@ from typing import Any
 import pytest
 from xharness import ClusterHarness
 
+from obmm.testbed import ubsmem
 from obmm.testbed.parallel import on_each
 from obmm.ubse import codes
 
 A, B = 0, 1
 MIB = 1 << 20
 BLOCK_MIB = 4
-LIB = "/usr/lib64/libubse-client.so.1"
-SOCKET = "/run/obmm-ubse.sock"
 HARNESS = "/usr/local/bin/ubse_harness"  # where any user may run it (the 1003 case)
 SEED = 7
 
@@ -53,35 +53,22 @@ class Ubse:
 
 @pytest.fixture(scope="module")
 def ubse(xc: ClusterHarness) -> Iterator[Ubse]:
+    """Our UBSE up as --ubs-mem brings it up (obmm.testbed.ubsmem.start_ubse: the library built
+    and installed on each node, the services started, node 0's the master), the harness built."""
     nodes = [A, B]
-    work = "/tmp/ubse-build"
-
-    def build(node: int) -> None:
-        xc.run(node, f"make -s -C {xc.root}/ubse O={work} && "
-                     f"install -D -m 0755 {work}/libubse-client.so.1 {LIB} && "
-                     f"gcc -O2 -Wall -Wextra -Werror -std=gnu11 -I{xc.root}/ubse "
-                     f"-o {HARNESS} {xc.helpers}/ubse_harness.c -ldl", timeout=300)  # fmt: skip
-
-    on_each(nodes, build)
-    serve = f"exec {xc.python} -m obmm.ubse serve --block-mib {BLOCK_MIB} --socket {SOCKET}"
-    pids = {A: xc.spawn(A, f"{serve} --listen {xc.ip(A)} --ready-file /tmp/ubse-ready",
-                        name="ubse-0")}  # fmt: skip
+    on_each(nodes, lambda n: xc.run(
+        n, f"gcc -O2 -Wall -Wextra -Werror -std=gnu11 -I{xc.root}/ubse -o {HARNESS} "
+           f"{xc.helpers}/ubse_harness.c -ldl", timeout=300))  # fmt: skip
+    guests = [xc.node(n) for n in nodes]
     try:
-        xc.wait_file(A, "/tmp/ubse-ready", log="/tmp/ubse-0.log")
-        pids[B] = xc.spawn(
-            B, f"{serve} --listen {xc.ip(B)} --master {xc.ip(A)} --ready-file /tmp/ubse-ready",
-            name="ubse-1",
-        )  # fmt: skip
-        xc.wait_file(B, "/tmp/ubse-ready", log="/tmp/ubse-1.log")
+        ubsmem.start_ubse(guests, block_mib=BLOCK_MIB, root=xc.root)
         u = Ubse(xc)
         for node in nodes:
             u.slot[node] = u.call(node, "local")["node"]["slot"]
         yield u
     finally:
-        for node, pid in pids.items():
-            xc.kill(node, pid)
-        on_each(nodes, lambda n: xc.run(
-            n, f"rm -rf {work} {LIB} {HARNESS} /tmp/ubse-ready", check=False))  # fmt: skip
+        ubsmem.stop_ubse(guests)
+        on_each(nodes, lambda n: xc.run(n, f"rm -f {HARNESS}", check=False))
 
 
 def test_the_library_resolves_ubsmds_26_functions_and_sees_both_nodes(ubse: Ubse) -> None:
