@@ -179,10 +179,8 @@ def provision(nodes: Sequence[Node], prefix: Path, *, block_mib: int | None = No
     def install(node: Node) -> None:
         stage = WORK / "stage"
         node.run(f"rm -rf {stage} && mkdir -p {stage}", check=True)
-        node.put(prefix, stage)
-        res = node.run(
-            f"{install_command(stage / prefix.name)} && {probe_build_command()}", timeout=300
-        )
+        node.put(prefix, stage)  # PREFIX's contents become stage's
+        res = node.run(f"{install_command(stage)} && {probe_build_command()}", timeout=300)
         if not res.ok:
             raise UbsMemError(f"{node.name}: installing {prefix} failed: {res.err.strip()}")
         node.run(background(ubsmd_command(), "ubsmd"), check=True)

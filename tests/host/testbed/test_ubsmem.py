@@ -111,7 +111,9 @@ def test_provision_brings_up_ubse_then_the_build_then_waits_for_the_sdk(
         text = "\n".join(commands)
         # our library first, where ubsmd loads it; then the service; then the build and ubsmd
         assert text.index(str(ubsmem.UBSE_LIB)) < text.index("obmm.ubse serve")
-        assert text.index("obmm.ubse serve") < text.index(f"mv {ubsmem.WORK}/stage/ubs_mem")
+        assert text.index("obmm.ubse serve") < text.index(
+            f"mv {ubsmem.WORK}/stage {ubsmem.UBSMEM_ROOT}"
+        )
         ubsmd = text.index("bin/ubsmd -binpath=/usr/local/ubs_mem")
         assert ubsmd < text.rindex(f"{ubsmem.WORK}/ubsm_probe")
         assert "--block-mib 4" in text
