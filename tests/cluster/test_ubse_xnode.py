@@ -1,19 +1,23 @@
 """Our UBSE on two nodes: libubse-client.so.1 called as ubsmd calls it, shared memory for real.
 
-Each node builds the library (ubse/) and the harness (guest_side/ubse_harness.c, which dlopens
-/usr/lib64/libubse-client.so.1 and resolves the 26 functions as ubsmd does) and runs its
-service (python -m obmm.ubse serve; node 0's is the master), as --ubs-mem does
-(obmm.testbed.ubsmem.start_ubse).  Node 0 lends: the create exports
-there, one memid per 4 MiB block; node 1 attaches: its service imports every block at the
-decoder address the UBA gives, and the harness maps the shmdevs and reads node 0's bytes.
-The error paths give UBSE's codes (obmm.ubse.codes).
+The nodes come up as --ubs-mem brings them up (obmm.testbed.ubsmem.provision, here with a
+stand-in ubs-mem build of ours): each builds our library (ubse/) and installs it at
+/usr/lib64/libubse-client.so.1, runs its service (python -m obmm.ubse serve; node 0's is the
+master), and the stand-in SDK answers.  The harness (guest_side/ubse_harness.c) dlopens the
+library and resolves the 26 functions as ubsmd does.  Node 0 lends: the create exports there,
+one memid per 4 MiB block; node 1 attaches: its service imports every block at the decoder
+address the UBA gives, and the harness maps the shmdevs and reads node 0's bytes.  The error
+paths give UBSE's codes (obmm.ubse.codes).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +32,7 @@ MIB = 1 << 20
 BLOCK_MIB = 4
 HARNESS = "/usr/local/bin/ubse_harness"  # where any user may run it (the 1003 case)
 SEED = 7
+GUEST_SIDE = Path(__file__).parent / "guest_side"
 
 pytestmark = pytest.mark.testbed_fabric
 
@@ -51,24 +56,57 @@ class Ubse:
         return [w == "y" for w in out]
 
 
+def standin_build(root: Path) -> Path:
+    """A directory shaped like a ubs-mem build (bin/ubsmd, lib/libubsm_sdk.so, include/) holding
+    stand-ins of ours: a daemon that only sleeps and an SDK that asks our UBSE for its nodes."""
+    prefix = root / "ubs_mem"
+    for sub in ("bin", "lib", "include"):
+        (prefix / sub).mkdir(parents=True)
+    (prefix / "bin" / "ubsmd").write_text("#!/bin/sh\nexec sleep 100000\n")
+    (prefix / "bin" / "ubsmd").chmod(0o755)
+    shutil.copy(GUEST_SIDE / "ubsm_standin.h", prefix / "include" / "ubs_mem.h")
+    subprocess.run(
+        ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-fPIC", "-shared",
+         f"-I{prefix / 'include'}", "-o", str(prefix / "lib" / "libubsm_sdk.so"),
+         str(GUEST_SIDE / "ubsm_standin.c"), "-ldl"],
+        check=True,
+    )  # fmt: skip
+    return prefix
+
+
 @pytest.fixture(scope="module")
-def ubse(xc: ClusterHarness) -> Iterator[Ubse]:
-    """Our UBSE up as --ubs-mem brings it up (obmm.testbed.ubsmem.start_ubse: the library built
-    and installed on each node, the services started, node 0's the master), the harness built."""
+def ubse(xc: ClusterHarness, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ubse]:
+    """--ubs-mem's provisioning (obmm.testbed.ubsmem.provision) with a stand-in build: our
+    library built and installed on each node, the services started (node 0's the master), the
+    build installed, its daemon started, the SDK's answer awaited; then the harness built."""
     nodes = [A, B]
-    on_each(nodes, lambda n: xc.run(
-        n, f"gcc -O2 -Wall -Wextra -Werror -std=gnu11 -I{xc.root}/ubse -o {HARNESS} "
-           f"{xc.helpers}/ubse_harness.c -ldl", timeout=300))  # fmt: skip
     guests = [xc.node(n) for n in nodes]
+    prefix = standin_build(tmp_path_factory.mktemp("ubsm"))
     try:
-        ubsmem.start_ubse(guests, block_mib=BLOCK_MIB, root=xc.root)
+        ubsmem.provision(guests, prefix, block_mib=BLOCK_MIB, root=xc.root)
+        on_each(nodes, lambda n: xc.run(
+            n, f"gcc -O2 -Wall -Wextra -Werror -std=gnu11 -I{xc.root}/ubse -o {HARNESS} "
+               f"{xc.helpers}/ubse_harness.c -ldl", timeout=300))  # fmt: skip
         u = Ubse(xc)
         for node in nodes:
             u.slot[node] = u.call(node, "local")["node"]["slot"]
         yield u
     finally:
-        ubsmem.stop_ubse(guests)
+        ubsmem.stop(guests)
         on_each(nodes, lambda n: xc.run(n, f"rm -f {HARNESS}", check=False))
+
+
+def test_the_sdk_reports_6050_without_the_client_library(ubse: Ubse) -> None:
+    """ubsmd's 801 reaches the caller as 6050; the stand-in SDK follows that, so the probe
+    --ubs-mem waits on answers once the library is back."""
+    probe = f"{ubsmem.WORK}/ubsm_probe"
+    assert ubse.xc.run(B, probe).out.strip().endswith(": 0")
+    ubse.xc.run(B, f"mv {ubsmem.UBSE_LIB} {ubsmem.UBSE_LIB}.away")
+    try:
+        res = ubse.xc.run(B, probe, check=False)
+        assert not res.ok and "ubsmem_initialize: 6050" in res.out
+    finally:
+        ubse.xc.run(B, f"mv {ubsmem.UBSE_LIB}.away {ubsmem.UBSE_LIB}")
 
 
 def test_the_library_resolves_ubsmds_26_functions_and_sees_both_nodes(ubse: Ubse) -> None:

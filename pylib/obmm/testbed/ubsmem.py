@@ -106,10 +106,10 @@ def ubsmd_command() -> str:
     )
 
 
-def probe_build_command() -> str:
+def probe_build_command(root: PurePosixPath = GUEST_ROOT) -> str:
     return (
         f"gcc -O2 -std=gnu11 -I{UBSMEM_ROOT}/include -o {WORK}/ubsm_probe "
-        f"{GUEST_ROOT / 'ubse' / 'ubsm_probe.c'} -L{UBSMEM_ROOT}/lib -lubsm_sdk "
+        f"{root / 'ubse' / 'ubsm_probe.c'} -L{UBSMEM_ROOT}/lib -lubsm_sdk "
         f"-Wl,-rpath,{UBSMEM_ROOT}/lib"
     )
 
@@ -144,13 +144,12 @@ def start_ubse(
         _wait_file(node, WORK / "ready", SERVICE_READY_S, "ubse")
 
 
-def stop_ubse(nodes: Sequence[Node]) -> None:
-    """Stop what start_ubse started (by its pid) and remove the library and the work dir."""
+def stop(nodes: Sequence[Node]) -> None:
+    """Stop what start_ubse and provision started (by their pids); remove what they installed."""
+    pids = f"$(cat {WORK}/ubse.pid {WORK}/ubsmd.pid 2>/dev/null)"
     on_each(
         list(nodes),
-        lambda node: node.run(
-            f"kill $(cat {WORK}/ubse.pid 2>/dev/null) 2>/dev/null; rm -rf {WORK} {UBSE_LIB}"
-        ),
+        lambda node: node.run(f"kill {pids} 2>/dev/null; rm -rf {WORK} {UBSE_LIB} {UBSMEM_ROOT}"),
     )
 
 
@@ -169,18 +168,24 @@ def wait_sdk(node: Node, within: float = SDK_READY_S) -> None:
         time.sleep(2)
 
 
-def provision(nodes: Sequence[Node], prefix: Path, *, block_mib: int | None = None) -> None:
+def provision(
+    nodes: Sequence[Node],
+    prefix: Path,
+    *,
+    block_mib: int | None = None,
+    root: PurePosixPath = GUEST_ROOT,
+) -> None:
     """Our UBSE and the ubs-mem build at `prefix` on every node, ubsmd running, the SDK up."""
     check_prefix(prefix)
     if block_mib is None:
         block_mib = envvars.UBSE_BLOCK_MIB.get()
-    start_ubse(nodes, block_mib=block_mib)
+    start_ubse(nodes, block_mib=block_mib, root=root)
 
     def install(node: Node) -> None:
         stage = WORK / "stage"
         node.run(f"rm -rf {stage} && mkdir -p {stage}", check=True)
         node.put(prefix, stage)  # PREFIX's contents become stage's
-        res = node.run(f"{install_command(stage)} && {probe_build_command()}", timeout=300)
+        res = node.run(f"{install_command(stage)} && {probe_build_command(root)}", timeout=300)
         if not res.ok:
             raise UbsMemError(f"{node.name}: installing {prefix} failed: {res.err.strip()}")
         node.run(background(ubsmd_command(), "ubsmd"), check=True)
