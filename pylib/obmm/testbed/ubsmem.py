@@ -114,12 +114,16 @@ def probe_build_command(root: PurePosixPath = GUEST_ROOT) -> str:
     )
 
 
-def _wait_file(node: Node, path: PurePosixPath, within: float, log: str) -> None:
-    res = node.run(
-        f"t=0; while [ ! -e {path} ]; do sleep 0.2; t=$((t+1)); "
-        f"[ $t -ge {int(within * 5)} ] && exit 1; done",
-        timeout=within + 30,
+def wait_file_command(path: PurePosixPath, within: float) -> str:
+    """Exit 0 once `path` exists, 1 when it has not within `within` seconds."""
+    return (
+        f"t=0; while [ ! -e {path} ] && [ $t -lt {int(within * 5)} ]; do sleep 0.2; "
+        f"t=$((t+1)); done; test -e {path}"
     )
+
+
+def _wait_file(node: Node, path: PurePosixPath, within: float, log: str) -> None:
+    res = node.run(wait_file_command(path, within), timeout=within + 30)
     if not res.ok:
         tail = node.run(f"tail -n 5 /tmp/{log}.log").out.strip().replace("\n", " | ")
         raise UbsMemError(f"{node.name}: {log} not ready in {within:.0f} s: {tail}")

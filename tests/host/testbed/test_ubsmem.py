@@ -129,3 +129,15 @@ def test_an_sdk_that_never_answers_is_one_line_with_its_last_words(log: list[str
         ubsmem.wait_sdk(node, within=0)  # type: ignore[arg-type]
     assert "node0: the ubs-mem SDK did not answer" in str(info.value)
     assert "6050" in str(info.value)
+
+
+def test_the_wait_for_a_file_succeeds_when_it_appears_and_fails_when_it_does_not(
+    tmp_path: Path,
+) -> None:
+    flag = tmp_path / "ready"
+    later = subprocess.Popen(["sh", "-c", f"sleep 0.5; touch {flag}"])
+    wait = ubsmem.wait_file_command(PurePosixPath(flag), 10)
+    assert subprocess.run(["sh", "-c", wait], timeout=30).returncode == 0
+    later.wait()
+    never = ubsmem.wait_file_command(PurePosixPath(tmp_path / "never"), 0.4)
+    assert subprocess.run(["sh", "-c", never], timeout=30).returncode == 1
