@@ -12,7 +12,7 @@ APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3 \
 	gcc-aarch64-linux-gnu debian-archive-keyring
 
-.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof testbed-and-hw-proof real-driver-test fuzz-diff hw-test bench patch-check image kmod suite-build fuzz clean
+.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof testbed-and-hw-proof real-driver-test fuzz-diff hw-test bench patch-check image kmod suite-build fuzz ubse clean
 
 setup: setup-apt setup-python setup-node
 
@@ -250,6 +250,11 @@ UPSTREAM ?=
 NO_GUEST ?=
 patch-check: setup-python
 	$(VENV)/bin/obmm-testbed patch-check $(if $(UPSTREAM),--upstream $(UPSTREAM)) $(if $(NO_GUEST),--no-guest)
+
+# Our libubse-client.so.1 (ubse/, docs/ubs-mem.md) into build/ubse; the cluster test builds it on
+# each node from the payload.
+ubse:
+	$(MAKE) --no-print-directory -C ubse O=$(CURDIR)/build/ubse
 
 clean:
 	-$(VENV)/bin/obmm-testbed down --all

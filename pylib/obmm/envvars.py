@@ -189,6 +189,13 @@ PARAMS = Var(
     parse=as_words,
 )
 QEMU = Var("OBMM_TESTBED_QEMU", "testbed", "the QEMU binary", default="qemu-system-x86_64")
+UBS_MEM = Var(
+    "OBMM_TESTBED_UBS_MEM",
+    "testbed",
+    "a ubs-mem build (installed as /usr/local/ubs_mem on every node, with our UBSE and ubsmd "
+    "started; docs/ubs-mem.md); needs the driver loaded",
+    default_text="none",
+)
 
 # -- paths (obmm.testbed.paths) -----------------------------------------------------------------
 
@@ -356,6 +363,35 @@ DECODER = Var(
     "how an importer turns (exporter node, UBA) into a local address: `emulator`, "
     "`cmd:PROGRAM` or `file:TABLE` (obmm.decoder)",
     default="emulator",
+)
+UBSE_SOCKET = Var(
+    "OBMM_UBSE_SOCKET",
+    "node",
+    "our UBSE: the Unix socket of the node's service (libubse-client.so.1 and "
+    "`python -m obmm.ubse serve`)",
+    default="/run/obmm-ubse.sock",
+)
+UBSE_PORT = Var(
+    "OBMM_UBSE_PORT",
+    "node",
+    "our UBSE: the TCP port of every node's service on the inter-node network",
+    default=13858,
+    parse=as_int,
+)
+UBSE_BLOCK_MIB = Var(
+    "OBMM_UBSE_BLOCK_MIB",
+    "node",
+    "our UBSE: obmm.memory.block.size, MiB (an even value in 4..4096; else 128): one memid "
+    "per block",
+    parse=as_int,
+    default_text="128",
+)
+UBSE_LENDERS = Var(
+    "OBMM_UBSE_LENDERS",
+    "node",
+    "our UBSE: the slot ids of the nodes that may lend, space separated (UBSE's isLender); "
+    "unset: every node",
+    parse=as_words,
 )
 KMSG_GUARD = Var(
     "OBMM_KMSG_GUARD",

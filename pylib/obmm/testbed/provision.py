@@ -60,7 +60,7 @@ def real_driver_params(topology: Topology) -> dict[str, str]:
 
 #: What goes to a guest from the root (a checkout or the installed package data), beside the
 #: package itself; setup.py ships the same files in the wheel.
-PAYLOAD = ("pyproject.toml", "uapi", "tests/guest", "tests/c", "examples/c")
+PAYLOAD = ("pyproject.toml", "uapi", "tests/guest", "tests/c", "examples/c", "ubse")
 
 
 def payload_tar(root: Path, modules: Sequence[Path] = ()) -> bytes:

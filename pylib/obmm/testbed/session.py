@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from obmm.testbed import ownership, provision
+from obmm.testbed import ownership, provision, ubsmem
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
 from obmm.testbed.progress import Progress
@@ -200,6 +200,10 @@ def bring_up(
         log.info("cluster %s: its owner died; its run directory was removed", name)
     for path in ownership.reap_scratch():
         log.info("%s: its owner died; removed", path)
+    if settings.ubs_mem:
+        if not load_modules:
+            raise SessionError("--ubs-mem needs the driver loaded (up --kmod)")
+        ubsmem.check_prefix(Path(settings.ubs_mem))  # one line before anything boots
     progress = progress or Progress(f"{purpose} {settings.name}")
     timings: dict[str, float] = {}
     t0 = time.monotonic()
@@ -244,6 +248,9 @@ def bring_up(
                 session.nodes, topology, kos, params=settings.params, driver=settings.driver
             )
             _identify(session)  # the controller the driver made; plain `up` needs none
+        if settings.ubs_mem:
+            progress.line(f"ubs-mem {settings.ubs_mem}: our UBSE and ubsmd on every node")
+            ubsmem.provision(session.nodes, Path(settings.ubs_mem))
     except BaseException:
         session.stop()
         raise

@@ -59,6 +59,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("driver", envvars.DRIVER, "--driver"),
     Knob("params", envvars.PARAMS, "--param", "NAME=VALUE", repeat=True),
     Knob("qemu", envvars.QEMU, "--qemu", "BINARY"),
+    Knob("ubs_mem", envvars.UBS_MEM, "--ubs-mem", "PREFIX"),
 )
 BY_FIELD: Mapping[str, Knob] = {k.field: k for k in KNOBS}
 
@@ -82,6 +83,7 @@ class Settings:
     driver: str = envvars.DRIVER.default
     params: tuple[str, ...] = envvars.PARAMS.default
     qemu: str = envvars.QEMU.default
+    ubs_mem: str | None = envvars.UBS_MEM.default
 
     def __post_init__(self) -> None:
         for knob in KNOBS:

@@ -30,7 +30,7 @@ SPINE = (
     "ownership",
 )  # fmt: skip
 #: The testbed's top-level modules that bring nodes up (over builds/ and vm/).
-BRING_UP = ("provision", "session")
+BRING_UP = ("provision", "ubsmem", "session")
 #: The public API for other projects' tests (over the bring-up).
 USER_API = ("usercluster", "pytest_cluster")
 
