@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -417,3 +418,21 @@ def test_a_cluster_of_nobody_is_reaped_once_nothing_of_it_runs(
         for name in names:
             if cl.rundir_for(name).exists():
                 cl.Cluster.attach(name).stop()
+
+
+def test_state_written_by_another_version_is_a_clear_error_and_never_stops_the_reaper(
+    run_root: Path, fake_image: Image, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """A cluster whose state names a topology key this version lacks (another version's `up`):
+    `attach` says so and how to get rid of it; the reaper neither crashes on it (every command
+    runs the reaper first) nor touches it while it has no dead owner."""
+    _cluster_with(run_root, fake_image, sleeper, "newer")
+    state_file = cl.rundir_for("newer") / cl.STATE_FILE
+    state = json.loads(state_file.read_text())
+    state["topology"]["from_the_future"] = 1
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(cl.ClusterError, match="another obmm-testbed version") as info:
+        cl.Cluster.attach("newer")
+    assert str(cl.rundir_for("newer")) in str(info.value)
+    assert reaping.reap_dead_owners() == []
+    assert cl.rundir_for("newer").is_dir()

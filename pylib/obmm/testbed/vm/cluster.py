@@ -287,6 +287,18 @@ class Cluster:
             raise ClusterError(f"no cluster named {name!r} (no {rundir / STATE_FILE})") from None
         except (OSError, ValueError) as exc:
             raise ClusterError(f"cluster {name!r}: unreadable state: {exc}") from exc
+        try:
+            return cls._from_state(state)
+        except (KeyError, TypeError, ValueError) as exc:
+            # A state another obmm-testbed version wrote (a topology key this one lacks): a
+            # clear error for `down`/`status`, which the reaper treats like any unreadable state.
+            raise ClusterError(
+                f"cluster {name!r}: state this version cannot read ({exc}); was it started by "
+                f"another obmm-testbed version? Stop it with that one, or remove {rundir}"
+            ) from exc
+
+    @classmethod
+    def _from_state(cls, state: dict[str, Any]) -> Cluster:
         return cls(
             name=state["name"],
             rundir=Path(state["rundir"]),
