@@ -10,6 +10,7 @@ import sys
 import tarfile
 from pathlib import Path, PurePosixPath
 
+import pytest
 from bytecode_probe import bytecode_imports
 
 from obmm.testbed import provision
@@ -184,3 +185,45 @@ def test_ssh_cli_accepts_options_before_or_after_the_node() -> None:
     assert (node, command) == ("node1", ["uname", "-a"])
     _, node, _, command = split_ssh_args(parser.parse_args(["ssh", "node1"]))
     assert (node, command) == ("node1", [])
+
+
+def test_split_by_file_keeps_files_whole_and_balances_their_weights() -> None:
+    from obmm.testbed.suite.guest_suite import split_by_file
+
+    ids = [
+        "tests/guest/test_a.py::t1",
+        "tests/guest/test_b.py::t1",
+        "tests/guest/test_b.py::t2",
+        "tests/guest/test_c.py::t1",
+        "tests/guest/test_a.py::t2",  # a destroys_cluster test sorted last stays last
+    ]
+    weights = {"tests/guest/test_a.py": 100.0, "tests/guest/test_b.py": 60.0}
+    first, second = split_by_file(ids, 2, weights)
+    # test_a (100) alone; test_b (60) and test_c (1 test, weight 1) beside it.
+    assert first == ["tests/guest/test_a.py::t1", "tests/guest/test_a.py::t2"]
+    assert second == [
+        "tests/guest/test_b.py::t1",
+        "tests/guest/test_b.py::t2",
+        "tests/guest/test_c.py::t1",
+    ]
+    # No weights: the number of tests; one part: everything in the selection's order.
+    assert split_by_file(ids, 1) == [ids]
+    assert [len(g) for g in split_by_file(ids, 2)] == [3, 2]
+    # More parts than files: no empty group is returned.
+    assert len(split_by_file(ids[:1], 3)) == 1
+    with pytest.raises(ValueError):
+        split_by_file(ids, 0)
+
+
+def test_file_durations_sum_the_guest_seconds_per_file() -> None:
+    from obmm.testbed.suite.guest_suite import GuestTestResult, file_durations
+
+    results = [
+        GuestTestResult("tests/guest/test_a.py::t1", duration=1.5),
+        GuestTestResult("tests/guest/test_a.py::K::t2", duration=2.0),
+        GuestTestResult("tests/guest/test_b.py::t1", duration=0.25),
+    ]
+    assert file_durations(results) == {
+        "tests/guest/test_a.py": 3.5,
+        "tests/guest/test_b.py": 0.25,
+    }

@@ -220,6 +220,48 @@ def pytest_shell_command(
     return f"cd {root} && env {env_s} {' '.join(_q(a) for a in argv)} {EVENT_FD}>&1 1>&2"
 
 
+def test_file(nodeid: str) -> str:
+    """The file part of a guest node id (`tests/guest/test_x.py::test_y` -> the path)."""
+    return nodeid.split("::", 1)[0]
+
+
+def split_by_file(
+    nodeids: Sequence[str], parts: int, weights: dict[str, float] | None = None
+) -> list[list[str]]:
+    """`nodeids` shared out over `parts` groups a file at a time (a file's tests may depend on
+    its module fixtures, so they stay together and in order), heaviest file first onto the
+    lightest group.  A file's weight is `weights[file]` (seconds it took last time) or else its
+    number of tests.  Each group keeps the selection's order; empty groups are dropped."""
+    if parts < 1:
+        raise ValueError(f"parts must be at least 1, got {parts}")
+    files: dict[str, list[str]] = {}
+    for nodeid in nodeids:
+        files.setdefault(test_file(nodeid), []).append(nodeid)
+    known = weights or {}
+
+    def weight(name: str) -> float:
+        return float(known.get(name, len(files[name])))
+
+    loads = [0.0] * parts
+    owner: dict[str, int] = {}
+    for name in sorted(files, key=lambda f: (-weight(f), f)):
+        k = min(range(parts), key=lambda i: (loads[i], i))
+        owner[name] = k
+        loads[k] += weight(name)
+    groups: list[list[str]] = [[] for _ in range(parts)]
+    for nodeid in nodeids:
+        groups[owner[test_file(nodeid)]].append(nodeid)
+    return [g for g in groups if g]
+
+
+def file_durations(results: Sequence[GuestTestResult]) -> dict[str, float]:
+    """Guest seconds per test file (what :func:`split_by_file` weighs the next run with)."""
+    out: dict[str, float] = {}
+    for r in results:
+        out[test_file(r.nodeid)] = out.get(test_file(r.nodeid), 0.0) + r.duration
+    return out
+
+
 def _q(s: str) -> str:
     if s and all(c.isalnum() or c in "-_./=:,+@%" for c in s):
         return s
