@@ -41,6 +41,7 @@ from obmm.testbed.ssh import Connection, GuestGone, Target
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import acpi, kmemleak, qemu
 from obmm.testbed.vm import snapshot as snapshot_mod
+from obmm.testbed.vm.timeline import READY_LINE, ConsoleWatch, Timeline, cpu_seconds
 from obmm.tools import interrupts
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,8 @@ QMP_QUIT_TIMEOUT_S = 5.0
 TERM_TIMEOUT_S = 5.0
 HUB_READY_TIMEOUT_S = 15.0
 CONSOLE_TAIL_LINES = 40
-#: What the fast init (qemu/debian/obmm-init) prints on the console once sshd listens.
-READY_LINE = "obmm-init: sshd listening"
+BIND_GRACE_S = 0.2
+__all__ = ["READY_LINE"]  # re-exported: its home is obmm.testbed.vm.timeline
 CONSOLE_POLL_S = 0.02
 #: The first login after the ready line: sshd listens, so a slow answer is load, not absence.
 READY_LOGIN_TIMEOUT_S = 10.0
@@ -247,6 +248,8 @@ class Cluster:
     hub_popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
     qemu_binary: str = envvars.QEMU.default
     _ready: dict[int, Connection] = field(default_factory=dict, repr=False, compare=False)
+    #: Where the start's seconds went (obmm.testbed.vm.timeline); kept in state.json.
+    timeline: Timeline = field(default_factory=Timeline, repr=False, compare=False)
     #: Where the start's lines went (its front end's); the stop says it begins there too.
     progress: Progress | None = field(default=None, repr=False, compare=False)
 
@@ -271,6 +274,7 @@ class Cluster:
             "hub_pid_start": self.hub_pid_start,
             "qemu_binary": self.qemu_binary,
             "nodes": [n.to_dict() for n in self.nodes],
+            "timeline": self.timeline.to_dict(),
             "saved_at": time.time(),
         }
         tmp = self.state_file.with_suffix(".tmp")
@@ -301,6 +305,7 @@ class Cluster:
             hub_pid_start=state.get("hub_pid_start"),
             qemu_binary=state.get("qemu_binary", envvars.QEMU.default),
             nodes=[NodeProcess.from_dict(n) for n in state["nodes"]],
+            timeline=Timeline.from_dict(state.get("timeline")) or Timeline(),
         )
 
     @staticmethod
@@ -329,6 +334,7 @@ class Cluster:
         progress: Progress | None = None,
         snapshot: str = snapshot_mod.MODE_AUTO,
         qemu_binary: str = envvars.QEMU.default,
+        timeline: Timeline | None = None,
     ) -> Cluster:
         """Boot every node and (by default) wait until each accepts an SSH login.
 
@@ -338,7 +344,8 @@ class Cluster:
         `snapshot` ("auto" or "off"): with "auto" a saved snapshot of this cluster shape is
         restored instead of booting (see :mod:`obmm.testbed.vm.snapshot`), and a cold boot saves
         one.  A snapshot that does not fit or verify is reported and the cluster boots cold.
-        Front ends come here through :func:`obmm.testbed.session.bring_up`.
+        Front ends come here through :func:`obmm.testbed.session.bring_up`.  `timeline`: where
+        the steps are marked (default: a new one starting now).
         """
         snap_mode = snapshot
         if init not in qemu.INIT_MODES:
@@ -361,7 +368,9 @@ class Cluster:
             owner=ownership.Owner.me(),
             qemu_binary=qemu_binary,
             progress=progress,
+            timeline=timeline or Timeline(),
         )
+        marks = cluster.timeline
         key: snapshot_mod.Key | None = None
         snap: snapshot_mod.Snapshot | None = None
         try:
@@ -382,9 +391,12 @@ class Cluster:
                         snap = cluster._restore_files(key, progress)
                 if snap is None:
                     cluster._prepare_files()
+                marks.kind = "boot" if snap is None else "restore"
+                marks.mark("files")
                 if topology.nodes > 1:
                     cluster._start_hub(detach=detach)
                 cluster._launch_all(detach=detach, extra_args=extra_args, incoming=snap is not None)
+                marks.mark("launched")
                 cluster.restored_from = snap.digest if snap is not None else None
                 cluster.save()
             how = f"restored from snapshot {snap.digest}" if snap else "started"
@@ -395,6 +407,8 @@ class Cluster:
             if snap is not None:
                 try:
                     snapshot_mod.load_states([n.qmp_socket for n in cluster.nodes], snap)
+                    for n in cluster.nodes:
+                        marks.mark("loaded", n.index)
                 except snapshot_mod.SnapshotError as exc:
                     progress.line(f"snapshot {snap.digest} not used: {exc}; booting cold")
                     snapshot_mod.discard(snap)
@@ -414,11 +428,17 @@ class Cluster:
                         progress=progress,
                         snapshot=snap_mode,
                         qemu_binary=qemu_binary,
+                        # The steps before the cluster's own stand; its own start again.
+                        timeline=Timeline(
+                            origin=marks.origin,
+                            cluster={k: v for k, v in marks.cluster.items() if k in _BEFORE},
+                        ),
                     )
             if wait:
                 cluster.wait_ssh(timeout or boot_timeout(topology, accel, timeout_scale), progress)
             if key is not None and snap is None:
                 cluster._save_snapshot(key, progress)
+                marks.mark("snapshot")
         except BaseException:
             cluster.stop()
             raise
@@ -632,6 +652,7 @@ class Cluster:
                 start_new_session=True,
                 preexec_fn=None if detach else _pdeathsig,
             )
+        self.timeline.mark("qemu", i)
         return NodeProcess(
             index=i,
             ssh_port=port,
@@ -684,16 +705,24 @@ class Cluster:
         return fast
 
     def _bound(self, node: NodeProcess, timeout: float = 10.0) -> bool:
-        """Wait until QEMU is past device setup (its QMP socket exists), or has exited."""
+        """Wait until QEMU is past device setup (its QMP socket exists and its SSH port
+        listens), or has exited (a port another process took meanwhile: QEMU exits)."""
         deadline = time.monotonic() + timeout
+        monitor: float | None = None
         while time.monotonic() < deadline:
             if not node.alive():
                 return False
-            if node.qmp_socket.exists():
-                # hostfwd is set up before the monitor; a bind failure would have exited.
-                time.sleep(0.2)
+            if monitor is None and node.qmp_socket.exists():
+                monitor = time.monotonic()
+            # hostfwd is set up before the monitor, so QEMU's port listens by now: no wait.
+            # A bind failure exits QEMU within BIND_GRACE_S (a stand-in that binds nothing
+            # counts as bound then).
+            if monitor is not None and (
+                _listening(node.ssh_port) or time.monotonic() - monitor > BIND_GRACE_S
+            ):
+                self.timeline.mark("bound", node.index)
                 return node.alive()
-            time.sleep(0.05)
+            time.sleep(0.01)
         return node.alive()
 
     # -- running ----------------------------------------------------------------------------
@@ -750,15 +779,19 @@ class Cluster:
 
     def _wait_node(self, node: NodeProcess, deadline: float) -> None:
         first_attempt: float | None = None
+        watch = ConsoleWatch(node.console_log, self.timeline, node.index)
         if self.restored_from is not None:
             first_attempt = READY_LOGIN_TIMEOUT_S  # saved with sshd listening
-        elif self.init == qemu.INIT_FAST and self._wait_console(node, READY_LINE, deadline):
+        elif self.init == qemu.INIT_FAST and self._wait_console(node, watch, deadline):
             # The fast init says when sshd listens: one login then, no timed-out probing.
             log.debug("%s: the console says sshd listens", node.name)
             first_attempt = READY_LOGIN_TIMEOUT_S
         conn = Connection(self.target(node.index), alive=node.alive, name=node.name)
         try:
             conn.connect(deadline, first_attempt=first_attempt)
+            self.timeline.mark("login", node.index)
+            if self.restored_from is None:
+                watch.poll(live=self.init == qemu.INIT_FAST)  # the systemd boot's, after the fact
         except GuestGone:
             conn.close()
             self.check_alive()
@@ -776,12 +809,15 @@ class Cluster:
                 result = conn.run(cmd, timeout=60)
                 if not result.ok:
                     raise ClusterError(f"{node.name}: after restore: {result.err.strip()}")
+                self.timeline.mark("configured", node.index)
             # The fast init brings the inter-node NIC up from the kernel command line.
             elif self.topology.nodes > 1 and self.init == qemu.INIT_SYSTEMD:
                 self._configure_fabric_net(conn, node)
+                self.timeline.mark("configured", node.index)
         except BaseException:
             conn.close()
             raise
+        self.timeline.mark_cpu(node.name, cpu_seconds(node.pid))
         # Kept for the first user of the node (take_connection): a login costs most of a
         # restore's second under TCG.
         self._ready[node.index] = conn
@@ -797,23 +833,14 @@ class Cluster:
         """The connection the boot's readiness check left open to node `index`, once."""
         return self._ready.pop(index, None)
 
-    def _wait_console(self, node: NodeProcess, line: str, deadline: float) -> bool:
-        """Until `line` appears on the node's console (True), or the deadline (False); a QEMU
-        that exits meanwhile raises NodeDied."""
-        wanted = line.encode()
-        offset = 0
-        carry = b""
+    def _wait_console(self, node: NodeProcess, watch: ConsoleWatch, deadline: float) -> bool:
+        """Until the fast init's READY_LINE appears on the node's console (True), or the
+        deadline (False), marking the console's steps on the way; a QEMU that exits meanwhile
+        raises NodeDied."""
         while time.monotonic() < deadline:
-            try:
-                with node.console_log.open("rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except FileNotFoundError:
-                data = b""
-            offset += len(data)
-            if wanted in carry + data:
+            watch.poll()
+            if watch.seen("sshd"):
                 return True
-            carry = (carry + data)[-len(wanted) :]
             if not node.alive():
                 self.check_alive()
             time.sleep(CONSOLE_POLL_S)
@@ -939,6 +966,27 @@ async def _qmp_quit_async(node: NodeProcess) -> bool:
         with contextlib.suppress(Exception):
             await qmp.disconnect()
     return True
+
+
+#: The command's steps before the cluster's own (kept when a refused snapshot boots cold).
+_BEFORE = ("bring_up", "image", "kmod")
+_TCP_LISTEN = "0A"
+
+
+def _listening(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:`port` (/proc/net/tcp: no connection made, so
+    nothing reaches the guest)."""
+    want = f"0100007F:{port:04X}"
+    try:
+        with open("/proc/net/tcp") as f:
+            next(f, None)
+            for line in f:
+                fields = line.split()
+                if len(fields) > 3 and fields[1] == want and fields[3] == _TCP_LISTEN:
+                    return True
+    except OSError:
+        return True  # no /proc: QMP's socket alone says it (hostfwd comes first)
+    return False
 
 
 def _read_tail(path: Path, lines: int = 20) -> str:
