@@ -94,8 +94,8 @@ image: setup-python
 	$(VENV)/bin/obmm-testbed image
 
 # Side by side, each from its own restored (or booted) nodes, output lines prefixed by the job's
-# name, all run to the end even if one fails: [qemu] the guest suite (tests/guest inside one
-# node, one host result per guest test); [cluster] the 2-node cluster suite; [trust] the
+# name, all run to the end even if one fails: [qemu] the guest suite (tests/guest, its files
+# shared out over two single-node clusters, GUEST_SPLIT; one host result per guest test); [cluster] the 2-node cluster suite; [trust] the
 # cluster suite's control-region trust tests on a pair of their own (they mostly wait out death
 # timeouts), then the hardware stage's quick proof on a node of its own: the trust job ends
 # first by far, so the proof's CPU is taken from the time the other two jobs leave one core.  image and kmod first, so their

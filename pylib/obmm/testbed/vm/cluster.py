@@ -39,7 +39,7 @@ from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import Connection, GuestGone, Target
 from obmm.testbed.topology import Topology
-from obmm.testbed.vm import acpi, kmemleak, qemu
+from obmm.testbed.vm import acpi, kmemleak, pvh, qemu
 from obmm.testbed.vm import snapshot as snapshot_mod
 from obmm.testbed.vm.timeline import READY_LINE, ConsoleWatch, Timeline, cpu_seconds
 from obmm.tools import interrupts
@@ -250,6 +250,7 @@ class Cluster:
     _ready: dict[int, Connection] = field(default_factory=dict, repr=False, compare=False)
     #: Where the start's seconds went (obmm.testbed.vm.timeline); kept in state.json.
     timeline: Timeline = field(default_factory=Timeline, repr=False, compare=False)
+    _kernel: Path | None = field(default=None, repr=False, compare=False)
     #: Where the start's lines went (its front end's); the stop says it begins there too.
     progress: Progress | None = field(default=None, repr=False, compare=False)
 
@@ -675,7 +676,7 @@ class Cluster:
             console_log=self.logdir / f"node{i}.console.log",
             qmp_socket=self.rundir / f"node{i}.qmp",
             pidfile=self.rundir / f"node{i}.pid",
-            kernel=self.image.kernel,
+            kernel=self._boot_kernel(),
             initrd=self._initrd(),
             accel=self.accel,
             init=self.init,
@@ -686,6 +687,17 @@ class Cluster:
             extra_cmdline=self.image.extra_cmdline,
             tcg_cpu=self.image.tcg_cpu,
         )
+
+    def _boot_kernel(self) -> Path:
+        """The fast boot's kernel as an ELF started at its PVH entry (no decompression under
+        TCG; obmm.testbed.vm.pvh), when it has one; else the image's bzImage."""
+        if self._kernel is None:
+            self._kernel = self.image.kernel
+            if self.init == qemu.INIT_FAST:
+                self._kernel = pvh.pvh_kernel(self.image.kernel, cache_dir() / "kernels") or (
+                    self.image.kernel
+                )
+        return self._kernel
 
     def _firmware(self) -> str | None:
         """qboot for the fast boot when QEMU ships it, else QEMU's default (SeaBIOS)."""
