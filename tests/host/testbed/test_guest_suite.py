@@ -197,9 +197,10 @@ def test_split_by_file_keeps_files_whole_and_balances_their_weights() -> None:
         "tests/guest/test_c.py::t1",
         "tests/guest/test_a.py::t2",  # a destroys_cluster test sorted last stays last
     ]
-    weights = {"tests/guest/test_a.py": 100.0, "tests/guest/test_b.py": 60.0}
+    weights = {"tests/guest/test_a.py": 45.0, "tests/guest/test_b.py": 40.0}
+    weights["tests/guest/test_c.py"] = 10.0
     first, second = split_by_file(ids, 2, weights)
-    # test_a (100) alone; test_b (60) and test_c (1 test, weight 1) beside it.
+    # test_a (45, under a share of 47.5: whole) alone; test_b (40) and test_c (10) beside it.
     assert first == ["tests/guest/test_a.py::t1", "tests/guest/test_a.py::t2"]
     assert second == [
         "tests/guest/test_b.py::t1",
@@ -208,22 +209,38 @@ def test_split_by_file_keeps_files_whole_and_balances_their_weights() -> None:
     ]
     # No weights: the number of tests; one part: everything in the selection's order.
     assert split_by_file(ids, 1) == [ids]
-    assert [len(g) for g in split_by_file(ids, 2)] == [3, 2]
-    # More parts than files: no empty group is returned.
+    assert sorted(len(g) for g in split_by_file(ids, 2)) == [2, 3]
+    # More parts than tests: no empty group is returned.
     assert len(split_by_file(ids[:1], 3)) == 1
     with pytest.raises(ValueError):
         split_by_file(ids, 0)
 
 
-def test_file_durations_sum_the_guest_seconds_per_file() -> None:
-    from obmm.testbed.suite.guest_suite import GuestTestResult, file_durations
+def test_a_file_heavier_than_a_share_is_cut_into_runs_of_its_tests() -> None:
+    from obmm.testbed.suite.guest_suite import split_by_file
+
+    heavy = [f"tests/guest/test_h.py::t{i}" for i in range(4)]
+    ids = [*heavy, "tests/guest/test_l.py::t0", "tests/guest/test_l.py::t1"]
+    # Per-test seconds where known (test_h's last test is the slow one), a file's otherwise.
+    weights = {heavy[0]: 10.0, heavy[1]: 10.0, heavy[2]: 10.0, heavy[3]: 90.0}
+    weights["tests/guest/test_l.py"] = 40.0
+    groups = split_by_file(ids, 2, weights)
+    # 160 s over 2 groups: test_h (120) is cut in two runs in its order, t0-t2 (30) and t3 (90);
+    # test_l (40) stays whole beside the lighter run.
+    assert groups == [
+        [heavy[3]],
+        [*heavy[:3], "tests/guest/test_l.py::t0", "tests/guest/test_l.py::t1"],
+    ]
+
+
+def test_durations_by_test_are_the_guest_seconds_of_each_test() -> None:
+    from obmm.testbed.suite.guest_suite import GuestTestResult, durations_by_test
 
     results = [
         GuestTestResult("tests/guest/test_a.py::t1", duration=1.5),
         GuestTestResult("tests/guest/test_a.py::K::t2", duration=2.0),
-        GuestTestResult("tests/guest/test_b.py::t1", duration=0.25),
     ]
-    assert file_durations(results) == {
-        "tests/guest/test_a.py": 3.5,
-        "tests/guest/test_b.py": 0.25,
+    assert durations_by_test(results) == {
+        "tests/guest/test_a.py::t1": 1.5,
+        "tests/guest/test_a.py::K::t2": 2.0,
     }

@@ -13,7 +13,7 @@ so runs never collide), plus the suite's own variables (:mod:`obmm.envvars`, gro
 ``OBMM_TESTBED_ATTACH`` (run on a cluster that is up instead of booting one) and
 ``OBMM_GUEST_SHARDS``: with N > 1 the suite's files are shared out over N single-node clusters
 that run at once (one guest pytest each, one vCPU each: a lone TCG guest keeps one core busy),
-weighed by the seconds each file took last time (``results/guest-durations.json``).  The extra
+weighed by the seconds each test took last time (``results/guest-durations.json``).  The extra
 clusters boot while the first one collects; results still come in the host's order, into the
 one junit file.
 """
@@ -41,7 +41,7 @@ from obmm.testbed.suite.guest_suite import (
     GuestSession,
     GuestTestResult,
     SuiteSession,
-    file_durations,
+    durations_by_test,
     split_by_file,
 )
 from obmm.testbed.vm.cluster import NodeDied
@@ -132,7 +132,7 @@ def _load_durations(results: Path) -> dict[str, float]:
 def _save_durations(results: Path, runs: dict[str, GuestRun]) -> None:
     done = [r.parser.results[n] for r in set(runs.values()) for n in r.parser.finished]
     known = _load_durations(results)
-    known.update(file_durations(done))
+    known.update(durations_by_test(done))
     with contextlib.suppress(OSError):
         (results / DURATIONS_FILE).write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
 
