@@ -397,6 +397,8 @@ class Cluster:
                 if topology.nodes > 1:
                     cluster._start_hub(detach=detach)
                 cluster._launch_all(detach=detach, extra_args=extra_args, incoming=snap is not None)
+                if topology.nodes > 1:
+                    cluster._wait_hub()
                 marks.mark("launched")
                 cluster.restored_from = snap.digest if snap is not None else None
                 cluster.save()
@@ -523,7 +525,9 @@ class Cluster:
             create_overlay(self.image, self.rundir / f"node{i}.qcow2")
 
     def _start_hub(self, *, detach: bool) -> None:
-        """Start the inter-node network hub and wait until its socket exists."""
+        """Start the inter-node network hub (:meth:`_wait_hub` waits for its socket).  The
+        QEMUs start meanwhile: a node's dgram backend only sends to the hub's socket, and no
+        guest sends a frame before it has booted or been resumed, after the wait."""
         import obmm
 
         sock = qemu.hub_socket(self.rundir)
@@ -558,13 +562,19 @@ class Cluster:
         self.hub_popen = popen
         self.hub_pid = popen.pid
         self.hub_pid_start = _pid_start_time(popen.pid)
+
+    def _wait_hub(self) -> None:
+        """Until the hub's socket exists (ClusterError if the hub exits or takes too long)."""
+        sock, popen = qemu.hub_socket(self.rundir), self.hub_popen
+        assert popen is not None
+        log_path = self.logdir / "hub.log"
         deadline = time.monotonic() + HUB_READY_TIMEOUT_S
         while not sock.exists():
             if popen.poll() is not None or time.monotonic() > deadline:
                 raise ClusterError(
                     f"the network hub did not start; see {log_path}:\n" + _read_tail(log_path)
                 )
-            time.sleep(0.05)
+            time.sleep(0.01)
 
     def hub_alive(self) -> bool:
         if self.hub_pid is None:
