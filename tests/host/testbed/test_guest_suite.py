@@ -244,3 +244,45 @@ def test_durations_by_test_are_the_guest_seconds_of_each_test() -> None:
         "tests/guest/test_a.py::t1": 1.5,
         "tests/guest/test_a.py::K::t2": 2.0,
     }
+
+
+def test_shard_clusters_are_booted_by_a_thread_that_lives_until_they_are_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's QEMU gets PR_SET_PDEATHSIG, which fires when the *thread* that started it ends:
+    the shards' boot thread must outlive their clusters (seen: every shard node killed the
+    moment its boot thread returned, "QEMU exited before sshd answered")."""
+    import threading
+
+    from obmm.testbed.settings import Settings
+    from obmm.testbed.suite import pytest_qemu
+
+    events: list[tuple[str, str, bool]] = []
+
+    def boot(self: guest_suite.GuestSession) -> None:
+        events.append(
+            ("boot", self.name, threading.current_thread() is not threading.main_thread())
+        )
+
+    def close(self: guest_suite.GuestSession) -> None:
+        events.append(("close", self.name, shards.thread.is_alive()))
+
+    monkeypatch.setattr(guest_suite.GuestSession, "boot", boot)
+    monkeypatch.setattr(guest_suite.GuestSession, "close", close)
+    main = guest_suite.GuestSession(
+        Settings(name="qemu-test-1"), logdir=tmp_path / "qemu-test-1", results=tmp_path
+    )
+    shards = pytest_qemu.Shards(main, 3)
+    assert [s.name for s in shards.sessions] == ["qemu-test-1-1", "qemu-test-1-2"]
+    assert shards.sessions[0].logdir == tmp_path / "qemu-test-1-1"
+    shards.thread.start()
+    assert shards.ready() == shards.sessions
+    assert shards.thread.is_alive()  # booted, and still there
+    shards.close()
+    assert not shards.thread.is_alive()
+    assert events == [
+        ("boot", "qemu-test-1-1", True),
+        ("boot", "qemu-test-1-2", True),
+        ("close", "qemu-test-1-1", True),
+        ("close", "qemu-test-1-2", True),
+    ]

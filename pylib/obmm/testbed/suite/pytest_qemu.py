@@ -79,7 +79,9 @@ def session_for(config: pytest.Config) -> SuiteSession:
 class Shards:
     """The guest suite's extra single-node clusters (`OBMM_GUEST_SHARDS` - 1 of them), each a
     GuestSession named after the first with a suffix; booted one after the other in a thread
-    (the first session built the modules already) while the first collects."""
+    (the first session built the modules already) while the first collects.  The thread lives
+    until they are stopped: a non-detached QEMU dies with the thread that started it
+    (PR_SET_PDEATHSIG is per thread)."""
 
     def __init__(self, main: GuestSession, count: int) -> None:
         self.sessions = [
@@ -93,6 +95,8 @@ class Shards:
             for k in range(1, count)
         ]
         self.error: BaseException | None = None
+        self.booted = threading.Event()
+        self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._boot, name="guest-shards", daemon=True)
 
     def _boot(self) -> None:
@@ -101,17 +105,23 @@ class Shards:
                 session.boot()
         except BaseException as exc:  # raised where the runs start
             self.error = exc
+        finally:
+            self.booted.set()
+        self.stopped.wait()
 
     def ready(self) -> list[GuestSession]:
-        self.thread.join()
+        self.booted.wait()
         if self.error is not None:
             raise self.error
         return self.sessions
 
     def close(self) -> None:
-        if self.thread.is_alive():
+        self.booted.wait()
+        try:
+            on_each(self.sessions, lambda s: s.close())
+        finally:
+            self.stopped.set()
             self.thread.join()
-        on_each(self.sessions, lambda s: s.close())
 
 
 def shard_count(session: SuiteSession) -> int:
