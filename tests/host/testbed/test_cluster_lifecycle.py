@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -417,3 +418,24 @@ def test_a_cluster_of_nobody_is_reaped_once_nothing_of_it_runs(
         for name in names:
             if cl.rundir_for(name).exists():
                 cl.Cluster.attach(name).stop()
+
+
+def test_a_cluster_another_testbed_version_started_is_left_alone_not_a_crash(
+    run_root: Path,
+) -> None:
+    """A run directory whose state this version cannot read (seen: a branch's topology key
+    `ram_base`) made every command fail in the reaper with "unknown topology keys"; it is an
+    unreadable cluster now, left alone, and commands go on."""
+    rundir = cl.rundir_for("newer")
+    rundir.mkdir(parents=True)
+    state = {
+        "name": "newer", "rundir": str(rundir), "logdir": str(rundir), "accel": "tcg",
+        "image": str(rundir), "owner": None, "nodes": [],
+        "topology": {"nodes": 1, "memory_mib": 512, "pool_mib": 64, "ram_base": 0},
+    }  # fmt: skip
+    (rundir / cl.STATE_FILE).write_text(json.dumps(state))
+    (rundir / cl.OWNER_FILE).write_text("null\n")
+    with pytest.raises(cl.ClusterError, match="unreadable state"):
+        cl.Cluster.attach("newer")
+    assert reaping.reap_dead_owners() == []
+    assert rundir.is_dir()

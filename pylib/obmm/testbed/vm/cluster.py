@@ -292,6 +292,15 @@ class Cluster:
             raise ClusterError(f"no cluster named {name!r} (no {rundir / STATE_FILE})") from None
         except (OSError, ValueError) as exc:
             raise ClusterError(f"cluster {name!r}: unreadable state: {exc}") from exc
+        try:
+            return cls._from_state(state)
+        except (KeyError, TypeError, ValueError) as exc:
+            # E.g. a cluster another version of the testbed started (a topology key this one
+            # does not know): not this command's to touch, and no reason for it to fail.
+            raise ClusterError(f"cluster {name!r}: unreadable state: {exc!r}") from exc
+
+    @classmethod
+    def _from_state(cls, state: dict[str, Any]) -> Cluster:
         return cls(
             name=state["name"],
             rundir=Path(state["rundir"]),
