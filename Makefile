@@ -94,8 +94,8 @@ image: setup-python
 	$(VENV)/bin/obmm-testbed image
 
 # Side by side, each from its own restored (or booted) nodes, output lines prefixed by the job's
-# name, all run to the end even if one fails: [qemu] the guest suite (tests/guest inside one
-# node, one host result per guest test); [cluster] the 2-node cluster suite; [trust] the
+# name, all run to the end even if one fails: [qemu] the guest suite (tests/guest, its files
+# shared out over two single-node clusters, GUEST_SPLIT; one host result per guest test); [cluster] the 2-node cluster suite; [trust] the
 # cluster suite's control-region trust tests on a pair of their own (they mostly wait out death
 # timeouts), then the hardware stage's quick proof on a node of its own: the trust job ends
 # first by far, so the proof's CPU is taken from the time the other two jobs leave one core.  image and kmod first, so their
@@ -115,6 +115,9 @@ HW_STAGE_SUITE = tests/qemu/test_hw_stage.py -m "$(GUEST_MARKS)"
 CLUSTER_ALL = tests/cluster -m "$(CLUSTER_MARKS)"
 CLUSTER_SUITE = $(CLUSTER_ALL) --ignore=tests/cluster/test_ctl_trust.py
 TRUST_SUITE = tests/cluster/test_ctl_trust.py -m "$(CLUSTER_MARKS)"
+# The guest suite beside the cluster suite: alone on one 1-vCPU node it keeps one core busy
+# and is the stage's longest job, so its files are shared out over two nodes.
+GUEST_SPLIT := OBMM_GUEST_SHARDS=2
 JUNIT = --junitxml=results/$(1)-junit.xml -o junit_logging=all
 # Set by make test: where the side-by-side stages append their times (empty: not recorded).
 STAGE_TIMES ?=
@@ -123,7 +126,7 @@ qemu-test: setup-python
 	@t0=$$(date +%s); \
 	$(MAKE) --no-print-directory suite-build || exit 1; \
 	$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage qemu-test \
-		'qemu=$(PYTEST) $(GUEST_SUITE) $(call JUNIT,qemu)' \
+		'qemu=$(GUEST_SPLIT) $(PYTEST) $(GUEST_SUITE) $(call JUNIT,qemu)' \
 		'cluster=$(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,cluster)' \
 		'trust=$(PYTEST) $(TRUST_SUITE) $(call JUNIT,trust)' \
 		'trust+=$(PYTEST) $(HW_STAGE_SUITE) $(call JUNIT,hw-stage)' \
@@ -169,7 +172,7 @@ real-driver-test: setup-python
 	$(VENV)/bin/obmm-testbed kmod --driver real --reuse || exit 1; \
 	st=0; \
 	$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage real-driver-test \
-		'real=$(REAL_ENV) $(PYTEST) $(GUEST_SUITE) $(call JUNIT,real-qemu)' \
+		'real=$(REAL_ENV) $(GUEST_SPLIT) $(PYTEST) $(GUEST_SUITE) $(call JUNIT,real-qemu)' \
 		'realcluster=$(REAL_ENV) $(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,real-cluster)' \
 	|| st=1; \
 	$(PY) -m obmm.testbed.stages.realreport || st=1; \

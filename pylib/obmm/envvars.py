@@ -254,6 +254,14 @@ GUEST_TEST_TIMEOUT = Var(
     default=900.0,
     parse=as_float,
 )
+GUEST_SHARDS = Var(
+    "OBMM_GUEST_SHARDS",
+    "suite",
+    "single-node clusters the guest suite's files are shared out over, run at once (its "
+    "TCG guests then use more than one core); 1: one node runs them all",
+    default=1,
+    parse=as_int,
+)
 ATTACH = Var(
     "OBMM_TESTBED_ATTACH",
     "suite",

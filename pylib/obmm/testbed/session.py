@@ -32,6 +32,7 @@ from obmm.testbed.topology import Topology
 from obmm.testbed.vm.cluster import Cluster, default_logdir, load_topology
 from obmm.testbed.vm.kguard import KernelLogGuard
 from obmm.testbed.vm.reaping import reap_dead_owners
+from obmm.testbed.vm.timeline import Timeline
 
 if TYPE_CHECKING:
     from obmm.testbed.node import Node
@@ -92,6 +93,11 @@ class Session:
     @property
     def topology(self) -> Topology:
         return self.cluster.topology
+
+    @property
+    def timeline(self) -> Timeline:
+        """Where the bring-up's seconds went, per node (obmm.testbed.vm.timeline)."""
+        return self.cluster.timeline
 
     def __getitem__(self, index: int) -> GuestNode:
         return self.nodes[index]
@@ -180,6 +186,7 @@ def bring_up(
     progress: Progress | None = None,
     extra_args: Callable[[int], Sequence[str]] | None = None,
     test_hooks: bool = False,
+    timeline: Timeline | None = None,
 ) -> Session:
     """Bring the cluster the settings describe up, ready for work.
 
@@ -187,8 +194,10 @@ def bring_up(
     name must be set (front ends fill their default).  `load_modules=False` stops after the
     boot (`up` without --kmod).  `detach`: the nodes outlive this process (owned by nobody
     until `obmm-testbed down`).  `test_hooks`: the guest suite's build of the modules, with
-    their test-only parameters (:func:`obmm.testbed.provision.build_guest_modules`).  On any
-    failure, Ctrl-C included, everything started is stopped.
+    their test-only parameters (:func:`obmm.testbed.provision.build_guest_modules`).
+    `timeline`: where each step is marked (`up` starts it at the process's start; default: now),
+    the session's :attr:`Session.timeline`.  On any failure, Ctrl-C included, everything
+    started is stopped.
     """
     from obmm.testbed.builds.image import ensure_image, find_recipe
     from obmm.testbed.paths import cache_dir, results_dir
@@ -205,11 +214,14 @@ def bring_up(
             raise SessionError("--ubs-mem needs the driver loaded (up --kmod)")
         ubsmem.check_prefix(Path(settings.ubs_mem))  # one line before anything boots
     progress = progress or Progress(f"{purpose} {settings.name}")
+    marks = timeline or Timeline()
+    marks.mark("bring_up")
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     topology = topology_for(settings, default_topology)
     image = ensure_image(find_recipe(settings.recipe), kernel=settings.kernel, progress=progress)
     t1 = time.monotonic()
+    marks.mark("image")
     timings["image"] = t1 - t0
     kos: list[Path] = []
     if load_modules:
@@ -220,6 +232,7 @@ def bring_up(
         )
         progress.line("modules: " + (", ".join(k.name for k in kos) or "none"))
     t2 = time.monotonic()
+    marks.mark("kmod")
     timings["kmod"] = t2 - t1
     accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu)
     cluster = Cluster.start(
@@ -236,6 +249,7 @@ def bring_up(
         snapshot=settings.snapshot,
         qemu_binary=settings.qemu,
         extra_args=extra_args,
+        timeline=marks,
     )
     t3 = time.monotonic()
     timings["boot"] = t3 - t2
@@ -248,6 +262,8 @@ def bring_up(
                 session.nodes, topology, kos, params=settings.params, driver=settings.driver
             )
             _identify(session)  # the controller the driver made; plain `up` needs none
+            for node in session.nodes:
+                marks.mark("modules", node.index)
         if settings.ubs_mem:
             progress.line(f"ubs-mem {settings.ubs_mem}: our UBSE and ubsmd on every node")
             ubsmem.provision(session.nodes, Path(settings.ubs_mem))
@@ -255,6 +271,7 @@ def bring_up(
         session.stop()
         raise
     timings["prepare"] = time.monotonic() - t3
+    marks.mark("ready")
     progress.line(
         f"ready: {topology.nodes} node(s)"
         + (f", modules loaded: {', '.join(k.name for k in kos)}" if kos else "")

@@ -153,6 +153,9 @@ def kernel_cmdline(
         "nokaslr",
         "mitigations=off",
         "audit=0",
+        # The crypto API's self-tests of every algorithm it registers (crypto_algapi_init):
+        # the longest initcall of a TCG boot; they check the kernel's own implementations.
+        "cryptomgr.notests",
         # The TSC is QEMU's host-clock-based counter, so it is monotonic; but a starved vCPU
         # thread between the watchdog's two reads looks like skew, and the kernel then
         # switches to the HPET for good (seen on a node of an 8-node bench cluster), which
