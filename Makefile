@@ -10,7 +10,8 @@ PYTEST := $(PY) -m pytest
 APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	qemu-system-x86 qemu-utils mmdebstrap e2fsprogs openssh-client \
 	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3 \
-	gcc-aarch64-linux-gnu debian-archive-keyring
+	gcc-aarch64-linux-gnu debian-archive-keyring \
+	qemu-system-arm qemu-user-static binfmt-support arch-test device-tree-compiler
 
 .PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof testbed-and-hw-proof real-driver-test fuzz-diff hw-test bench patch-check image kmod suite-build fuzz clean
 
@@ -30,7 +31,9 @@ $(ACTIONLINT):
 setup-apt:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) && \
+		{ [ -e /proc/sys/fs/binfmt_misc/status ] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc; } && \
+		update-binfmts --enable qemu-aarch64; \
 	else \
 		echo "setup-apt: not root or no apt-get; install by hand: $(APT_PACKAGES)"; \
 	fi

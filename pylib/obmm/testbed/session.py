@@ -204,7 +204,9 @@ def bring_up(
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     topology = topology_for(settings, default_topology)
-    image = ensure_image(find_recipe(settings.recipe), kernel=settings.kernel, progress=progress)
+    image = ensure_image(
+        find_recipe(settings.recipe), kernel=settings.kernel, progress=progress, arch=settings.arch
+    )
     t1 = time.monotonic()
     timings["image"] = t1 - t0
     kos: list[Path] = []
@@ -217,7 +219,7 @@ def bring_up(
         progress.line("modules: " + (", ".join(k.name for k in kos) or "none"))
     t2 = time.monotonic()
     timings["kmod"] = t2 - t1
-    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu)
+    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
     cluster = Cluster.start(
         image,
         topology,
@@ -230,7 +232,7 @@ def bring_up(
         timeout_scale=settings.timeout_scale,
         progress=progress,
         snapshot=settings.snapshot,
-        qemu_binary=settings.qemu,
+        qemu_binary=settings.qemu_binary,
         extra_args=extra_args,
     )
     t3 = time.monotonic()
