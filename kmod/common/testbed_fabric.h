@@ -21,9 +21,23 @@
 #define TB_FABRIC_MAX_NODES		8
 
 /*
+ * Where a node's RAM, and so offset 0 of its RAM file (and of every
+ * window onto it), sits in its physical address space: 0 on QEMU's q35,
+ * the RAM base of QEMU's arm64 `virt` machine (hw/arm/virt.c, VIRT_MEM)
+ * on arm64 (pylib/obmm/testbed/arch.py, ram_base).  Window offset
+ * o of node j holds node j's physical address TB_FABRIC_RAM_BASE + o.
+ */
+#ifdef CONFIG_ARM64
+#define TB_FABRIC_RAM_BASE		((phys_addr_t)0x40000000)
+#else
+#define TB_FABRIC_RAM_BASE		((phys_addr_t)0)
+#endif
+
+/*
  * UBA of an export: bit 48 set (so a UBA is never 0), exporter node id in
  * bits 40..47, exporter physical address in bits 0..39.  An importer on
- * node B reaches it at window[node].base + pa (pylib/obmm/decoder.py).
+ * node B reaches it at window[node].base + pa - TB_FABRIC_RAM_BASE
+ * (pylib/obmm/decoder.py; windows/<node>/remote_base in sysfs).
  * TB_UBA_SCATTERED marks memory that no window reaches in one piece: the
  * decoder refuses such a UBA instead of resolving it to the wrong bytes.
  */

@@ -17,7 +17,6 @@ code probing HWCAPs would see a machine no UB host is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from obmm.testbed.errors import TestbedError
@@ -115,7 +114,15 @@ ARM64 = Arch(
     binfmt="qemu-aarch64",
 )
 
-ARCHS: Mapping[str, Arch] = {a.name: a for a in (X86_64, ARM64)}
+
+def kbuild_vars(arch: Arch) -> dict[str, str]:
+    """Make variables of a module build for `arch` on this (x86_64) host: none when native."""
+    if not arch.cross_compile:
+        return {}
+    return {"ARCH": arch.kernel_arch, "CROSS_COMPILE": arch.cross_compile}
+
+
+ARCHS: dict[str, Arch] = {a.name: a for a in (X86_64, ARM64)}
 DEFAULT = X86_64.name
 #: The names by Debian's and uname's spelling too (an image manifest, `uname -m`).
 _ALIASES = {a.debian: a for a in ARCHS.values()} | {a.machine: a for a in ARCHS.values()}
@@ -123,9 +130,7 @@ _ALIASES = {a.debian: a for a in ARCHS.values()} | {a.machine: a for a in ARCHS.
 
 def get(name: str | None) -> Arch:
     """The row of `name` (the setting's value, or Debian's or uname's name); None: x86_64."""
-    if name is None:
-        return X86_64
-    found = ARCHS.get(name) or _ALIASES.get(name)
+    found = ARCHS.get(name or DEFAULT) or _ALIASES.get(name or DEFAULT)
     if found is None:
         raise ArchError(f"architecture {name!r}: expected one of {', '.join(ARCHS)}")
     return found

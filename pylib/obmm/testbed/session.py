@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from obmm.testbed import ownership, provision
+from obmm.testbed import arch, ownership, provision
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
 from obmm.testbed.progress import Progress
@@ -160,6 +160,7 @@ def topology_for(settings: Settings, default: str) -> Topology:
         pool_mib=settings.pool_mib if settings.pool_mib is not None else base.pool_mib,
         cpus=base.cpus,
         description=base.description,
+        ram_base=arch.get(settings.arch).ram_base,
     )
     return topology
 

@@ -157,3 +157,30 @@ def test_a_missing_binfmt_entry_is_named(tmp_path: Path) -> None:
     assert image.binfmt_enabled("qemu-aarch64", tmp_path)
     (tmp_path / "qemu-aarch64").write_text("disabled\n")
     assert not image.binfmt_enabled("qemu-aarch64", tmp_path)
+
+
+def test_an_arm64_pool_sits_above_the_machines_ram_base() -> None:
+    x86 = Topology(nodes=2)
+    arm = Topology(nodes=2, ram_base=arch.ARM64.ram_base)
+    assert arm.pool_base == x86.pool_base + 0x4000_0000
+    assert "ram_base" not in x86.to_dict()  # x86 states and snapshot keys as they were
+    assert Topology.from_mapping(arm.to_dict()) == arm
+    assert arm.with_nodes(3).ram_base == arm.ram_base
+
+
+def test_the_decoder_takes_the_exporters_ram_base_from_sysfs(tmp_path: Path) -> None:
+    from obmm.decoder import EmulatorDecoder, emulator_uba_split
+
+    w = tmp_path / "windows" / "1"
+    w.mkdir(parents=True)
+    (w / "node").write_text("1\n")
+    (w / "base").write_text("0x8000000000\n")
+    (w / "size").write_text("0x40000000\n")
+    (w / "remote_base").write_text("0x40000000\n")
+    uba = (1 << 48) | (1 << 40) | 0x7000_0000
+    assert emulator_uba_split(uba) == (1, 0x7000_0000)
+    assert EmulatorDecoder(str(tmp_path)).resolve(1, uba, 0x1000) == 0x80_3000_0000
+    (w / "remote_base").unlink()  # an older module: offset == PA
+    assert EmulatorDecoder(str(tmp_path)).resolve(1, 0x1 << 48 | 1 << 40 | 0x1000, 8) == (
+        0x80_0000_1000
+    )

@@ -286,7 +286,7 @@ def image_dir_for(
     digest = recipe.fingerprint(
         kernel_release=kernel_release, authorized_key=authorized_key, arch=arch.name
     )
-    label = recipe.name if arch is X86_64 else f"{recipe.name}-{arch.name}"
+    label = recipe.name if arch.name == X86_64.name else f"{recipe.name}-{arch.name}"
     return cache / "images" / f"{label}-{digest[:16]}"
 
 
@@ -349,6 +349,22 @@ def ensure_image(
         return _with_guest_kernel(Image.open(final), kernel)
 
 
+def kernel_tree(image: Image) -> Path:
+    """The kernel build tree `image`'s modules are built against: the debug kernel's own tree,
+    else Debian's headers for its release and architecture (a foreign architecture's from
+    the Debian archive's lists for it, :func:`foreign_apt_config`)."""
+    if image.kdir is not None:
+        return image.kdir
+    guest = image.arch
+    if guest.debian == kheaders.host_arch():
+        return kheaders.fetch_headers(image.kernel_release)
+    recipe = find_recipe(str(image.manifest.get("recipe", DEFAULT_RECIPE)))
+    conf = foreign_apt_config(recipe, guest)
+    return kheaders.fetch_headers(
+        image.kernel_release, guest.debian, suite=recipe.suite, apt_config=conf
+    )
+
+
 def _keep_failed_log(log: Path, cache: Path, name: str) -> Path | None:
     """Copy a failed build's log to <cache>/logs/ (the build directory is removed)."""
     if not log.is_file():
@@ -367,7 +383,7 @@ def _with_guest_kernel(image: Image, kernel: str) -> Image:
     if kernel == KERNEL_DEBIAN:
         return image
     if kernel == KERNEL_DEBUG:
-        if image.arch is not X86_64:
+        if image.arch.name != X86_64.name:
             raise ImageError(f"the debug kernel is built for x86_64 only, not {image.arch.name}")
         return debug_variant(image)
     raise ImageError(f"kernel {kernel!r}: expected {KERNEL_DEBIAN} or {KERNEL_DEBUG}")
@@ -458,7 +474,7 @@ def _build(
     try:
         if recipe.distro == "debian":
             _bootstrap_debian(recipe, rootfs, release, logfile, env, progress, arch)
-        elif recipe.distro == "openeuler" and arch is X86_64:
+        elif recipe.distro == "openeuler" and arch.name == X86_64.name:
             _bootstrap_openeuler(recipe, rootfs, release, logfile, env, progress)
         else:
             raise ImageError(f"recipe {recipe.name}: unknown distro {recipe.distro!r}")
@@ -548,7 +564,7 @@ def mmdebstrap_argv(recipe: Recipe, rootfs: Path, release: str, arch: Arch = X86
         f"--variant={recipe.variant}",
         "--mode=auto",
         # A foreign architecture's maintainer scripts run under qemu-user (binfmt_misc).
-        *([] if arch is X86_64 else [f"--architectures={arch.debian}"]),
+        *([] if arch.name == X86_64.name else [f"--architectures={arch.debian}"]),
         "--include=" + ",".join(packages),
         '--aptopt=Acquire::Retries "3"',
     ]
