@@ -16,6 +16,7 @@
 
 #include <linux/bits.h>
 #include <linux/kobject.h>
+#include <linux/nodemask.h>
 #include <linux/types.h>
 
 #define TB_FABRIC_MAX_NODES		8
@@ -32,6 +33,19 @@
 #else
 #define TB_FABRIC_RAM_BASE		((phys_addr_t)0)
 #endif
+
+/*
+ * A spare (remote) NUMA node, with neither memory nor CPUs: what
+ * openEuler's numa_remote= keeps offline until OBMM hot-adds borrowed
+ * memory, and an x86 node booted with the testbed's SRAT is.  arm64's
+ * kernel onlines every node of the device tree at boot, memory-less
+ * (pylib/obmm/testbed/vm/numa.py), so online alone does not tell.
+ */
+static inline bool tb_node_unpopulated(int nid)
+{
+	return !node_online(nid) ||
+	       (!node_state(nid, N_MEMORY) && !node_state(nid, N_CPU));
+}
 
 /*
  * UBA of an export: bit 48 set (so a UBA is never 0), exporter node id in
