@@ -32,6 +32,7 @@
 #include "pool.h"
 #include "region.h"
 #include "shmdev.h"
+#include "testbed_fabric.h"
 
 static u32 obmm_new_tokenid(void)
 {
@@ -82,7 +83,7 @@ static int obmm_export_check_sizes(const struct obmm_cmd_export *cmd,
 			return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
 					   "The size of new OBMM region 0x%llx on node %d is not aligned to OBMM memseg size %#lx.",
 					   cmd->size[i], (int)i, (unsigned long)memseg);
-		if (cmd->size[i] && (i >= nr_node_ids || !node_online(i)))
+		if (cmd->size[i] && (i >= nr_node_ids || tb_node_unpopulated(i)))
 			return obmm_refuse(OBMM_OP_EXPORT, -ENODEV,
 					   "Cannot export memory from offlined or remote numa node %d",
 					   (int)i);

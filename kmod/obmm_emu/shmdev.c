@@ -473,6 +473,25 @@ static const char *obmm_vm_name(struct vm_area_struct *vma)
  * path for page mappings too got EIO for an untouched cacheable 4 KiB
  * mapping: fuzzer --seed 5 --ops 1000 --only 348,361,399,413.)
  */
+/*
+ * The kernel mapping's protection for a copy from or to @vma's memory: its
+ * memory type, kernel permissions.  arm64's ioremap_prot() before 6.15
+ * keeps a user pgprot's PTE_USER, and with PAN the kernel's own copy then
+ * takes a permission fault (seen: an Oops in memcpy_fromio() on a
+ * /proc/pid/mem read of a page mapping; mainline's fix: "arm64: io:
+ * Extract user memory type in ioremap_prot()").
+ */
+static unsigned long obmm_vm_access_prot(struct vm_area_struct *vma)
+{
+#ifdef CONFIG_ARM64
+	return pgprot_val(__pgprot_modify(PAGE_KERNEL, PTE_ATTRINDX_MASK,
+					  pgprot_val(vma->vm_page_prot) &
+					  PTE_ATTRINDX_MASK));
+#else
+	return pgprot_val(vma->vm_page_prot);
+#endif
+}
+
 static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 			  void *buf, int len, int write)
 {
@@ -482,7 +501,12 @@ static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 	void __iomem *maddr;
 	int ret = -EINVAL;
 
-	if (!obmm_vma_lazy(r)) {
+	/*
+	 * On arm64, generic_access_phys() maps with the user pgprot too (the
+	 * Oops of obmm_vm_access_prot()'s comment came from there): every
+	 * mapping goes the way of the lazy ones.
+	 */
+	if (!obmm_vma_lazy(r) && !IS_ENABLED(CONFIG_ARM64)) {
 		/* The page as a touch would install it (none yet if untouched). */
 		mutex_lock(&r->mmap_lock);
 		if (!r->revoked && obmm_state_reader(obmm_vma_state(vma, addr)))
@@ -505,7 +529,7 @@ static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 	    (write && !obmm_state_writer(obmm_vma_state(vma, addr))))
 		goto out;
 	maddr = ioremap_prot(r->pa + off - offset, PAGE_SIZE,
-			     pgprot_val(vma->vm_page_prot));
+			     obmm_vm_access_prot(vma));
 	if (!maddr) {
 		ret = -ENOMEM;
 		goto out;

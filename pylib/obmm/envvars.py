@@ -188,7 +188,21 @@ PARAMS = Var(
     default=(),
     parse=as_words,
 )
-QEMU = Var("OBMM_TESTBED_QEMU", "testbed", "the QEMU binary", default="qemu-system-x86_64")
+ARCH = Var(
+    "OBMM_TESTBED_ARCH",
+    "testbed",
+    "the nodes' architecture: x86_64, or arm64 (QEMU's virt machine with a Kunpeng-like "
+    "neoverse-n1 CPU; obmm.testbed.arch)",
+    default="x86_64",
+    choices=("x86_64", "arm64"),
+)
+QEMU = Var(
+    "OBMM_TESTBED_QEMU",
+    "testbed",
+    "the QEMU binary",
+    default="",
+    default_text="the architecture's: qemu-system-x86_64 or qemu-system-aarch64",
+)
 UBS_MEM = Var(
     "OBMM_TESTBED_UBS_MEM",
     "testbed",

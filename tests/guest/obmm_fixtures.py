@@ -71,6 +71,9 @@ class Fabric:
     windows: dict[int, tuple[int, int]]  # node -> (base, size)
     pool_base: int
     pool_size: int
+    #: Every node's physical address at offset 0 of its window (0 on x86, the RAM base of
+    #: QEMU's virt machine on arm64; windows/<n>/remote_base).
+    ram_base: int = 0
 
     @property
     def seid(self) -> bytes:
@@ -83,9 +86,13 @@ class Fabric:
     def window_size(self, node: int | None = None) -> int:
         return self.windows[self.node_id if node is None else node][1]
 
+    def window_addr(self, pa: int, node: int | None = None) -> int:
+        """Where this node reaches node `node`'s physical address `pa` (its decoder address)."""
+        return self.window_base(node) + pa - self.ram_base
+
     def loopback_addr(self, dev: obmm.Obmm, mem_id: int, offset: int = 0) -> int:
         """Decoder address, in this node's own window, of byte `offset` of export `mem_id`."""
-        return self.window_base() + dev.query_pa_by_memid(mem_id, offset)
+        return self.window_addr(dev.query_pa_by_memid(mem_id, offset))
 
     def import_loopback(self, dev: obmm.Obmm, exp: obmm.Export, **kw: object) -> obmm.Import:
         kw.setdefault("tokenid", exp.tokenid)
@@ -102,8 +109,11 @@ def load_fabric() -> Fabric | None:
     if root is None:
         return None
     windows = {}
+    ram_base = 0
     for w in sorted((root / "windows").iterdir()):
         windows[read_int(w / "node")] = (read_int(w / "base"), read_int(w / "size"))
+        if (w / "remote_base").exists():
+            ram_base = read_int(w / "remote_base")
     return Fabric(
         node_id=read_int(root / "node_id"),
         cna=read_int(root / "cna"),
@@ -111,6 +121,7 @@ def load_fabric() -> Fabric | None:
         windows=windows,
         pool_base=read_int(root / "pool_base"),
         pool_size=read_int(root / "pool_size"),
+        ram_base=ram_base,
     )
 
 

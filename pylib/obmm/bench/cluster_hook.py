@@ -502,7 +502,7 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
             baseline="testbed.image_build.cold" if testbed else None,
         )
     )
-    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu)
+    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
     settings = settings.replace(accel=accel)
     env = Environment.collect_host(accelerator=accel, node_count=2)
 
@@ -599,7 +599,7 @@ def scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     progress = Progress("bench")
     settings = settings_mod.Settings.from_env(**{f: getattr(args, f, None) for f in FIELDS})
     image = ensure_image(find_recipe(settings.recipe), progress=progress, kernel=settings.kernel)
-    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu)
+    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
     env = Environment.collect_host(accelerator=accel, node_count=2)
     return on_bench_pair(settings.replace(accel=accel), env, config, run_scheme7_bench, progress)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from obmm.testbed import ownership, provision, ubsmem
+from obmm.testbed import arch, ownership, provision, ubsmem
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
 from obmm.testbed.progress import Progress
@@ -166,6 +166,7 @@ def topology_for(settings: Settings, default: str) -> Topology:
         pool_mib=settings.pool_mib if settings.pool_mib is not None else base.pool_mib,
         cpus=base.cpus,
         description=base.description,
+        ram_base=arch.get(settings.arch).ram_base,
     )
     return topology
 
@@ -219,7 +220,9 @@ def bring_up(
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     topology = topology_for(settings, default_topology)
-    image = ensure_image(find_recipe(settings.recipe), kernel=settings.kernel, progress=progress)
+    image = ensure_image(
+        find_recipe(settings.recipe), kernel=settings.kernel, progress=progress, arch=settings.arch
+    )
     t1 = time.monotonic()
     marks.mark("image")
     timings["image"] = t1 - t0
@@ -234,7 +237,7 @@ def bring_up(
     t2 = time.monotonic()
     marks.mark("kmod")
     timings["kmod"] = t2 - t1
-    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu)
+    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
     cluster = Cluster.start(
         image,
         topology,
@@ -247,7 +250,7 @@ def bring_up(
         timeout_scale=settings.timeout_scale,
         progress=progress,
         snapshot=settings.snapshot,
-        qemu_binary=settings.qemu,
+        qemu_binary=settings.qemu_binary,
         extra_args=extra_args,
         timeline=marks,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,10 +16,11 @@ from pathlib import Path
 import pytest
 from fake_cluster import make_image, start_with, use_run_root
 
+from obmm.testbed import arch
 from obmm.testbed.builds.image import Image
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import cluster as cl
-from obmm.testbed.vm import qemu, reaping
+from obmm.testbed.vm import reaping
 
 
 @pytest.fixture
@@ -178,7 +180,9 @@ def test_fast_boot_uses_qboot_when_qemu_ships_it(
     qemu_bin = "false"
     qboot = tmp_path / "qboot.rom"
     qboot.write_bytes(b"rom")
-    monkeypatch.setattr(qemu, "QBOOT", str(qboot))
+    # The fast boot's firmware is the architecture's (obmm.testbed.arch).
+    x86 = dataclasses.replace(arch.X86_64, fast_firmware=str(qboot))
+    monkeypatch.setitem(arch.ARCHS, "x86_64", x86)
     with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
         start_with(qemu_bin, fake_image, Topology(nodes=1), name="q", logdir=tmp_path / "l")
     assert f"-bios {qboot} " in (tmp_path / "l" / "node0.qemu.log").read_text()
@@ -266,6 +270,7 @@ import sys, time
 from pathlib import Path
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import cluster as cl
+from obmm.testbed import arch
 from obmm.testbed.builds.image import Image
 image = Image.open(Path(sys.argv[1]))
 detach = sys.argv[3] == "detach"

@@ -119,7 +119,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("image", help="build (if needed) the guest image and print its path")
     settings_mod.add_arguments(
         p,
-        ["recipe", "kernel"],
+        ["recipe", "kernel", "arch"],
         defaults_text={"recipe": f"{DEFAULT_RECIPE}; one of " + ", ".join(list_recipes())},
     )
     p.add_argument("--rebuild", action="store_true", help="build even if cached")
@@ -426,7 +426,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_image(args: argparse.Namespace) -> int:
     settings = settings_mod.from_args(args)
-    image = ensure_image(find_recipe(settings.recipe), rebuild=args.rebuild, kernel=settings.kernel)
+    image = ensure_image(
+        find_recipe(settings.recipe),
+        rebuild=args.rebuild,
+        kernel=settings.kernel,
+        arch=settings.arch,
+    )
     print(
         f"{image.directory}  (kernel {image.kernel_release}, built "
         f"{image.manifest.get('built_at')} in {image.manifest.get('build_seconds')} s)"

@@ -39,7 +39,7 @@ from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import Connection, GuestGone, Target
 from obmm.testbed.topology import Topology
-from obmm.testbed.vm import acpi, kmemleak, pvh, qemu
+from obmm.testbed.vm import kmemleak, numa, pvh, qemu
 from obmm.testbed.vm import snapshot as snapshot_mod
 from obmm.testbed.vm.timeline import READY_LINE, ConsoleWatch, Timeline, cpu_seconds
 from obmm.tools import interrupts
@@ -368,6 +368,7 @@ class Cluster:
         rundir = rundir_for(name)
         logdir = logdir or default_logdir(name)
         progress = progress or Progress(f"cluster {name}")
+        qemu_binary = qemu_binary or image.arch.qemu_binary
         cluster = cls(
             name=name,
             rundir=rundir,
@@ -619,12 +620,14 @@ class Cluster:
         incoming: bool = False,
     ) -> None:
         """Start every QEMU at once, then check each bound its port (retry those that lost it)."""
-        # The ACPI tables are not part of a snapshot's files: a pure function of the shape.
-        acpi.write_tables(
+        # The NUMA tables are not part of a snapshot's files: a pure function of the shape.
+        numa.write_tables(
             self.rundir,
-            cpus=self.topology.cpus,
-            memory_bytes=self.topology.memory_mib << 20,
-            cluster_nodes=self.topology.nodes,
+            self.image.arch,
+            self.topology,
+            dump_argv=lambda out: qemu.dtb_dump_argv(
+                self.topology, self._node_launch(0, 0, ()), out
+            ),
         )
         avoid = _ports_in_use_by_clusters()
         ports = allocate_ports(self.topology.nodes, avoid=sorted(avoid))
@@ -708,6 +711,7 @@ class Cluster:
             fast_init_modules=self.image.fast_init_modules,
             extra_cmdline=self.image.extra_cmdline,
             tcg_cpu=self.image.tcg_cpu,
+            arch=self.image.arch,
         )
 
     def _boot_kernel(self) -> Path:
@@ -715,7 +719,7 @@ class Cluster:
         TCG; obmm.testbed.vm.pvh), when it has one; else the image's bzImage."""
         if self._kernel is None:
             self._kernel = self.image.kernel
-            if self.init == qemu.INIT_FAST:
+            if self.init == qemu.INIT_FAST and self.image.arch.pvh_entry:
                 self._kernel = pvh.pvh_kernel(self.image.kernel, cache_dir() / "kernels") or (
                     self.image.kernel
                 )
@@ -723,8 +727,9 @@ class Cluster:
 
     def _firmware(self) -> str | None:
         """qboot for the fast boot when QEMU ships it, else QEMU's default (SeaBIOS)."""
-        if self.init == qemu.INIT_FAST and Path(qemu.QBOOT).is_file():
-            return qemu.QBOOT
+        firmware = self.image.arch.fast_firmware
+        if self.init == qemu.INIT_FAST and firmware and Path(firmware).is_file():
+            return firmware
         return None
 
     def _initrd(self) -> Path:
