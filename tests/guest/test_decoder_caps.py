@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 from obmm_fixtures import (
-    EMU_RELOAD_PARAMS,
     MODULE,
     MODULE_KO,
     MODULE_PARAMS,
+    MODULE_RELOAD_PARAMS,
     SZ_2M,
     Fabric,
     exported,
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.emulator_only
 
 NUMA = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE
-RELOAD_PARAMS = (*EMU_RELOAD_PARAMS, "ubc_dev")
 
 
 def reload(extra: list[str], params: dict[str, str]) -> None:
@@ -69,7 +68,11 @@ def nc_only_window(fabric: Fabric) -> Iterator[None]:
     """The module reloaded with this node's window non-cacheable only; as before afterwards."""
     if not MODULE_KO.is_file() or not module_loaded():
         pytest.skip(f"{MODULE_KO} not loaded from the testbed's payload")
-    before = {p: (MODULE_PARAMS / p).read_text().strip() for p in RELOAD_PARAMS}
+    before = {
+        p: (MODULE_PARAMS / p).read_text().strip()
+        for p in MODULE_RELOAD_PARAMS
+        if (MODULE_PARAMS / p).is_file()  # the parameters this build declares
+    }
     node = int(before["node_id"])
     reload([f"decoder_nc_only={node}"], before)
     try:
