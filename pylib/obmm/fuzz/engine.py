@@ -819,8 +819,6 @@ class Engine:
                 if m.addr <= covered < m.addr + m.length:
                     covered = m.addr + m.length
             want = {OK} if covered >= end else {errno.EFAULT}
-        if want == {OK} and self.skipped(op, "UPDATE_RANGE effect: obmm_emu validates only"):
-            return  # the real driver changes the PTEs' access (NO_ACCESS: a read faults)
         _, err = self.call(
             op, lambda: obmm.ShmDev.update_range(self._as_shm(f), start, end, state, cache)
         )

@@ -282,3 +282,26 @@ def test_the_fault_allow_list_takes_only_the_vmalloc_warn() -> None:
     assert logscan.scan(warn)
     assert not logscan.scan(warn, allow=allow)
     assert logscan.scan(ours, allow=allow)
+
+
+def test_record_mode_makes_a_valid_update_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fuzz-diff: a successful UPDATE_RANGE is compared, not left out; obmm_emu applies its
+    effect to the page tables as the real driver does (FIDELITY: UPDATE_RANGE effect)."""
+    import obmm
+
+    _, engine, m = _engine_with_map(file_write=True, pieces=2)
+    engine.model.regions[1].ownership = True
+    engine.model.files.append(m.file)
+    m.file.fd, m.access = 3, [0, 0]
+    calls: list[tuple[int, int, int, int]] = []
+    monkeypatch.setattr(
+        obmm.ShmDev, "update_range", lambda _shm, *args: calls.append(args), raising=False
+    )
+    engine.record, engine._outcome = True, {"op": 0, "kind": "update_range", "errnos": []}
+    # every word picks the first choice (a multiple of each choice list's length) and passes
+    # no chance (50 of 100): the mapping's first granule, state 0x9 (READWRITE), cache ops 4
+    word = 252 * ((50 << 32) // 252 + 1)
+    engine._op_update_range(Op(0, "update_range", (word,) * 6))
+    assert calls == [(m.addr, m.addr + (4 << 10), 0x9, 4)]
+    assert "skipped" not in engine._outcome and engine._outcome["errnos"] == ["ok"]
+    assert m.access == [0x8, 0]

@@ -242,6 +242,20 @@ def test_an_explained_difference_is_counted_with_its_reason(
     assert result.per_kind["open"]["differs"] == {"a reason": 1}
 
 
+def test_a_move_of_a_mapping_the_real_driver_split_at_update_range_bounds_is_explained() -> None:
+    """The real driver splits the VMA at an UPDATE_RANGE's bounds (obmm_shm_dev.c:
+    obmm_shm_update_range), obmm_emu keeps one: a later move of the whole mapping is the core's
+    EFAULT (more than one VMA) on the real driver, the driver's EOPNOTSUPP on the emulator."""
+    emu = [outcome(0, "mremap", errnos=["EOPNOTSUPP"]), outcome(1, "mremap", errnos=["ok"])]
+    real = [outcome(0, "mremap", errnos=["EFAULT"]), outcome(1, "mremap", errnos=["EFAULT"])]
+    result = fuzzdiff.compare(emu, real)
+    assert result.per_kind["mremap"]["differs"] == {
+        fuzzdiff.EXPLAINED[0].reason: 1,
+        "unexplained": 1,
+    }
+    assert result.first_unexplained is not None and result.first_unexplained[0] == 1
+
+
 JUNIT = """<?xml version="1.0"?>
 <testsuites><testsuite>
 <testcase classname="tests.qemu.guest.guestsuite.tests/guest/test_x.py" name="test_a"/>
