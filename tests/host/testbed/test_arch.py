@@ -8,34 +8,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from qemu_launch import RUN, pairs
+from qemu_launch import launch as node_launch
 
 from obmm.testbed import arch
 from obmm.testbed.builds import image
 from obmm.testbed.settings import Settings, SettingsError
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import numa, qemu
-
-RUN = Path("/dev/shm/obmm-testbed-t")
-
-
-def _launch(index: int = 0, **kw: object) -> qemu.NodeLaunch:
-    args: dict[str, object] = {
-        "index": index,
-        "ssh_port": 40022,
-        "rundir": RUN,
-        "overlay": RUN / f"node{index}.qcow2",
-        "console_log": Path(f"/logs/node{index}.console.log"),
-        "qmp_socket": RUN / f"node{index}.qmp",
-        "pidfile": RUN / f"node{index}.pid",
-        "kernel": Path("/img/vmlinuz"),
-        "initrd": Path("/img/initrd.img"),
-    }
-    args.update(kw)
-    return qemu.NodeLaunch(**args)  # type: ignore[arg-type]
-
-
-def _pairs(argv: list[str], flag: str) -> list[str]:
-    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
 
 
 def test_the_table_is_found_by_every_spelling_and_refuses_others() -> None:
@@ -57,36 +37,40 @@ def test_the_setting_defaults_to_x86_and_picks_the_architectures_qemu() -> None:
 
 
 def test_an_arm64_node_is_a_virt_machine_with_a_kunpeng_like_cpu_and_a_numa_tree() -> None:
-    launch = _launch(1, arch=arch.ARM64, qemu_binary="qemu-system-aarch64", tcg_cpu="neoverse-n1")
+    launch = node_launch(
+        1, arch=arch.ARM64, qemu_binary="qemu-system-aarch64", tcg_cpu="neoverse-n1"
+    )
     argv = qemu.build_argv(Topology(nodes=2), launch)
     assert argv[0] == "qemu-system-aarch64"
-    assert _pairs(argv, "-machine") == ["virt,gic-version=3"]
-    assert _pairs(argv, "-cpu") == ["neoverse-n1"]
+    assert pairs(argv, "-machine") == ["virt,gic-version=3"]
+    assert pairs(argv, "-cpu") == ["neoverse-n1"]
     # RAM and CPUs in NUMA node 0 (numa-node-id in the tree), the remote nodes in our tree.
-    assert _pairs(argv, "-numa") == ["node,nodeid=0,cpus=0-1,memdev=ram"]
-    assert _pairs(argv, "-dtb") == [str(RUN / "numa-v1.dtb")]
+    assert pairs(argv, "-numa") == ["node,nodeid=0,cpus=0-1,memdev=ram"]
+    assert pairs(argv, "-dtb") == [str(RUN / "numa-v1.dtb")]
     assert "-acpitable" not in argv and "-bios" not in argv
-    cmdline = _pairs(argv, "-append")[0].split()
+    cmdline = pairs(argv, "-append")[0].split()
     assert cmdline[0] == "console=ttyAMA0" and "tsc=reliable" not in cmdline
     # The fabric is the same: windows and control region on the PCIe root bus.
-    devices = _pairs(argv, "-device")
+    devices = pairs(argv, "-device")
     assert "ivshmem-plain,memdev=win0,master=on,bus=pcie.0,addr=0x10" in devices
     assert "ivshmem-plain,memdev=ctl,master=on,bus=pcie.0,addr=0x0f" in devices
 
 
 def test_an_x86_node_keeps_its_command_line() -> None:
-    argv = qemu.build_argv(Topology(nodes=2), _launch(0))
-    assert _pairs(argv, "-machine") == ["q35,memory-backend=ram"]
+    argv = qemu.build_argv(Topology(nodes=2), node_launch(0))
+    assert pairs(argv, "-machine") == ["q35,memory-backend=ram"]
     assert "-numa" not in argv and "-dtb" not in argv
-    cmdline = _pairs(argv, "-append")[0].split()
+    cmdline = pairs(argv, "-append")[0].split()
     assert cmdline[0] == "console=ttyS0,115200" and "tsc=reliable" in cmdline
 
 
 def test_the_dtb_dump_has_the_nodes_machine_and_numa_but_no_files() -> None:
-    launch = _launch(0, arch=arch.ARM64, qemu_binary="qemu-system-aarch64", tcg_cpu="neoverse-n1")
+    launch = node_launch(
+        0, arch=arch.ARM64, qemu_binary="qemu-system-aarch64", tcg_cpu="neoverse-n1"
+    )
     argv = qemu.dtb_dump_argv(Topology(nodes=2), launch, Path("/t/m.dtb"))
-    assert _pairs(argv, "-machine") == ["virt,gic-version=3,dumpdtb=/t/m.dtb"]
-    assert _pairs(argv, "-numa") == ["node,nodeid=0,cpus=0-1,memdev=ram"]
+    assert pairs(argv, "-machine") == ["virt,gic-version=3,dumpdtb=/t/m.dtb"]
+    assert pairs(argv, "-numa") == ["node,nodeid=0,cpus=0-1,memdev=ram"]
     assert "-dtb" not in argv and "-kernel" not in argv and "-device" not in argv
 
 
@@ -106,7 +90,7 @@ def test_the_tree_declares_each_remote_node_empty_with_the_slit_distances() -> N
 )
 def test_qemus_tree_takes_the_remote_nodes(tmp_path: Path) -> None:
     topo = Topology(nodes=2)
-    launch = _launch(
+    launch = node_launch(
         0,
         rundir=tmp_path,
         arch=arch.ARM64,

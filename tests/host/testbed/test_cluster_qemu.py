@@ -5,50 +5,30 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from qemu_launch import RUN, pairs
+from qemu_launch import launch as node_launch
 
 from obmm.testbed.paths import qemu_dir
 from obmm.testbed.topology import Topology, TopologyError
 from obmm.testbed.vm import qemu
 
-RUN = Path("/dev/shm/obmm-testbed-t")
-
-
-def _launch(index: int = 0, **kw: object) -> qemu.NodeLaunch:
-    args: dict[str, object] = {
-        "index": index,
-        "ssh_port": 40022,
-        "rundir": RUN,
-        "overlay": RUN / f"node{index}.qcow2",
-        "console_log": Path(f"/logs/node{index}.console.log"),
-        "qmp_socket": RUN / f"node{index}.qmp",
-        "pidfile": RUN / f"node{index}.pid",
-        "kernel": Path("/img/vmlinuz"),
-        "initrd": Path("/img/initrd.img"),
-    }
-    args.update(kw)
-    return qemu.NodeLaunch(**args)  # type: ignore[arg-type]
-
-
-def _pairs(argv: list[str], flag: str) -> list[str]:
-    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
-
 
 def test_node_ram_is_its_shared_file_on_the_run_dir() -> None:
-    argv = qemu.build_argv(Topology(nodes=2), _launch(1))
-    assert _pairs(argv, "-machine") == ["q35,memory-backend=ram"]
+    argv = qemu.build_argv(Topology(nodes=2), node_launch(1))
+    assert pairs(argv, "-machine") == ["q35,memory-backend=ram"]
     # Cross-node atomics: multi-threaded TCG and a second possible CPU (parallel TCG).
-    assert _pairs(argv, "-accel") == ["tcg,thread=multi"]
-    assert _pairs(argv, "-smp") == ["1,maxcpus=2"]
-    assert _pairs(argv, "-m") == ["1024M"]
-    objects = _pairs(argv, "-object")
+    assert pairs(argv, "-accel") == ["tcg,thread=multi"]
+    assert pairs(argv, "-smp") == ["1,maxcpus=2"]
+    assert pairs(argv, "-m") == ["1024M"]
+    objects = pairs(argv, "-object")
     assert f"memory-backend-file,id=ram,size=1024M,mem-path={RUN}/node1.ram,share=on" in objects
 
 
 def test_every_node_maps_every_nodes_ram_as_a_window_plus_the_control_region() -> None:
     topo = Topology(nodes=3)
-    argv = qemu.build_argv(topo, _launch(2))
-    objects = _pairs(argv, "-object")
-    devices = _pairs(argv, "-device")
+    argv = qemu.build_argv(topo, node_launch(2))
+    objects = pairs(argv, "-object")
+    devices = pairs(argv, "-device")
     for j in range(3):
         assert (
             f"memory-backend-file,id=win{j},size=1024M,mem-path={RUN}/node{j}.ram,share=on"
@@ -60,24 +40,24 @@ def test_every_node_maps_every_nodes_ram_as_a_window_plus_the_control_region() -
 
 
 def test_explicit_pci_slots_never_collide() -> None:
-    argv = qemu.build_argv(Topology(nodes=8), _launch(0))
-    slots = [d.split("addr=")[1] for d in _pairs(argv, "-device") if "addr=" in d]
+    argv = qemu.build_argv(Topology(nodes=8), node_launch(0))
+    slots = [d.split("addr=")[1] for d in pairs(argv, "-device") if "addr=" in d]
     assert len(slots) == len(set(slots))
     assert "0x17" in slots  # window of node 7
 
 
 def test_crash_handling_and_network_confinement() -> None:
-    argv = qemu.build_argv(Topology(), _launch(0, ssh_port=41234))
+    argv = qemu.build_argv(Topology(), node_launch(0, ssh_port=41234))
     assert "-no-reboot" in argv
-    cmdline = _pairs(argv, "-append")[0].split()
+    cmdline = pairs(argv, "-append")[0].split()
     assert "panic=-1" in cmdline
     # A WARN or oops is reported per test by the log scanner, not turned into a panic.
     assert not any(p.startswith(("oops=", "panic_on_warn")) for p in cmdline)
-    netdev = _pairs(argv, "-netdev")[0]
+    netdev = pairs(argv, "-netdev")[0]
     assert "restrict=on" in netdev
     assert "hostfwd=tcp:127.0.0.1:41234-:22" in netdev
-    assert _pairs(argv, "-qmp") == [f"unix:{RUN}/node0.qmp,server=on,wait=off"]
-    assert _pairs(argv, "-chardev") == ["file,id=console,path=/logs/node0.console.log"]
+    assert pairs(argv, "-qmp") == [f"unix:{RUN}/node0.qmp,server=on,wait=off"]
+    assert pairs(argv, "-chardev") == ["file,id=console,path=/logs/node0.console.log"]
 
 
 def test_mem_hides_the_pool_at_the_top_of_ram() -> None:
@@ -90,32 +70,32 @@ def test_mem_hides_the_pool_at_the_top_of_ram() -> None:
 
 
 def test_overlay_is_the_disk_and_kernel_is_booted_directly() -> None:
-    argv = qemu.build_argv(Topology(), _launch(0))
-    assert _pairs(argv, "-kernel") == ["/img/vmlinuz"]
-    assert _pairs(argv, "-initrd") == ["/img/initrd.img"]
-    assert any(f"file={RUN}/node0.qcow2," in d for d in _pairs(argv, "-drive"))
+    argv = qemu.build_argv(Topology(), node_launch(0))
+    assert pairs(argv, "-kernel") == ["/img/vmlinuz"]
+    assert pairs(argv, "-initrd") == ["/img/initrd.img"]
+    assert any(f"file={RUN}/node0.qcow2," in d for d in pairs(argv, "-drive"))
 
 
 def test_extra_args_hook_is_appended_for_the_guest_network() -> None:
     extra = ("-netdev", "socket,id=fab,listen=127.0.0.1:5000")
-    argv = qemu.build_argv(Topology(), _launch(0, extra_args=extra))
+    argv = qemu.build_argv(Topology(), node_launch(0, extra_args=extra))
     assert argv[-2:] == list(extra)
 
 
 def test_serial_tcg_is_the_former_argv_for_the_bench() -> None:
-    argv = qemu.build_argv(Topology(cpus=2), _launch(0, accel=qemu.ACCEL_TCG_SERIAL))
-    assert _pairs(argv, "-accel") == ["tcg"]
-    assert _pairs(argv, "-smp") == ["2"]
-    assert _pairs(argv, "-cpu") == [qemu.TCG_CPU]
-    parallel = qemu.build_argv(Topology(cpus=2), _launch(0))
-    assert _pairs(parallel, "-smp") == ["2,maxcpus=2"]
+    argv = qemu.build_argv(Topology(cpus=2), node_launch(0, accel=qemu.ACCEL_TCG_SERIAL))
+    assert pairs(argv, "-accel") == ["tcg"]
+    assert pairs(argv, "-smp") == ["2"]
+    assert pairs(argv, "-cpu") == [qemu.TCG_CPU]
+    parallel = qemu.build_argv(Topology(cpus=2), node_launch(0))
+    assert pairs(parallel, "-smp") == ["2,maxcpus=2"]
 
 
 def test_kvm_uses_host_cpu() -> None:
-    argv = qemu.build_argv(Topology(), _launch(0, accel="kvm"))
-    assert _pairs(argv, "-machine") == ["q35,memory-backend=ram"]
-    assert _pairs(argv, "-accel") == ["kvm"]
-    assert _pairs(argv, "-cpu") == ["host"]
+    argv = qemu.build_argv(Topology(), node_launch(0, accel="kvm"))
+    assert pairs(argv, "-machine") == ["q35,memory-backend=ram"]
+    assert pairs(argv, "-accel") == ["kvm"]
+    assert pairs(argv, "-cpu") == ["host"]
 
 
 @pytest.mark.parametrize(
@@ -140,7 +120,7 @@ def test_topology_rejects_what_the_fabric_cannot_express(
 
 def test_node_index_outside_topology_is_refused() -> None:
     with pytest.raises(TopologyError):
-        qemu.build_argv(Topology(nodes=2), _launch(2))
+        qemu.build_argv(Topology(nodes=2), node_launch(2))
 
 
 def test_shipped_topology_files_load() -> None:
@@ -182,8 +162,8 @@ def test_systemd_init_boots_the_distribution_userland() -> None:
     assert "systemd.hostname=node0" in words
     assert "--" not in words
     assert not any(w.startswith(("init=", "obmm_testbed.", "obmm.")) for w in words)
-    argv = qemu.build_argv(Topology(), _launch(0, init=qemu.INIT_SYSTEMD))
-    assert "systemd.hostname=node0" in _pairs(argv, "-append")[0].split()
+    argv = qemu.build_argv(Topology(), node_launch(0, init=qemu.INIT_SYSTEMD))
+    assert "systemd.hostname=node0" in pairs(argv, "-append")[0].split()
 
 
 def test_unknown_init_mode_is_refused() -> None:
@@ -192,6 +172,6 @@ def test_unknown_init_mode_is_refused() -> None:
 
 
 def test_firmware_is_passed_as_bios_only_when_set() -> None:
-    argv = qemu.build_argv(Topology(), _launch(0, firmware="/usr/share/qemu/qboot.rom"))
-    assert _pairs(argv, "-bios") == ["/usr/share/qemu/qboot.rom"]
-    assert "-bios" not in qemu.build_argv(Topology(), _launch(0))
+    argv = qemu.build_argv(Topology(), node_launch(0, firmware="/usr/share/qemu/qboot.rom"))
+    assert pairs(argv, "-bios") == ["/usr/share/qemu/qboot.rom"]
+    assert "-bios" not in qemu.build_argv(Topology(), node_launch(0))
