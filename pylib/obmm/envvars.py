@@ -189,6 +189,15 @@ PARAMS = Var(
     parse=as_words,
 )
 QEMU = Var("OBMM_TESTBED_QEMU", "testbed", "the QEMU binary", default="qemu-system-x86_64")
+COHERENCE = Var(
+    "OBMM_TESTBED_COHERENCE",
+    "testbed",
+    "the emulator's coherence model: `coherent`, every node sees every store at once; `strict`, "
+    "each node caches what its cacheable mappings touch until the driver's maintenance "
+    "(docs/coherence.md; the driver parameter `coherence`)",
+    default="coherent",
+    choices=("coherent", "strict"),
+)
 
 # -- paths (obmm.testbed.paths) -----------------------------------------------------------------
 

@@ -59,6 +59,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("driver", envvars.DRIVER, "--driver"),
     Knob("params", envvars.PARAMS, "--param", "NAME=VALUE", repeat=True),
     Knob("qemu", envvars.QEMU, "--qemu", "BINARY"),
+    Knob("coherence", envvars.COHERENCE, "--coherence"),
 )
 BY_FIELD: Mapping[str, Knob] = {k.field: k for k in KNOBS}
 
@@ -82,6 +83,7 @@ class Settings:
     driver: str = envvars.DRIVER.default
     params: tuple[str, ...] = envvars.PARAMS.default
     qemu: str = envvars.QEMU.default
+    coherence: str = envvars.COHERENCE.default
 
     def __post_init__(self) -> None:
         for knob in KNOBS:
@@ -103,6 +105,11 @@ class Settings:
             raise SettingsError(f"--timeout-scale / {envvars.TIMEOUT_SCALE.name}: must be >= 1")
         if self.name is not None and (not self.name or "/" in self.name or self.name[0] == "."):
             raise SettingsError(f"--name: invalid cluster name {self.name!r}")
+        if self.coherence != "coherent" and self.driver != "emu":
+            raise SettingsError(
+                f"--coherence / {envvars.COHERENCE.name}: {self.coherence!r} is the emulator's "
+                f"model; the {self.driver!r} driver has no such parameter"
+            )
         for param in self.params:
             if not PARAM_RE.match(param):
                 raise SettingsError(
@@ -132,6 +139,14 @@ class Settings:
         """Fill the knobs still None (the front end's defaults: topology, name)."""
         missing = {k: v for k, v in defaults.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **missing)
+
+    @property
+    def driver_params(self) -> tuple[str, ...]:
+        """The driver's module parameters: the coherence model (when not the default, so a
+        coherent cluster loads exactly what it did before the setting), then `params`."""
+        if self.coherence == envvars.COHERENCE.default:
+            return self.params
+        return merge_params((f"coherence={self.coherence}",), self.params)
 
     @property
     def param_map(self) -> dict[str, str]:
