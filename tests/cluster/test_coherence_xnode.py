@@ -63,7 +63,17 @@ def _side(xc: ClusterHarness, node: int, args: str, *, check: bool = True) -> st
 
 
 def _spawn_side(xc: ClusterHarness, node: int, args: str, name: str) -> int:
-    return xc.spawn(node, f"cd {xc.helpers} && {xc.python} -m coherence_side {args}", name=name)
+    # exec: the pid is the helper's own, so killing it closes its files
+    return xc.spawn(node, f"exec {xc.python} -m coherence_side {args}", name=name)
+
+
+def _stop(xc: ClusterHarness, node: int, pid: int) -> None:
+    """Kill a helper and wait until it is gone (its shmdev files closed, so its import can go)."""
+    xc.kill(node, pid)
+    xc.run(
+        node, f"for i in $(seq 100); do kill -0 {pid} 2>/dev/null || exit 0; sleep 0.1; done; "
+        f"kill -9 {pid}; sleep 0.5", check=False,
+    )  # fmt: skip
 
 
 def _reports(xc: ClusterHarness) -> str:
@@ -103,7 +113,7 @@ def test_nc_frame_polled_through_a_cacheable_view(
                     break
         finally:
             if pid:
-                xc.kill(B, pid)
+                _stop(xc, B, pid)
             unimport_on(xc, B, mem_id)
     reports = _reports(xc)
     if model == "coherent" or way != "none":
@@ -151,7 +161,7 @@ def test_cacheable_store_on_a_reaches_b_o_sync_reader_at_a_write_back(
             assert _read_sync(xc, B, mem_id, 0, len(marker)) == marker
         finally:
             if pid:
-                xc.kill(A, pid)
+                _stop(xc, A, pid)
             unimport_on(xc, B, mem_id)
 
 
@@ -201,7 +211,7 @@ def test_two_nodes_write_one_page_through_cacheable_mappings(
             got = _read_sync(xc, B, mem_id, 0, 256)
         finally:
             for node, pid in pids.items():
-                xc.kill(node, pid)
+                _stop(xc, node, pid)
             unimport_on(xc, B, mem_id)
     reports = _reports(xc)
     assert got[b_off : b_off + 8] == b_data
