@@ -9,10 +9,11 @@ module): programs of the shapes docs/coherence.md describes, run under either co
         poll the descriptor until it reaches GEN (`way` is the maintenance before each look)
         and write DIR/gen<GEN>: {"result": ok|mixed|stale, "old_lines": [...]}.
     python3 -m coherence_side hold MEM_ID DIR NAME --offset N --data HEX [--release unmap|handover]
-        Map the region cacheable read-write and read its first page (the node caches it), touch
-        DIR/filled-NAME; on DIR/write-NAME store DATA at N, touch DIR/written-NAME; on
-        DIR/release-NAME unmap (or hand ownership over: UPDATE_RANGE to READONLY, inferred
-        cache ops), touch DIR/released-NAME, and wait to be killed.
+        [--pmd]
+        Map the region cacheable read-write (4 KiB, or 2 MiB PMD granule) and read its first
+        page (the node caches it), touch DIR/filled-NAME; on DIR/write-NAME store DATA at N,
+        touch DIR/written-NAME; on DIR/release-NAME unmap (or hand ownership over: UPDATE_RANGE
+        to READONLY, inferred cache ops), touch DIR/released-NAME, and wait to be killed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from obmm import abi
 FRAME = 4096
 LINE = 64
 LINES = FRAME // LINE
+SZ_2M = 2 << 20
 POLL_S = 0.001
 
 
@@ -87,9 +89,12 @@ def consume(mem_id: int, out: Path, gens: list[int], way: str, timeout: float) -
         _put(out / f"gen{gen}", {"result": "mixed" if old else "ok", "old_lines": old})
 
 
-def hold(mem_id: int, out: Path, name: str, offset: int, data: bytes, release: str) -> None:
+def hold(
+    mem_id: int, out: Path, name: str, offset: int, data: bytes, release: str, pmd: bool
+) -> None:
     shm = obmm.ShmDev(mem_id)
-    m = shm.mmap(FRAME)
+    size = SZ_2M if pmd else FRAME
+    m = shm.mmap(size, pmd=pmd)
     m.read(0, FRAME)
     _put(out / f"filled-{name}", {})
     _wait(out / f"write-{name}")
@@ -98,7 +103,7 @@ def hold(mem_id: int, out: Path, name: str, offset: int, data: bytes, release: s
     _wait(out / f"release-{name}")
     if release == "handover":
         rw_to_ro = abi.OBMM_SHM_MEM_NORMAL | abi.OBMM_SHM_MEM_READONLY
-        shm.update_range(m.addr, m.addr + FRAME, rw_to_ro, abi.OBMM_SHM_CACHE_INFER)
+        shm.update_range(m.addr, m.addr + size, rw_to_ro, abi.OBMM_SHM_CACHE_INFER)
     else:
         m.close()
     _put(out / f"released-{name}", {})
@@ -125,6 +130,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--data", default="")
     p.add_argument("--release", choices=("unmap", "handover"), default="unmap")
+    p.add_argument("--pmd", action="store_true", help="a PMD-granule (2 MiB) mapping")
     args = ap.parse_args(argv)
     if args.cmd == "publish":
         publish(args.mem_id, args.gen)
@@ -132,7 +138,8 @@ def main(argv: list[str]) -> int:
         gens = [int(g) for g in args.gens.split(",")]
         consume(args.mem_id, args.dir, gens, args.way, args.timeout)
     else:
-        hold(args.mem_id, args.dir, args.name, args.offset, bytes.fromhex(args.data), args.release)
+        data = bytes.fromhex(args.data)
+        hold(args.mem_id, args.dir, args.name, args.offset, data, args.release, args.pmd)
     return 0
 
 
