@@ -250,6 +250,20 @@ static bool obmm_line_differs(const u8 *a, const u8 *b, unsigned int line)
 }
 
 /*
+ * Whether writing @snap over memory loses another writer's store: a byte
+ * memory changed since the twin was taken gets another value.
+ */
+static bool obmm_line_lost(const u8 *mem, const u8 *twin, const u8 *snap)
+{
+	unsigned int i;
+
+	for (i = 0; i < OBMM_LINE; i++)
+		if (mem[i] != twin[i] && snap[i] != mem[i])
+			return true;
+	return false;
+}
+
+/*
  * Write line @line of the page back: memory and twin get the shadow's, as
  * one snapshot, so that a store landing meanwhile stays dirty.
  */
@@ -262,7 +276,7 @@ static void obmm_line_write_back(struct obmm_cache *c, unsigned long pg,
 	u8 snap[OBMM_LINE];
 
 	memcpy(snap, shadow + at, OBMM_LINE);
-	if (obmm_line_differs(mem, p->twin, line))
+	if (obmm_line_lost(mem + at, p->twin + at, snap))
 		obmm_report(c->r, ((u64)pg << PAGE_SHIFT) + at, OBMM_LOST_WRITE,
 			    snap, mem + at);
 	memcpy(mem + at, snap, OBMM_LINE);

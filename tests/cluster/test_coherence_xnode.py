@@ -128,29 +128,26 @@ def test_nc_frame_polled_through_a_cacheable_view(
     assert f"stale read: node {B} mem_id {mem_id} offset " in reports, reports
 
 
-@pytest.mark.parametrize("granule", ["page", "pmd"])
 @pytest.mark.parametrize("release", ["unmap", "handover"])
 def test_cacheable_store_on_a_reaches_b_o_sync_reader_at_a_write_back(
-    xc: ClusterHarness, guest_tmp: str, model: str, release: str, granule: str
+    xc: ClusterHarness, guest_tmp: str, model: str, release: str
 ) -> None:
     """A stores through a cacheable mapping; B reads O_SYNC.  Under `strict` B sees the old
     bytes until A unmaps or hands ownership over (UPDATE_RANGE off READWRITE: inferred
-    WB_ONLY), and the new ones right after; under `coherent` at once.  Page and PMD granule (a
-    PMD mapping is cached page by page; its maintenance is the 2 MiB entry's)."""
+    WB_ONLY), and the new ones right after; under `coherent` at once."""
     if model == "strict-evict":
         pytest.skip("random eviction may write the line back early; `strict` is the contract")
     marker = b"written by A, cacheable".ljust(32, b".")
     with exporter(xc, guest_tmp, seed=42, name="wb") as exp:
         mem_id = import_on(xc, B, exp)
-        out = f"{guest_tmp}/wb-{release}-{granule}"
-        pmd = " --pmd" if granule == "pmd" else ""
+        out = f"{guest_tmp}/wb-{release}"
         pid = 0
         try:
             old = _read_sync(xc, B, mem_id, 0, len(marker))
             assert old != marker
             xc.run(A, f"rm -rf {out}; mkdir -p {out}")
             pid = _spawn_side(
-                xc, A, f"hold {exp.mem_id} {out} a --data {marker.hex()} --release {release}{pmd}",
+                xc, A, f"hold {exp.mem_id} {out} a --data {marker.hex()} --release {release}",
                 name=f"hold-{release}",
             )  # fmt: skip
             log = f"/tmp/hold-{release}.log"
