@@ -10,9 +10,10 @@ PYTEST := $(PY) -m pytest
 APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	qemu-system-x86 qemu-utils mmdebstrap e2fsprogs openssh-client \
 	kmod bc bison flex libelf-dev libssl-dev cpio zstd xz-utils perl git tar gcc-12 binutils libelf1 libssl3 \
-	gcc-aarch64-linux-gnu debian-archive-keyring
+	gcc-aarch64-linux-gnu debian-archive-keyring \
+	qemu-system-arm qemu-user-static binfmt-support arch-test device-tree-compiler
 
-.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test testbed-test hw-proof testbed-and-hw-proof real-driver-test fuzz-diff hw-test bench patch-check image kmod suite-build fuzz clean
+.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test arm64-test arm64-stage testbed-test hw-proof testbed-and-hw-proof real-driver-test fuzz-diff hw-test bench patch-check image kmod suite-build fuzz ubse clean
 
 setup: setup-apt setup-python setup-node
 
@@ -30,7 +31,9 @@ $(ACTIONLINT):
 setup-apt:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) && \
+		{ [ -e /proc/sys/fs/binfmt_misc/status ] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc; } && \
+		update-binfmts --enable qemu-aarch64; \
 	else \
 		echo "setup-apt: not root or no apt-get; install by hand: $(APT_PACKAGES)"; \
 	fi
@@ -94,8 +97,8 @@ image: setup-python
 	$(VENV)/bin/obmm-testbed image
 
 # Side by side, each from its own restored (or booted) nodes, output lines prefixed by the job's
-# name, all run to the end even if one fails: [qemu] the guest suite (tests/guest inside one
-# node, one host result per guest test); [cluster] the 2-node cluster suite; [trust] the
+# name, all run to the end even if one fails: [qemu] the guest suite (tests/guest, its files
+# shared out over two single-node clusters, GUEST_SPLIT; one host result per guest test); [cluster] the 2-node cluster suite; [trust] the
 # cluster suite's control-region trust tests on a pair of their own (they mostly wait out death
 # timeouts), then the hardware stage's quick proof on a node of its own: the trust job ends
 # first by far, so the proof's CPU is taken from the time the other two jobs leave one core.  image and kmod first, so their
@@ -115,6 +118,9 @@ HW_STAGE_SUITE = tests/qemu/test_hw_stage.py -m "$(GUEST_MARKS)"
 CLUSTER_ALL = tests/cluster -m "$(CLUSTER_MARKS)"
 CLUSTER_SUITE = $(CLUSTER_ALL) --ignore=tests/cluster/test_ctl_trust.py
 TRUST_SUITE = tests/cluster/test_ctl_trust.py -m "$(CLUSTER_MARKS)"
+# The guest suite beside the cluster suite: alone on one 1-vCPU node it keeps one core busy
+# and is the stage's longest job, so its files are shared out over two nodes.
+GUEST_SPLIT := OBMM_GUEST_SHARDS=2
 JUNIT = --junitxml=results/$(1)-junit.xml -o junit_logging=all
 # Set by make test: where the side-by-side stages append their times (empty: not recorded).
 STAGE_TIMES ?=
@@ -123,13 +129,38 @@ qemu-test: setup-python
 	@t0=$$(date +%s); \
 	$(MAKE) --no-print-directory suite-build || exit 1; \
 	$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage qemu-test \
-		'qemu=$(PYTEST) $(GUEST_SUITE) $(call JUNIT,qemu)' \
+		'qemu=$(GUEST_SPLIT) $(PYTEST) $(GUEST_SUITE) $(call JUNIT,qemu)' \
 		'cluster=$(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,cluster)' \
 		'trust=$(PYTEST) $(TRUST_SUITE) $(call JUNIT,trust)' \
 		'trust+=$(PYTEST) $(HW_STAGE_SUITE) $(call JUNIT,hw-stage)' \
 	|| exit 1; \
 	$(PY) -m obmm.bench.cluster_hook record $$t0 results/qemu-junit.xml results/cluster-junit.xml \
 		results/trust-junit.xml results/hw-stage-junit.xml || true
+
+# arm64 (Kunpeng-shaped) nodes, OBMM_TESTBED_ARCH=arm64 (obmm.testbed.arch): the guest and
+# cluster suites side by side on aarch64 guests; what differs by architecture is marked in the
+# tests with its reason.  arm64-stage is the part sized for make test: the plumbing, the
+# data path and every ioctl's refusals with their log lines, shmdev page and PMD mappings, a
+# borrow, then a cross-node read and the kernel-log guard on a pair.
+ARM64 := OBMM_TESTBED_ARCH=arm64
+ARM64_STAGE_GUEST := tests/guest/test_plumbing.py tests/guest/test_data.py tests/guest/test_klog.py \
+	tests/guest/test_addr_query.py tests/guest/test_shmdev.py::test_pmd_mapping_is_pmd_aligned \
+	tests/guest/test_shmdev.py::test_two_cacheable_mappings_share_bytes \
+	tests/guest/test_shmdev.py::test_open_both_modes_on_pool_export \
+	tests/guest/test_borrow.py::test_numa_remote_import_hot_adds_a_remote_node
+ARM64_STAGE_CLUSTER := tests/cluster/test_xnode.py -m "$(CLUSTER_MARKS)" \
+	-k "a_exports_and_fills_b_imports_and_reads or kernel_log_guard"
+arm64-test: setup-python
+	$(ARM64) $(VENV)/bin/obmm-testbed image
+	$(ARM64) $(SIDE_BY_SIDE) $(RECORD_TIMES) --stage arm64-test \
+		'qemu=$(PYTEST) $(GUEST_SUITE) $(call JUNIT,arm64-qemu)' \
+		'cluster=$(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,arm64-cluster)'
+
+arm64-stage: setup-python
+	$(ARM64) $(VENV)/bin/obmm-testbed image
+	$(ARM64) $(SIDE_BY_SIDE) $(RECORD_TIMES) --stage arm64-stage \
+		'qemu=env OBMM_GUEST_PATHS="$(ARM64_STAGE_GUEST)" $(PYTEST) tests/qemu/guest.guestsuite $(call JUNIT,arm64-stage)' \
+		'cluster=$(PYTEST) $(ARM64_STAGE_CLUSTER) $(call JUNIT,arm64-stage-cluster)'
 
 # The testbed's own tests against QEMU nodes: the runner meeting guests that WARN, hang or
 # panic; snapshots saved, restored and refused; `obmm-testbed run` from an installed wheel.
@@ -169,7 +200,7 @@ real-driver-test: setup-python
 	$(VENV)/bin/obmm-testbed kmod --driver real --reuse || exit 1; \
 	st=0; \
 	$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage real-driver-test \
-		'real=$(REAL_ENV) $(PYTEST) $(GUEST_SUITE) $(call JUNIT,real-qemu)' \
+		'real=$(REAL_ENV) $(GUEST_SPLIT) $(PYTEST) $(GUEST_SUITE) $(call JUNIT,real-qemu)' \
 		'realcluster=$(REAL_ENV) $(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,real-cluster)' \
 	|| st=1; \
 	$(PY) -m obmm.testbed.stages.realreport || st=1; \
@@ -204,7 +235,9 @@ FUZZ_TIMEOUT ?= 3600
 # seconds of each phase (0: no limit); fuzz-result says how many ran.
 FUZZ_SECONDS ?= 0
 FUZZ_ROUND_SECONDS ?= 0
-FUZZ = env PYTHONPATH=/opt/obmm-testbed/pylib python3 -m obmm.fuzz
+# The host's OBMM_TESTBED_TIMEOUT_SCALE goes to the guest: the fuzzer's rmmod bound scales with it.
+FUZZ = env PYTHONPATH=/opt/obmm-testbed/pylib OBMM_TESTBED_TIMEOUT_SCALE=$(OBMM_TESTBED_TIMEOUT_SCALE) \
+	python3 -m obmm.fuzz
 FUZZ_PROGRESS = /tmp/obmm-fuzz.progress
 fuzz-cmd = { $(FUZZ) --seed $(1) --ops $(FUZZ_OPS) --seconds $(FUZZ_SECONDS) \
 	--progress $(FUZZ_PROGRESS) || { echo "fuzz: the run ended at $$(cat $(FUZZ_PROGRESS))"; false; }; } && \
@@ -248,6 +281,11 @@ UPSTREAM ?=
 NO_GUEST ?=
 patch-check: setup-python
 	$(VENV)/bin/obmm-testbed patch-check $(if $(UPSTREAM),--upstream $(UPSTREAM)) $(if $(NO_GUEST),--no-guest)
+
+# Our libubse-client.so.1 (ubse/, docs/ubs-mem.md) into build/ubse; the cluster test builds it on
+# each node from the payload.
+ubse:
+	$(MAKE) --no-print-directory -C ubse O=$(CURDIR)/build/ubse
 
 clean:
 	-$(VENV)/bin/obmm-testbed down --all

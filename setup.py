@@ -17,7 +17,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 # Keep in step with obmm.testbed.provision.payload_tar and obmm.testbed.paths.ROOT_MARKERS.
-DATA = ("pyproject.toml", "kmod", "qemu", "uapi", "tests/guest", "tests/c", "examples/c")
+DATA = ("pyproject.toml", "kmod", "qemu", "uapi", "tests/guest", "tests/c", "examples/c", "ubse")
 SKIP = (
     "__pycache__", ".pytest_cache", ".mypy_cache", "*.pyc", "*.o", "*.ko", "*.mod", "*.mod.c",
     "*.cmd", ".*.cmd", "Module.symvers", "modules.order", ".tmp_versions", "exporter", "client",

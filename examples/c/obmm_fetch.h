@@ -148,10 +148,14 @@ static int read_fabric(const char *name, unsigned long long *out)
 	return read_u64(path, out);
 }
 
-/* The testbed's decoder: window onto the exporter's node + the exporter PA. */
+/*
+ * The testbed's decoder: window onto the exporter's node + the exporter PA
+ * past the node's RAM base (windows/<node>/remote_base: 0 on x86, 1 GiB on
+ * arm64's virt machine; absent in older modules).
+ */
 static int resolve_emulator(const struct obmm_handle *h, unsigned long long *addr)
 {
-	unsigned long long node, pa, base, size, wnode;
+	unsigned long long node, pa, base, size, wnode, rbase = 0;
 	char path[128];
 
 	if (!(h->uba & UBA_VALID) || h->uba >> 49) {
@@ -167,12 +171,15 @@ static int resolve_emulator(const struct obmm_handle *h, unsigned long long *add
 	snprintf(path, sizeof(path), "%s/windows/%llu/base", fabric_sysfs(), node);
 	if (read_u64(path, &base))
 		goto no_window;
+	snprintf(path, sizeof(path), "%s/windows/%llu/remote_base", fabric_sysfs(), node);
+	if (access(path, F_OK) == 0 && read_u64(path, &rbase))
+		goto no_window;
 	snprintf(path, sizeof(path), "%s/windows/%llu/size", fabric_sysfs(), node);
-	if (read_u64(path, &size) || pa + h->length > size) {
+	if (read_u64(path, &size) || pa < rbase || pa - rbase + h->length > size) {
 		fprintf(stderr, PROG ": export is outside the window onto node %llu\n", node);
 		return -1;
 	}
-	*addr = base + pa;
+	*addr = base + pa - rbase;
 	return 0;
 no_window:
 	fprintf(stderr, PROG ": no decoder window onto node %llu (%s); pass --addr\n",

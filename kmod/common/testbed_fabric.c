@@ -90,7 +90,8 @@ void tb_fabric_release(struct tb_fabric *fab)
 
 /*
  * The node whose window holds all of [start, start + len), and (when
- * offset is not NULL) the offset of start in that node's memory; -1 when
+ * offset is not NULL) the physical address of start in that node's
+ * memory (its offset in the window past TB_FABRIC_RAM_BASE); -1 when
  * no single window holds it.  A range is UB memory when it lies in one
  * decoder window.
  */
@@ -106,7 +107,7 @@ int tb_fabric_window_node(const struct tb_fabric *fab, phys_addr_t start,
 		    start - w->base < w->size &&
 		    len <= w->size - (start - w->base)) {
 			if (offset)
-				*offset = start - w->base;
+				*offset = start - w->base + TB_FABRIC_RAM_BASE;
 			return j;
 		}
 	}
@@ -162,10 +163,25 @@ static ssize_t node_show(struct kobject *kobj, struct kobj_attribute *attr,
 
 static struct kobj_attribute tb_win_node_attr = __ATTR_RO(node);
 
+/* The node's physical address at offset 0 of the window (its RAM base). */
+static ssize_t remote_base_show(struct kobject *kobj,
+				struct kobj_attribute *attr, char *buf)
+{
+	int node;
+
+	if (!tb_kobj_window(kobj, &node))
+		return -ENODEV;
+	return sysfs_emit(buf, "0x%llx\n", (u64)TB_FABRIC_RAM_BASE);
+}
+
+static struct kobj_attribute tb_win_remote_base_attr =
+	__ATTR_RO_MODE(remote_base, 0400);
+
 static struct attribute *tb_win_attrs[] = {
 	&tb_win_base_attr.attr,
 	&tb_win_size_attr.attr,
 	&tb_win_node_attr.attr,
+	&tb_win_remote_base_attr.attr,
 	NULL,
 };
 

@@ -16,14 +16,42 @@
 
 #include <linux/bits.h>
 #include <linux/kobject.h>
+#include <linux/nodemask.h>
 #include <linux/types.h>
 
 #define TB_FABRIC_MAX_NODES		8
 
 /*
+ * Where a node's RAM, and so offset 0 of its RAM file (and of every
+ * window onto it), sits in its physical address space: 0 on QEMU's q35,
+ * the RAM base of QEMU's arm64 `virt` machine (hw/arm/virt.c, VIRT_MEM)
+ * on arm64 (pylib/obmm/testbed/arch.py, ram_base).  Window offset
+ * o of node j holds node j's physical address TB_FABRIC_RAM_BASE + o.
+ */
+#ifdef CONFIG_ARM64
+#define TB_FABRIC_RAM_BASE		((phys_addr_t)0x40000000)
+#else
+#define TB_FABRIC_RAM_BASE		((phys_addr_t)0)
+#endif
+
+/*
+ * A spare (remote) NUMA node, with neither memory nor CPUs: what
+ * openEuler's numa_remote= keeps offline until OBMM hot-adds borrowed
+ * memory, and an x86 node booted with the testbed's SRAT is.  arm64's
+ * kernel onlines every node of the device tree at boot, memory-less
+ * (pylib/obmm/testbed/vm/numa.py), so online alone does not tell.
+ */
+static inline bool tb_node_unpopulated(int nid)
+{
+	return !node_online(nid) ||
+	       (!node_state(nid, N_MEMORY) && !node_state(nid, N_CPU));
+}
+
+/*
  * UBA of an export: bit 48 set (so a UBA is never 0), exporter node id in
  * bits 40..47, exporter physical address in bits 0..39.  An importer on
- * node B reaches it at window[node].base + pa (pylib/obmm/decoder.py).
+ * node B reaches it at window[node].base + pa - TB_FABRIC_RAM_BASE
+ * (pylib/obmm/decoder.py; windows/<node>/remote_base in sysfs).
  * TB_UBA_SCATTERED marks memory that no window reaches in one piece: the
  * decoder refuses such a UBA instead of resolving it to the wrong bytes.
  */

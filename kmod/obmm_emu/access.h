@@ -20,6 +20,9 @@ void obmm_access_register(const struct obmm_access_ops *ops);
 void obmm_access_start(void);
 void obmm_access_stop(void);
 u64 obmm_access_acked_epoch(void);
+/* The longest revocation scan period a node may run with (ms). */
+#define OBMM_ACCESS_MAX_SCAN_MS		1000
+
 unsigned int obmm_access_scan_ms(void);
 /* The live export record covering the range, if any (no tokenid check). */
 bool obmm_access_find_export(phys_addr_t addr, u64 len,

@@ -30,6 +30,7 @@
 #include <linux/nodemask.h>
 
 #include "borrow.h"
+#include "testbed_fabric.h"
 
 /* The name numa_remote gives the hot-added range in /proc/iomem. */
 #define OBMM_BORROW_RES_NAME	"System RAM (Remote)"
@@ -55,7 +56,7 @@ void obmm_borrow_init(void)
 
 	nodes_clear(obmm_remote_nodes);
 	for_each_node_state(nid, N_POSSIBLE)
-		if (!node_online(nid))
+		if (tb_node_unpopulated(nid))
 			node_set(nid, obmm_remote_nodes);
 	pr_info("%d remote NUMA node(s) for borrowing\n",
 		nodes_weight(obmm_remote_nodes));
@@ -99,7 +100,7 @@ static int obmm_borrow_unused_node(void)
 	int nid;
 
 	for_each_node_mask(nid, obmm_remote_nodes)
-		if (!node_online(nid) && !obmm_node_claims[nid])
+		if (tb_node_unpopulated(nid) && !obmm_node_claims[nid])
 			return nid;
 	return NUMA_NO_NODE;
 }

@@ -42,8 +42,7 @@ static long obmm_dev_ioctl(struct file *file, unsigned int cmd,
 
 	if (!obmm_fabric_enabled())
 		return obmm_refuse("ioctl", -EOPNOTSUPP,
-				   "obmm feature not enabled (cmd %#x; emulator: no fabric window or control region)",
-				   cmd);
+				   "obmm feature not enabled");
 
 	switch (cmd) {
 	case OBMM_CMD_EXPORT:
@@ -221,16 +220,23 @@ static void obmm_emu_test_exit_delay(void)
 
 static void __exit obmm_emu_exit(void)
 {
+	bool acked;
+
 	pr_info("obmm_module: exit started\n");
 	misc_deregister(&obmm_misc);
 	obmm_ubc_exit();
 	obmm_sysfs_exit();
 	obmm_shmdev_exit();
 	obmm_region_fs_exit();
-	/* Before the fabric: the EXPORT_PID quarantine work reads the control region. */
-	obmm_exports_exit();
+	/*
+	 * Before the fabric: the EXPORT_PID quarantine work reads the control
+	 * region, and peers acknowledge through it.  Its pages are unpinned
+	 * only once the node is OFFLINE, so no peer still reaches them.
+	 */
+	acked = obmm_exports_exit_wait();
 	obmm_emu_fabric_down();
 	obmm_emu_test_exit_delay();
+	obmm_exports_exit(acked);
 	obmm_imports_exit();
 	obmm_regions_exit();
 	obmm_cache_exit();

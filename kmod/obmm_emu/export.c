@@ -32,6 +32,7 @@
 #include "pool.h"
 #include "region.h"
 #include "shmdev.h"
+#include "testbed_fabric.h"
 
 static u32 obmm_new_tokenid(void)
 {
@@ -66,48 +67,51 @@ static int obmm_export_check_sizes(const struct obmm_cmd_export *cmd,
 				   u64 *total)
 {
 	u64 memseg = obmm_pool_granu();
-	int pkg, node_pkg;
+	int pkg, node_pkg, min_nid = -1, max_nid = 0;
 	u64 sum = 0;
 	unsigned int i;
 
 	if (cmd->length > OBMM_MAX_LOCAL_NUMA_NODES)
 		return obmm_refuse(OBMM_OP_EXPORT, -E2BIG,
-				   "Size list is too long: max=%d, actual_length=%llu",
-				   OBMM_MAX_LOCAL_NUMA_NODES, cmd->length);
+				   "Size list is too long: max=%d, actual_length=%lld",
+				   OBMM_MAX_LOCAL_NUMA_NODES, (long long)cmd->length);
 	if (!obmm_pxm_numa_valid(cmd->pxm_numa))
 		return obmm_refuse(OBMM_OP_EXPORT, -EINVAL, "Invalid pxm_numa %d",
 				   cmd->pxm_numa);
 	for (i = 0; i < cmd->length; i++) {
 		if (cmd->size[i] % memseg)
 			return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
-					   "The size of new OBMM region %#llx on node %u is not aligned to OBMM memseg size %#llx",
-					   cmd->size[i], i, memseg);
-		if (cmd->size[i] && (i >= nr_node_ids || !node_online(i)))
+					   "The size of new OBMM region 0x%llx on node %d is not aligned to OBMM memseg size %#lx.",
+					   cmd->size[i], (int)i, (unsigned long)memseg);
+		if (cmd->size[i] && (i >= nr_node_ids || tb_node_unpopulated(i)))
 			return obmm_refuse(OBMM_OP_EXPORT, -ENODEV,
-					   "Cannot export memory from offlined or remote numa node %u",
-					   i);
+					   "Cannot export memory from offlined or remote numa node %d",
+					   (int)i);
 		if (check_add_overflow(sum, cmd->size[i], &sum))
 			return obmm_refuse(OBMM_OP_EXPORT, -EOVERFLOW,
-					   "Memory size overflowed! (node %u size %#llx)",
-					   i, cmd->size[i]);
+					   "Memory size overflowed!");
 	}
 	if (!sum)
 		return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
 				   "The size of new OBMM region is 0. Non-zero value expected");
 
+	/* One package for the memory nodes and pxm_numa, or two lines. */
 	pkg = obmm_node_package(cmd->pxm_numa);
-	if (pkg < 0)
-		return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
-				   "ub controller pxm %d is not an online node with CPUs",
-				   cmd->pxm_numa);
 	for (i = 0; i < cmd->length; i++) {
 		if (!cmd->size[i])
 			continue;
+		if (min_nid < 0)
+			min_nid = i;
+		max_nid = i;
 		node_pkg = obmm_node_package(i);
 		if (node_pkg < 0 || node_pkg != pkg)
-			return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
-					   "Cannot use memory from multiple sockets or memory and ub controller is from different sockets: memory node %u, ub controller pxm: %d",
-					   i, cmd->pxm_numa);
+			pkg = -1;
+	}
+	if (pkg < 0) {
+		obmm_klog("Cannot use memory from multiple sockets or memory and ub controller is from different sockets.");
+		return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
+				   "memory numa id ranges: [%d, %d], ub controller pxm: %d.",
+				   min_nid, max_nid, cmd->pxm_numa);
 	}
 	*total = sum;
 	return 0;
@@ -122,24 +126,30 @@ static int obmm_export_alloc(struct obmm_region *r,
 	bool fast = cmd->flags & OBMM_EXPORT_FLAG_FAST;
 	int ret;
 
-	for (i = 0; i < cmd->length; i++) {
-		if (!cmd->size[i])
-			continue;
-		if (!obmm_pool_present() || i != obmm_pool_nid())
-			return obmm_refuse(OBMM_OP_EXPORT, -ENODEV,
-					   "no memory pool on node %u (the pool is on node %d)",
-					   i, obmm_pool_present() ? obmm_pool_nid() : -1);
+	/* alloc_export_memory_pool(): every size's granule first. */
+	for (i = 0; i < cmd->length; i++)
 		if (cmd->size[i] % obmm_pool_granu())
 			return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
-					   "invalid size %#llx on node %u: not aligned to mempool granu %#llx",
-					   cmd->size[i], i, obmm_pool_granu());
-	}
+					   "invalid size 0x%llx on node %d: not aligned to mempool granu %#lx",
+					   cmd->size[i], (int)i, (unsigned long)obmm_pool_granu());
+	/* allocate_memory_contiguous(): a node without an allocator. */
+	for (i = 0; i < cmd->length; i++)
+		if (cmd->size[i] &&
+		    (!obmm_pool_present() || i != obmm_pool_nid()))
+			return obmm_refuse(OBMM_OP_EXPORT, -ENODEV,
+					   "%s:no allocator working on node %d",
+					   "allocate_memory_contiguous", (int)i);
 	ret = obmm_pool_alloc(total, fast, &r->pa);
-	if (ret)
+	if (ret == -ENOMEM)
 		return obmm_refuse(OBMM_OP_EXPORT, ret,
-				   "cannot allocate %#llx bytes%s from the pool of node %d",
-				   total, fast ? " of cleared memory (FAST)" : "",
-				   obmm_pool_nid());
+				   "%s: failed to alloc %#llx bytes for node %d",
+				   "allocate_memory_contiguous",
+				   (unsigned long long)total, obmm_pool_nid());
+	if (ret)
+		return obmm_refuse_emu(OBMM_OP_EXPORT, ret,
+				       "cannot allocate %#llx bytes%s from the pool of node %d",
+				       total, fast ? " of cleared memory (FAST)" : "",
+				       obmm_pool_nid());
 	return 0;
 }
 
@@ -152,8 +162,8 @@ static int obmm_export_finish(struct obmm_region *r, const char *op)
 	/* Emulator: no free record slot is ENOSPC (FIDELITY.md). */
 	ret = obmm_ctl_publish_export(r);
 	if (ret)
-		return obmm_refuse(op, ret,
-				   "emulator: no free export record slot in the control region (%d per node)",
+		return obmm_refuse_emu(op, ret,
+				   "no free export record slot in the control region (%d per node)",
 				   OBMM_EMU_CTL_RECORDS_PER_NODE);
 	ret = obmm_shmdev_publish(r);
 	if (ret) {
@@ -178,10 +188,13 @@ static long obmm_export_reply(const struct obmm_region *r, const char *op,
 	*mem_id = r->id;
 	*uba = r->uba;
 	*tokenid = r->tokenid;
-	if (copy_to_user(uarg, cmd, len))
+	if (copy_to_user(uarg, cmd, len)) {
+		if (!strcmp(op, OBMM_OP_EXPORT))
+			return obmm_refuse(op, -EFAULT,
+					   "failed to write export result");
 		return obmm_refuse(op, -EFAULT,
-				   "failed to write result (mem_id=%d stays exported)",
-				   r->id);
+				   "failed to write export_pid result.");
+	}
 	return 0;
 }
 
@@ -200,7 +213,7 @@ static struct obmm_region *obmm_export_region_new(const char *op,
 
 	r = obmm_region_alloc(OBMM_REGION_EXPORT);
 	if (!r)
-		return ERR_PTR(obmm_refuse(op, -ENOMEM, "no memory for a region"));
+		return ERR_PTR(obmm_refuse_emu(op, -ENOMEM, "no memory for a region"));
 	ret = obmm_copy_priv(r, priv, priv_len, op);
 	if (!ret)
 		ret = obmm_check_vendor(vendor, vendor_len, op);
@@ -229,8 +242,8 @@ long obmm_export_ioctl(void __user *uarg)
 		return ret;
 	if (cmd.flags & ~OBMM_EXPORT_FLAG_MASK)
 		return obmm_refuse(OBMM_OP_EXPORT, -EINVAL,
-				   "undefined flags specified in export flags parameter %#llx",
-				   cmd.flags);
+				   "undefined flags specified in export flags parameter %#lx.",
+				   (unsigned long)cmd.flags);
 
 	r = obmm_export_region_new(OBMM_OP_EXPORT, cmd.priv, cmd.priv_len,
 				   cmd.vendor_info, cmd.vendor_len);
@@ -305,23 +318,29 @@ static int obmm_pid_check_pages(struct obmm_region *r)
 	unsigned long i;
 	int nid;
 
-	if (!obmm_pxm_numa_valid(r->pxm_numa) || pkg < 0)
-		return obmm_refuse(OBMM_OP_EXPORT_PID, -EOPNOTSUPP,
-				   "hisi workarounds check no passing: Invalid pxm_numa %d",
-				   r->pxm_numa);
+	/* The real order: the pages first, then pxm_numa, then the package. */
 	for (i = 0; i < r->npages; i++) {
-		if (!obmm_page_is_hugetlb(r->pages[i]))
-			return obmm_refuse(OBMM_OP_EXPORT_PID, -EOPNOTSUPP,
-					   "hisi workarounds check no passing: Only hugetlbfs pages are allowed (page %lu of %lu)",
-					   i, r->npages);
+		if (!obmm_page_is_hugetlb(r->pages[i])) {
+			obmm_klog("Only hugetlbfs pages are allowed");
+			goto refuse;
+		}
 		nid = page_to_nid(r->pages[i]);
-		if (nid >= OBMM_MAX_LOCAL_NUMA_NODES ||
-		    obmm_node_package(nid) != pkg)
-			return obmm_refuse(OBMM_OP_EXPORT_PID, -EOPNOTSUPP,
-					   "hisi workarounds check no passing: page %lu on node %d, not on the package of pxm_numa %d",
-					   i, nid, r->pxm_numa);
+		if (nid < 0 || nid >= OBMM_MAX_LOCAL_NUMA_NODES) {
+			obmm_klog("Invalid node ID %d.", nid);
+			goto refuse;
+		}
+		if (obmm_node_package(nid) != pkg)
+			pkg = -1;
 	}
-	return 0;
+	if (!obmm_pxm_numa_valid(r->pxm_numa)) {
+		obmm_klog("Invalid pxm_numa %d", r->pxm_numa);
+		goto refuse;
+	}
+	if (pkg >= 0)
+		return 0;
+refuse:
+	return obmm_refuse(OBMM_OP_EXPORT_PID, -EOPNOTSUPP,
+			   "hisi workarounds check no passing.");
 }
 
 /* EXPORT_PID check 7: every memseg must be physically aligned and whole. */
@@ -332,7 +351,7 @@ static int obmm_pid_check_memsegs(struct obmm_region *r)
 	phys_addr_t first;
 
 	if (r->size % obmm_pool_granu())
-		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
+		return obmm_refuse_emu(OBMM_OP_EXPORT_PID, -EINVAL,
 				   "length %#llx not a multiple of memseg size %#llx",
 				   r->size, obmm_pool_granu());
 	for (i = 0; i < r->npages; i++) {
@@ -346,7 +365,7 @@ static int obmm_pid_check_memsegs(struct obmm_region *r)
 		}
 	}
 	if (i < r->npages)
-		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
+		return obmm_refuse_emu(OBMM_OP_EXPORT_PID, -EINVAL,
 				   "memseg %lu (page %lu) is not physically contiguous and %#llx-aligned",
 				   i / per_seg, i, obmm_pool_granu());
 	return 0;
@@ -407,7 +426,7 @@ static int obmm_pid_get_mm(pid_t nr, struct mm_struct **out)
 	if (!nr) {
 		*out = get_task_mm(current);
 		return *out ? 0 : obmm_refuse(OBMM_OP_EXPORT_PID, -ESRCH,
-					      "get mm from pid(0) failed");
+					      "get mm from pid(%d) failed.", nr);
 	}
 	rcu_read_lock();
 	pid = find_pid_ns(nr, &init_pid_ns);
@@ -417,15 +436,15 @@ static int obmm_pid_get_mm(pid_t nr, struct mm_struct **out)
 	rcu_read_unlock();
 	if (!task)
 		return obmm_refuse(OBMM_OP_EXPORT_PID, -ESRCH,
-				   "get tsk from pid(%d) failed", nr);
+				   "get tsk from pid(%d) failed.", nr);
 	mm = get_task_mm(task);
 	if (!mm) {
 		ret = obmm_refuse(OBMM_OP_EXPORT_PID, -ESRCH,
-				  "get mm from pid(%d) failed", nr);
+				  "get mm from pid(%d) failed.", nr);
 	} else if (mm != current->mm && !obmm_pid_may_access(task, mm)) {
 		mmput(mm);
-		ret = obmm_refuse(OBMM_OP_EXPORT_PID, -EPERM,
-				  "emulator: the caller may not access pid(%d) (ptrace credential rule)",
+		ret = obmm_refuse_emu(OBMM_OP_EXPORT_PID, -EPERM,
+				  "the caller may not access pid(%d) (ptrace credential rule)",
 				  nr);
 	}
 	put_task_struct(task);
@@ -452,6 +471,9 @@ static void obmm_pid_unpin(struct obmm_region *r, unsigned long npinned)
  * the withdrawal, so that no importer that has not yet revoked its import
  * can reach pages the kernel has handed to someone else.
  */
+/* How long unload waits for peers' acknowledgments of quarantined pages. */
+#define OBMM_PID_EXIT_ACK_MS	2000
+
 struct obmm_pid_quarantine {
 	struct list_head link;
 	struct page **pages;
@@ -558,9 +580,48 @@ static void obmm_pid_quarantine_add(struct obmm_region *r, u64 epoch)
 	schedule_delayed_work(&obmm_pid_quarantine_work, delay);
 }
 
-void obmm_exports_exit(void)
+/* Whether every quarantined entry's withdrawal is acknowledged. */
+static bool obmm_pid_quarantine_acked(void)
 {
+	u64 acked = obmm_access_acked_epoch();
+	struct obmm_pid_quarantine *q;
+	bool all = true;
+
+	mutex_lock(&obmm_pid_quarantine_lock);
+	list_for_each_entry(q, &obmm_pid_quarantine_list, link)
+		all &= q->epoch <= acked;
+	mutex_unlock(&obmm_pid_quarantine_lock);
+	return all;
+}
+
+/*
+ * Module exit, while the node is still ONLINE: the quarantine work stops
+ * and every live peer gets a while to acknowledge what is quarantined
+ * (each does within its scan period).  Nothing is unpinned yet: the node
+ * goes OFFLINE first (obmm_exports_exit()).  Whether all was acknowledged.
+ */
+bool obmm_exports_exit_wait(void)
+{
+	unsigned long deadline = jiffies + msecs_to_jiffies(OBMM_PID_EXIT_ACK_MS);
+
 	cancel_delayed_work_sync(&obmm_pid_quarantine_work);
+	while (!obmm_pid_quarantine_acked()) {
+		if (time_after(jiffies, deadline))
+			return false;
+		msleep(obmm_access_scan_ms());
+	}
+	return true;
+}
+
+/*
+ * Module exit, once the node is OFFLINE: the quarantined pages are let go.
+ * What a live peer did not acknowledge waits a peer's longest scan period
+ * first, in which it sees the node OFFLINE and revokes every import of it.
+ */
+void obmm_exports_exit(bool acked)
+{
+	if (!acked)
+		msleep(OBMM_ACCESS_MAX_SCAN_MS);
 	obmm_pid_quarantine_run(true);
 }
 
@@ -572,8 +633,8 @@ void obmm_exports_exit(void)
 static int obmm_pid_check_length(u64 length)
 {
 	if (length >> PAGE_SHIFT > totalram_pages())
-		return obmm_refuse(OBMM_OP_EXPORT_PID, -ENOMEM,
-				   "emulator: length %#llx exceeds the machine's RAM (%lu pages)",
+		return obmm_refuse_emu(OBMM_OP_EXPORT_PID, -ENOMEM,
+				   "length %#llx exceeds the machine's RAM (%lu pages)",
 				   length, totalram_pages());
 	return 0;
 }
@@ -584,18 +645,17 @@ static int obmm_pid_pin(struct obmm_region *r, unsigned long va)
 
 	r->pages = kvcalloc(r->npages, sizeof(*r->pages), GFP_KERNEL);
 	if (!r->pages)
-		return obmm_refuse(OBMM_OP_EXPORT_PID, -ENOMEM,
+		return obmm_refuse_emu(OBMM_OP_EXPORT_PID, -ENOMEM,
 				   "no memory for a page list of %lu pages", r->npages);
 	pinned = obmm_pin_pages(r->mm, va, r->npages, r->pages);
 	if (pinned < 0)
 		return obmm_refuse(OBMM_OP_EXPORT_PID, (int)pinned,
-				   "pin memory failed, %ld (va %#lx, %lu pages)",
-				   pinned, va, r->npages);
+				   "pin memory failed, %d.", (int)pinned);
 	atomic64_add(pinned, &r->mm->pinned_vm);
 	if (pinned != r->npages) {
 		obmm_pid_unpin(r, pinned);
 		return obmm_refuse(OBMM_OP_EXPORT_PID, -ENOMEM,
-				   "failed to pin user pages(%ld/%lu)!", pinned,
+				   "failed to pin user pages(%d/%lu)!", (int)pinned,
 				   r->npages);
 	}
 	return 0;
@@ -610,24 +670,23 @@ long obmm_export_pid_ioctl(void __user *uarg)
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
 		return obmm_refuse(OBMM_OP_EXPORT_PID, -EFAULT,
-				   "Failed to load export_pid param");
+				   "Failed to load export_pid param.");
 	if (cmd.flags & ~OBMM_EXPORT_FLAG_MASK)
 		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
-				   "invalid flags %#llx encountered in export_user_addr",
+				   "invalid flags %#llx encountered in export_user_addr.",
 				   cmd.flags);
 	if (cmd.flags & OBMM_EXPORT_FLAG_ALLOW_MMAP)
 		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
-				   "ALLOW_MMAP flag is not allowed in export_user_addr");
+				   "ALLOW_MMAP flag is not allowed in export_user_addr.");
 	if (cmd.flags & OBMM_EXPORT_FLAG_FAST)
 		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
-				   "FAST flag is not allowed in export_user_addr");
+				   "FAST flag is not allowed in export_user_addr.");
 	if (!cmd.length)
 		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
-				   "export sizeof 0 memory is not allowed");
+				   "export sizeof 0 memory is not allowed.");
 	if (cmd.length % PMD_SIZE)
 		return obmm_refuse(OBMM_OP_EXPORT_PID, -EINVAL,
-				   "export memory size %#llx is not aligned to PMD_SIZE",
-				   cmd.length);
+				   "export memory size is not aligned to PMD_SIZE.");
 
 	r = obmm_export_region_new(OBMM_OP_EXPORT_PID, cmd.priv, cmd.priv_len,
 				   cmd.vendor_info, cmd.vendor_len);
@@ -650,7 +709,7 @@ long obmm_export_pid_ioctl(void __user *uarg)
 	r->pid_quarantine = kmalloc(sizeof(*r->pid_quarantine), GFP_KERNEL);
 	if (!r->pid_quarantine) {
 		mmput(mm);
-		ret = obmm_refuse(OBMM_OP_EXPORT_PID, -ENOMEM,
+		ret = obmm_refuse_emu(OBMM_OP_EXPORT_PID, -ENOMEM,
 				  "no memory for the quarantine entry");
 		goto err_id;
 	}

@@ -11,6 +11,7 @@
 long obmm_export_ioctl(void __user *uarg);
 long obmm_export_pid_ioctl(void __user *uarg);
 long obmm_unexport_ioctl(void __user *uarg);
-void obmm_exports_exit(void);
+bool obmm_exports_exit_wait(void);
+void obmm_exports_exit(bool acked);
 
 #endif /* OBMM_EMU_EXPORT_H */

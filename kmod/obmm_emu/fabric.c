@@ -12,6 +12,7 @@
 #include <linux/module.h>
 #include <linux/moduleparam.h>
 #include <linux/random.h>
+#include <linux/spinlock.h>
 #include <linux/workqueue.h>
 
 #include "fabric.h"
@@ -32,6 +33,18 @@ MODULE_PARM_DESC(cna, "Primary CNA of this node's UB controller (default node_id
 static unsigned int eid;
 module_param(eid, uint, 0444);
 MODULE_PARM_DESC(eid, "EID (first 32 bits) of this node's UB controller (default node_id + 1)");
+
+/*
+ * The windows whose decoder ranges are non-cacheable only (node ids): the
+ * UB decoder's answer to ub_memory_validate_pa(scna, start, end, true)
+ * for them is no, so an import there may be opened with O_SYNC only
+ * (obmm_import.c:get_pa_range_mem_cap).  Default: none, every range both.
+ */
+static int decoder_nc_only[TB_FABRIC_MAX_NODES];
+static unsigned int decoder_nc_only_count;
+module_param_array(decoder_nc_only, int, &decoder_nc_only_count, 0444);
+MODULE_PARM_DESC(decoder_nc_only,
+		 "Node ids whose window's decoder range is non-cacheable only (default none)");
 
 static unsigned int heartbeat_ms = OBMM_EMU_DEFAULT_HEARTBEAT_MS;
 module_param(heartbeat_ms, uint, 0444);
@@ -70,6 +83,14 @@ struct obmm_fabric {
 	DECLARE_BITMAP(rec_used, OBMM_EMU_CTL_RECORDS_PER_NODE);
 	u32 rec_seq[OBMM_EMU_CTL_RECORDS_PER_NODE];
 	u64 rec_gen[OBMM_EMU_CTL_RECORDS_PER_NODE];
+	/*
+	 * What this node's records say (seq aside): its own lookups (a
+	 * loopback import, its revocation) are answered from here, never from
+	 * the shared bytes, which a peer may forge.  own_lock: a leaf, taken
+	 * under peer_lock by access.c's lookups.
+	 */
+	spinlock_t own_lock;
+	struct obmm_emu_ctl_export own_rec[OBMM_EMU_CTL_RECORDS_PER_NODE];
 };
 
 static struct obmm_fabric fab;
@@ -115,6 +136,16 @@ struct tb_fabric *obmm_fabric_tb(void)
 int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset)
 {
 	return tb_fabric_window_node(&fab.tb, start, len, offset);
+}
+
+bool obmm_fabric_window_nc_only(int node)
+{
+	unsigned int i;
+
+	for (i = 0; i < decoder_nc_only_count; i++)
+		if (decoder_nc_only[i] == node)
+			return true;
+	return false;
 }
 
 u64 obmm_fabric_boot_id(void)
@@ -186,6 +217,12 @@ bool obmm_ctl_read_record(int node, int slot, struct obmm_emu_ctl_export *out)
 	if (!fab.ctl || node < 0 || node >= OBMM_EMU_MAX_NODES ||
 	    slot < 0 || slot >= OBMM_EMU_CTL_RECORDS_PER_NODE)
 		return false;
+	if (node == obmm_emu_node_id) {
+		spin_lock(&fab.own_lock);
+		*out = fab.own_rec[slot];
+		spin_unlock(&fab.own_lock);
+		return true;
+	}
 	return obmm_ctl_read(obmm_ctl_node_record(node, slot), out,
 			     sizeof(*out));
 }
@@ -198,7 +235,8 @@ u32 obmm_ctl_record_state(int node, int slot)
 	if (!fab.ctl || node < 0 || node >= OBMM_EMU_MAX_NODES ||
 	    slot < 0 || slot >= OBMM_EMU_CTL_RECORDS_PER_NODE)
 		return OBMM_EMU_REC_FREE;
-	rec = obmm_ctl_node_record(node, slot);
+	rec = node == obmm_emu_node_id ? &fab.own_rec[slot] :
+	      obmm_ctl_node_record(node, slot);
 	return le32_to_cpu(READ_ONCE(rec->state));
 }
 
@@ -316,12 +354,31 @@ static void obmm_heartbeat_fn(struct work_struct *work)
 }
 
 /*
+ * Write record @slot as @own says, in the private copy and the shared
+ * slot (@own's seq is not used).  rec_lock held.
+ */
+static void obmm_ctl_record_write_locked(int slot,
+					 const struct obmm_emu_ctl_export *own)
+{
+	struct obmm_emu_ctl_export *rec = obmm_ctl_record(slot);
+
+	spin_lock(&fab.own_lock);
+	fab.own_rec[slot] = *own;
+	fab.own_rec[slot].seq = 0;
+	spin_unlock(&fab.own_lock);
+	obmm_ctl_write_begin(&rec->seq, &fab.rec_seq[slot]);
+	memcpy((u8 *)rec + sizeof(rec->seq), (const u8 *)own + sizeof(own->seq),
+	       sizeof(*rec) - sizeof(rec->seq));
+	obmm_ctl_write_end(&rec->seq, &fab.rec_seq[slot]);
+}
+
+/*
  * Publish an export's record in this node's slots.  -ENOSPC when every
  * slot is taken: an export no importer could find is refused, not made.
  */
 int obmm_ctl_publish_export(struct obmm_region *r)
 {
-	struct obmm_emu_ctl_export *rec;
+	struct obmm_emu_ctl_export own;
 	u32 flags;
 	int slot;
 
@@ -335,27 +392,25 @@ int obmm_ctl_publish_export(struct obmm_region *r)
 	}
 	set_bit(slot, fab.rec_used);
 	r->record_slot = slot;
-	rec = obmm_ctl_record(slot);
 	flags = (u32)r->export_flags;
 	if (r->from_user)
 		flags |= OBMM_EMU_REC_FLAG_FROM_USER;
 	if (r->from_user && !r->phys_contig)
 		flags |= OBMM_EMU_REC_FLAG_SCATTERED;
 
-	obmm_ctl_write_begin(&rec->seq, &fab.rec_seq[slot]);
-	rec->generation = cpu_to_le64(++fab.rec_gen[slot]);
-	rec->boot_id = cpu_to_le64(fab.boot_id);
-	rec->mem_id = cpu_to_le64(r->id);
-	rec->uba = cpu_to_le64(r->uba);
-	rec->pa = cpu_to_le64(r->pa);
-	rec->size = cpu_to_le64(r->size);
-	rec->tokenid = cpu_to_le32(r->tokenid);
-	rec->flags = cpu_to_le32(flags);
-	memcpy(rec->deid, r->deid, sizeof(rec->deid));
-	rec->pxm_numa = cpu_to_le32(r->pxm_numa);
-	memset(rec->reserved, 0, sizeof(rec->reserved));
-	rec->state = cpu_to_le32(OBMM_EMU_REC_LIVE);
-	obmm_ctl_write_end(&rec->seq, &fab.rec_seq[slot]);
+	memset(&own, 0, sizeof(own));
+	own.generation = cpu_to_le64(++fab.rec_gen[slot]);
+	own.boot_id = cpu_to_le64(fab.boot_id);
+	own.mem_id = cpu_to_le64(r->id);
+	own.uba = cpu_to_le64(r->uba);
+	own.pa = cpu_to_le64(r->pa);
+	own.size = cpu_to_le64(r->size);
+	own.tokenid = cpu_to_le32(r->tokenid);
+	own.flags = cpu_to_le32(flags);
+	memcpy(own.deid, r->deid, sizeof(own.deid));
+	own.pxm_numa = cpu_to_le32(r->pxm_numa);
+	own.state = cpu_to_le32(OBMM_EMU_REC_LIVE);
+	obmm_ctl_record_write_locked(slot, &own);
 	mutex_unlock(&fab.rec_lock);
 	return 0;
 }
@@ -368,18 +423,17 @@ int obmm_ctl_publish_export(struct obmm_region *r)
  */
 u64 obmm_ctl_withdraw_export(struct obmm_region *r)
 {
-	struct obmm_emu_ctl_export *rec;
+	struct obmm_emu_ctl_export own;
 	int slot = r->record_slot;
 	u64 epoch;
 
 	if (!fab.ctl || slot < 0)
 		return 0;
 	mutex_lock(&fab.rec_lock);
-	rec = obmm_ctl_record(slot);
-	obmm_ctl_write_begin(&rec->seq, &fab.rec_seq[slot]);
-	rec->state = cpu_to_le32(OBMM_EMU_REC_FREE);
-	rec->generation = cpu_to_le64(++fab.rec_gen[slot]);
-	obmm_ctl_write_end(&rec->seq, &fab.rec_seq[slot]);
+	own = fab.own_rec[slot];
+	own.state = cpu_to_le32(OBMM_EMU_REC_FREE);
+	own.generation = cpu_to_le64(++fab.rec_gen[slot]);
+	obmm_ctl_record_write_locked(slot, &own);
 	clear_bit(slot, fab.rec_used);
 	r->record_slot = -1;
 
@@ -468,6 +522,7 @@ int obmm_fabric_init(void)
 		heartbeat_ms = OBMM_EMU_MIN_HEARTBEAT_MS;
 	mutex_init(&fab.rec_lock);
 	mutex_init(&fab.node_lock);
+	spin_lock_init(&fab.own_lock);
 	fab.up = true;
 	INIT_DELAYED_WORK(&fab.heartbeat_work, obmm_heartbeat_fn);
 	fab.boot_id = get_random_u64();

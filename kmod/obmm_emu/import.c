@@ -252,14 +252,6 @@ static void obmm_range_remove(struct obmm_region *r)
 	mutex_unlock(&obmm_import_mutex);
 }
 
-static bool obmm_preimport_datapath_differs(const struct obmm_preimport *pre,
-					    const struct obmm_cmd_import *cmd)
-{
-	return pre->scna != cmd->scna || pre->dcna != cmd->dcna ||
-	       memcmp(pre->seid, cmd->seid, sizeof(pre->seid)) ||
-	       memcmp(pre->deid, cmd->deid, sizeof(pre->deid));
-}
-
 static void obmm_preimport_blocks(const struct obmm_preimport *pre,
 				  phys_addr_t start, phys_addr_t end,
 				  unsigned long *first, unsigned long *last)
@@ -293,36 +285,47 @@ static int obmm_preimport_commit(struct obmm_region *r,
 	ir = obmm_range_find(start);
 	if (!ir) {
 		ret = obmm_refuse(OBMM_OP_IMPORT, -EFAULT,
-				  "No information found with PA requested (pa=%pa)", &start);
+				  "No information found with PA requested.");
 		goto out;
 	}
 	pre = ir->pre;
 	if (!pre) {
 		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
-				  "PA requested is not a preimport address (pa=%pa)", &start);
+				  "PA requested is not a preimport address.");
 		goto out;
 	}
 	if (!pre->ready) {
 		ret = obmm_refuse(OBMM_OP_IMPORT, -EAGAIN,
-				  "preimport requested not ready yet (pa=%pa)", &start);
+				  "Preimport process not finished. Try later.");
 		goto out;
 	}
-	if (obmm_preimport_datapath_differs(pre, cmd)) {
+	if (pre->scna != cmd->scna || pre->dcna != cmd->dcna) {
 		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
-				  "scna/dcna/seid/deid differ from the preimport declaration of [%pa, %pa]",
-				  &ir->start, &ir->end);
+				  "scna-dcna pair mismatch: <%#x, %#x> used in import; <%#x, %#x> in preimport.",
+				  cmd->scna, cmd->dcna, pre->scna, pre->dcna);
+		goto out;
+	}
+	if (memcmp(pre->seid, cmd->seid, sizeof(pre->seid))) {
+		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				  "seid mismatch: " OBMM_EID_FMT64 " used in import; " OBMM_EID_FMT64 " in preimport.",
+				  OBMM_EID_ARGS64(cmd->seid), OBMM_EID_ARGS64(pre->seid));
+		goto out;
+	}
+	if (memcmp(pre->deid, cmd->deid, sizeof(pre->deid))) {
+		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				  "deid mismatch: " OBMM_EID_FMT64 " used in import; " OBMM_EID_FMT64 " in preimport.",
+				  OBMM_EID_ARGS64(cmd->deid), OBMM_EID_ARGS64(pre->deid));
 		goto out;
 	}
 	if (start < ir->start || end > ir->end) {
 		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
-				  "requested range [%pa, %pa] is not managed by preimport [%pa, %pa]",
-				  &start, &end, &ir->start, &ir->end);
+				  "requested range is not managed by preimport.");
 		goto out;
 	}
 	obmm_preimport_blocks(pre, start, end, &first, &last);
 	if (find_next_bit(pre->blocks, last + 1, first) <= last) {
 		ret = obmm_refuse(OBMM_OP_IMPORT, -EEXIST,
-				  "requested range conflicts on preimport block %lu",
+				  "requested range conflicts on preimport block %lu.",
 				  find_next_bit(pre->blocks, last + 1, first));
 		goto out;
 	}
@@ -628,16 +631,15 @@ static int obmm_import_check_flags(u64 flags)
 
 	if (flags & ~OBMM_IMPORT_FLAG_MASK)
 		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
-				   "Invalid import flags %#llx (unknown flags: %#llx)",
-				   flags, flags & ~OBMM_IMPORT_FLAG_MASK);
+				   "Invalid import flags %#lx (unknown flags: %#lx).",
+				   (unsigned long)flags,
+				   (unsigned long)(flags & ~OBMM_IMPORT_FLAG_MASK));
 	if (mmap == numa)
 		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
-				   "Exactly one of {ALLOW_MMAP, NUMA_REMOTE} must be specified as import flag (flags %#llx)",
-				   flags);
+				   "Exactly one of {ALLOW_MMAP, NUMA_REMOTE} must be specified as import flag.");
 	if ((flags & OBMM_IMPORT_FLAG_PREIMPORT) && !numa)
 		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
-				   "Preimport must be used with NUMA_REMOTE (flags %#llx)",
-				   flags);
+				   "Preimport must be used with NUMA_REMOTE.");
 	return 0;
 }
 
@@ -651,19 +653,20 @@ static int obmm_import_check_range(const struct obmm_cmd_import *cmd)
 	if (!IS_ALIGNED(cmd->addr, OBMM_BASIC_GRANU) ||
 	    !IS_ALIGNED(cmd->length, OBMM_BASIC_GRANU))
 		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
-				   "PA segments not aligned to OBMM basic granu: base=%#llx, size=%#llx, granularity=%#x",
-				   cmd->addr, cmd->length, OBMM_BASIC_GRANU);
+				   "PA segments not aligned to OBMM basic granu: base=%#llx, size=%#zx, granularity=%#lx.",
+				   cmd->addr, (size_t)cmd->length,
+				   (unsigned long)OBMM_BASIC_GRANU);
 	if (!cmd->addr)
-		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL, "PA=0 unexpected");
+		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL, "PA=0 unexpected.");
 	if (check_add_overflow(cmd->addr, cmd->length, &end))
 		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
-				   "PA range overflow: base=%#llx, size=%#llx",
-				   cmd->addr, cmd->length);
+				   "PA range overflow: base=%#llx, size=%#zx.",
+				   cmd->addr, (size_t)cmd->length);
 	if ((cmd->flags & OBMM_IMPORT_FLAG_NUMA_REMOTE) &&
 	    !(cmd->flags & OBMM_IMPORT_FLAG_PREIMPORT) &&
 	    obmm_base_dist_invalid(cmd->base_dist))
 		return obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
-				   "invalid numa base distance %u: reserved values used",
+				   "invalid numa base distance %d: reserved values used.",
 				   cmd->base_dist);
 	return 0;
 }
@@ -685,8 +688,8 @@ static int obmm_import_claim_ubmem(struct obmm_region *r,
 	r->ubmem_res.flags = IORESOURCE_MEM;
 	if (request_resource(window, &r->ubmem_res))
 		return obmm_refuse(OBMM_OP_IMPORT, -EBUSY,
-				   "failed to setup ubmem resource: ret=%pe (iomem [%pa, +%#llx) is taken)",
-				   ERR_PTR(-EBUSY), &r->pa, r->size);
+				   "failed to setup ubmem resource: ret=%pe",
+				   ERR_PTR(-EBUSY));
 	r->ubmem = &r->ubmem_res;
 	return 0;
 }
@@ -796,32 +799,30 @@ static int obmm_import_numa(struct obmm_region *r,
 	 */
 	if (!IS_ALIGNED(cmd->addr, block) || !IS_ALIGNED(cmd->length, block))
 		return obmm_refuse(OBMM_OP_IMPORT, -EPERM,
-				   "Remote NUMA creation failed: pa=%#llx, size=%#llx not whole %#llx memory blocks",
-				   cmd->addr, cmd->length, block);
+				   "Remote NUMA creation failed: %d", -EINVAL);
 	nid = r->pre ? r->numa_id : cmd->numa_id;
 	if (nid != NUMA_NO_NODE && !obmm_borrow_node_remote(nid))
 		return obmm_refuse(OBMM_OP_IMPORT, -EPERM,
-				   "Remote NUMA creation failed: node %d is not a remote NUMA node",
-				   nid);
+				   "Remote NUMA creation failed: %d", -EINVAL);
 	if (!obmm_access_find_export(cmd->addr, cmd->length, &r->dep))
-		return obmm_refuse(OBMM_OP_IMPORT, -EACCES,
-				   "emulator: no live export covers pa=%#llx size=%#llx: memory nobody exported is not hot-added",
+		return obmm_refuse_emu(OBMM_OP_IMPORT, -EACCES,
+				   "no live export covers pa=%#llx size=%#llx: memory nobody exported is not hot-added",
 				   cmd->addr, cmd->length);
 	ret = obmm_range_track(r);
 	if (ret)
-		return obmm_refuse(OBMM_OP_IMPORT, ret,
+		return obmm_refuse_emu(OBMM_OP_IMPORT, ret,
 				   "emulated UMMU: the export covering pa=%#llx was withdrawn during the import",
 				   cmd->addr);
 	/* As the real IMPORT in lock_device_hotplug(): no EINTR (FIDELITY.md). */
 	ret = obmm_borrow_lock_killable();
 	if (ret)
-		return obmm_refuse(OBMM_OP_IMPORT, ret,
+		return obmm_refuse_emu(OBMM_OP_IMPORT, ret,
 				   "killed while waiting for a memory hot-plug to finish (pa=%#llx)",
 				   cmd->addr);
 	ret = obmm_range_plug_begin(r);
 	if (ret) {
 		obmm_borrow_unlock();
-		return obmm_refuse(OBMM_OP_IMPORT, ret,
+		return obmm_refuse_emu(OBMM_OP_IMPORT, ret,
 				   "emulated UMMU: the export covering pa=%#llx was withdrawn while the import waited for a memory hot-plug",
 				   cmd->addr);
 	}
@@ -830,8 +831,7 @@ static int obmm_import_numa(struct obmm_region *r,
 	if (nid < 0) {
 		obmm_borrow_unlock();
 		return obmm_refuse(OBMM_OP_IMPORT, -EPERM,
-				   "Remote NUMA creation failed: %pe (pa=%#llx, size=%#llx)",
-				   ERR_PTR(nid), cmd->addr, cmd->length);
+				   "Remote NUMA creation failed: %d", nid);
 	}
 	*added = true;
 	r->numa_id = nid;
@@ -844,7 +844,7 @@ long obmm_import_ioctl(void __user *uarg)
 {
 	struct obmm_cmd_import cmd;
 	struct obmm_region *r;
-	bool ranged = false, added = false, numa, pre;
+	bool ranged = false, added = false, prepared = false, numa, pre;
 	int node, ret, undo;
 
 	if (copy_from_user(&cmd, uarg, sizeof(cmd)))
@@ -858,7 +858,7 @@ long obmm_import_ioctl(void __user *uarg)
 
 	r = obmm_region_alloc(OBMM_REGION_IMPORT);
 	if (!r)
-		return obmm_refuse(OBMM_OP_IMPORT, -ENOMEM, "no memory for a region");
+		return obmm_refuse_emu(OBMM_OP_IMPORT, -ENOMEM, "no memory for a region");
 	ret = obmm_copy_priv(r, cmd.priv, cmd.priv_len, OBMM_OP_IMPORT);
 	if (ret)
 		goto err_free;
@@ -869,32 +869,35 @@ long obmm_import_ioctl(void __user *uarg)
 	if (ret)
 		goto err_free;
 	if (!obmm_ubc_known_cna(cmd.scna)) {
+		/* The lookup's ret: ub_mem_get_numa_id()'s NUMA_NO_NODE. */
 		ret = obmm_refuse(OBMM_OP_IMPORT, -ENODEV,
-				  "%#x is not a known scna (this node's primary_cna is %#x)",
-				  cmd.scna, obmm_fabric_cna());
-		goto err_id;
+				  "%#x is not a known scna, lookup ret=%pe",
+				  cmd.scna, ERR_PTR(NUMA_NO_NODE));
+		goto err_prepare;
 	}
 	if (!pre) {
 		ret = obmm_range_insert(r, cmd.addr, cmd.length);
 		if (ret == -EEXIST)
-			obmm_refuse(OBMM_OP_IMPORT, ret,
-				    "PA range [%#llx, %#llx] overlaps another import or preimport range",
-				    cmd.addr, cmd.addr + cmd.length - 1);
+			obmm_refuse_emu(OBMM_OP_IMPORT, ret,
+					"PA range [%#llx, %#llx] overlaps another import or preimport range",
+					cmd.addr, cmd.addr + cmd.length - 1);
 		else if (ret)
-			obmm_refuse(OBMM_OP_IMPORT, ret, "no memory for the PA range");
+			obmm_refuse_emu(OBMM_OP_IMPORT, ret, "no memory for the PA range");
 		if (ret)
-			goto err_id;
+			goto err_prepare;
 		ranged = true;
 	}
 	/* ub_memory_validate_pa(); scna was checked above. */
 	node = obmm_fabric_window_node(cmd.addr, cmd.length, NULL);
 	if (node < 0) {
 		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
-				  "PA range invalid. Non-UBMEM memory cannot be mmaped as import memory (pa=%#llx, size=%#llx is not inside one fabric window)",
-				  cmd.addr, cmd.length);
+				  "PA range invalid. Non-UBMEM memory cannot be mmaped as import memory");
 		goto err_range;
 	}
-	r->mem_cap = OBMM_CAP_CACHEABLE | OBMM_CAP_NONCACHEABLE;
+	/* get_pa_range_mem_cap(): what the decoder range may be mapped as. */
+	r->mem_cap = OBMM_CAP_NONCACHEABLE;
+	if (!obmm_fabric_window_nc_only(node))
+		r->mem_cap |= OBMM_CAP_CACHEABLE;
 	r->pa = cmd.addr;
 	r->size = cmd.length;
 	r->numa_remote = numa;
@@ -906,6 +909,11 @@ long obmm_import_ioctl(void __user *uarg)
 		ret = obmm_import_claim_ubmem(r, obmm_fabric_window(node)->res);
 	if (ret)
 		goto err_range;
+	if (numa && !(r->mem_cap & OBMM_CAP_CACHEABLE)) {
+		ret = obmm_refuse(OBMM_OP_IMPORT, -EINVAL,
+				  "PA range invalid. Cacheable memory cannot be managed with numa.remote");
+		goto err_iomem;
+	}
 	if (numa) {
 		ret = obmm_import_numa(r, &cmd, &added);
 		if (ret)
@@ -928,6 +936,7 @@ long obmm_import_ioctl(void __user *uarg)
 		}
 	}
 
+	prepared = true;
 	r->allow_mmap = !numa;
 	r->scna = cmd.scna;
 	r->dcna = cmd.dcna;
@@ -945,8 +954,7 @@ long obmm_import_ioctl(void __user *uarg)
 	cmd.numa_id = r->numa_id;
 	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
 		return obmm_refuse(OBMM_OP_IMPORT, -EFAULT,
-				   "failed to write import result (mem_id=%d stays imported)",
-				   r->id);
+				   "failed to write import result");
 	return 0;
 
 err_unplug:
@@ -954,8 +962,11 @@ err_unplug:
 	if (undo) {
 		/* The real driver's errno and line (obmm_import.c, the import's rollback). */
 		ret = obmm_refuse(OBMM_OP_IMPORT, -ENOTRECOVERABLE,
-				  "failed to teardown remote numa on rollback, ret=%pe (emulator: mem_id %d is removed in the background)",
-				  ERR_PTR(undo), r->id);
+				  "failed to teardown remote numa on rollback, ret=%pe.",
+				  ERR_PTR(undo));
+		if (!prepared)
+			obmm_klog("Failed to prepare import memory: ret=%pe",
+				  ERR_PTR(ret));
 		obmm_import_orphan(r);
 		return ret;
 	}
@@ -966,7 +977,11 @@ err_iomem:
 err_range:
 	if (ranged || pre)
 		obmm_range_remove(r);
-err_id:
+err_prepare:
+	/* The real obmm_import()'s line after prepare_import_memory()'s. */
+	if (!prepared)
+		obmm_klog("Failed to prepare import memory: ret=%pe",
+			  ERR_PTR(ret));
 	obmm_region_remove_id(r);
 err_free:
 	obmm_region_free(r);
@@ -992,7 +1007,7 @@ long obmm_unimport_ioctl(void __user *uarg)
 	if (ret) {
 		obmm_region_reactivate(r);
 		return obmm_refuse(OBMM_OP_UNIMPORT, ret,
-				   "remove_memory_remote(nid=%d, size=%#llx) failed: ret=%pe",
+				   "remove_memory_remote(nid=%d, size=%#llx) failed: ret=%pe.",
 				   r->numa_id, r->size, ERR_PTR(ret));
 	}
 	obmm_import_destroy(r);
@@ -1007,33 +1022,33 @@ static int obmm_preimport_check(const struct obmm_cmd_preimport *cmd)
 
 	if (cmd->length % block)
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "preimport length %#llx not aligned to %#llx",
-				   cmd->length, block);
+				   "preimport length not aligned to %#lx.",
+				   (unsigned long)block);
 	if (cmd->pa % block)
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "preimport base PA %#llx not aligned to %#llx",
-				   cmd->pa, block);
+				   "preimport base PA not aligned to %#lx.",
+				   (unsigned long)block);
 	if (check_add_overflow(cmd->pa, cmd->length, &end))
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "preimport PA range overflowed (pa=%#llx, length=%#llx)",
-				   cmd->pa, cmd->length);
+				   "preimport PA range overflowed.");
 	if (!cmd->length)
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "invalid preimport length 0");
+				   "invalid preimport length 0.");
 	if (cmd->flags & ~OBMM_PREIMPORT_FLAG_MASK)
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "undefined preimport flags specified in %#llx",
+				   "undefined preimport flags specified in %#llx.",
 				   cmd->flags);
 	if (!obmm_ubc_known_cna(cmd->scna))
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENODEV,
-				   "%#x is not a known scna (this node's primary_cna is %#x)",
-				   cmd->scna, obmm_fabric_cna());
+				   "%#x is not a known scna, lookup ret=%pe",
+				   cmd->scna, ERR_PTR(NUMA_NO_NODE));
 	if (obmm_base_dist_invalid(cmd->base_dist))
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				   "invalid numa base distance %u: reserved values used",
+				   "invalid numa base distance %d: reserved values used.",
 				   cmd->base_dist);
 	if (!cmd->pa)
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL, "PA=0 unexpected");
+		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
+				   "invalid preimport PA base addr 0.");
 	return 0;
 }
 
@@ -1066,13 +1081,11 @@ static int obmm_preimport_alloc_blocks(struct obmm_preimport *pre, u64 length)
 	pre->nbits = length / obmm_memory_block_bytes();
 	if (BITS_TO_LONGS(pre->nbits) > KMALLOC_MAX_SIZE / sizeof(long))
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENOMEM,
-				   "failed to allocate preimport range bitmap (length %#llx: %lu memory blocks)",
-				   length, pre->nbits);
+				   "failed to allocate preimport range bitmap.");
 	pre->blocks = bitmap_zalloc(pre->nbits, GFP_KERNEL | __GFP_NOWARN);
 	if (!pre->blocks)
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENOMEM,
-				   "failed to allocate preimport range bitmap (%lu memory blocks)",
-				   pre->nbits);
+				   "failed to allocate preimport range bitmap.");
 	return 0;
 }
 
@@ -1117,7 +1130,7 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 		return ret;
 	pre = kzalloc(sizeof(*pre), GFP_KERNEL);
 	if (!pre)
-		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -ENOMEM,
+		return obmm_refuse_emu(OBMM_OP_DECLARE_PREIMPORT, -ENOMEM,
 				   "no memory for a preimport range");
 	pre->range.start = cmd->pa;
 	pre->range.end = cmd->pa + cmd->length - 1;
@@ -1134,7 +1147,7 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 		list_add_tail(&pre->range.link, &obmm_import_ranges);
 	mutex_unlock(&obmm_import_mutex);
 	if (ret) {
-		obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, ret,
+		obmm_refuse_emu(OBMM_OP_DECLARE_PREIMPORT, ret,
 			    "PA range [%pa, %pa] overlaps another import or preimport range",
 			    &pre->range.start, &pre->range.end);
 		goto err_free;
@@ -1149,10 +1162,9 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 	 * briefly, the parent of System RAM or of a device's BAR.
 	 */
 	node = obmm_fabric_window_node(cmd->pa, cmd->length, NULL);
-	if (node < 0) {
+	if (node < 0 || obmm_fabric_window_nc_only(node)) {
 		ret = obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EINVAL,
-				  "PA range invalid. Cacheable memory cannot be managed with preimport (pa=%#llx, length=%#llx is not inside one fabric window)",
-				  cmd->pa, cmd->length);
+				  "PA range invalid. Cacheable memory cannot be managed with preimport");
 		goto err_unlist;
 	}
 	ret = obmm_preimport_iomem_conflict(pre->range.start, pre->range.end);
@@ -1175,14 +1187,14 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 	/* add_memory_remote(numa_id, ..., MEMORY_KEEP_ISOLATED) */
 	nid = obmm_borrow_claim_node(cmd->numa_id);
 	if (nid == -EINTR) {
-		ret = obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, nid,
-				  "killed while waiting for a memory hot-plug to finish");
+		ret = obmm_refuse_emu(OBMM_OP_DECLARE_PREIMPORT, nid,
+				      "killed while waiting for a memory hot-plug to finish");
 		goto err_res;
 	}
 	if (nid == NUMA_NO_NODE) {
 		ret = obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EPERM,
-				  "failed to call add_memory_remote(nid=%d): no such unused remote NUMA node",
-				  cmd->numa_id);
+				  "failed to call add_memory_remote(nid=%d): %pe",
+				  cmd->numa_id, ERR_PTR(-EINVAL));
 		goto err_res;
 	}
 	pre->numa_id = nid;
@@ -1221,7 +1233,7 @@ long obmm_declare_preimport_ioctl(void __user *uarg)
 	/* The range stays declared, as in the real driver. */
 	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
 		return obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, -EFAULT,
-				   "failed to write preimport result (range stays declared)");
+				   "failed to write preimport result");
 	return 0;
 }
 
@@ -1242,30 +1254,34 @@ long obmm_undeclare_preimport_ioctl(void __user *uarg)
 				   "failed to load preimport argument");
 	if (cmd.flags & ~OBMM_UNPREIMPORT_FLAG_MASK)
 		return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EINVAL,
-				   "undefined unpreimport flags specified in %#llx",
+				   "undefined unpreimport flags specified in %#llx.",
 				   cmd.flags);
 	/* remove_memory_remote() of the declared range: the hot-plug lock first. */
 	if (obmm_borrow_lock_killable())
-		return obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EINTR,
+		return obmm_refuse_emu(OBMM_OP_UNDECLARE_PREIMPORT, -EINTR,
 				   "killed while waiting for a memory hot-plug to finish");
 	mutex_lock(&obmm_import_mutex);
 	ir = obmm_range_find(cmd.pa);
-	if (!ir)
-		ret = obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EFAULT,
-				  "PA %#llx is not registered as preimport", cmd.pa);
-	else if (!ir->pre)
-		ret = obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EINVAL,
-				  "PA %#llx is not a preimport address", cmd.pa);
-	else if (!ir->pre->ready)
-		ret = obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EAGAIN,
-				  "Preimport process not finished. Try later");
+	/* get_pa_mapping()'s line, then preimport_release_prefilled()'s. */
+	if (!ir) {
+		obmm_klog("No information found with PA requested.");
+		ret = -EFAULT;
+	} else if (!ir->pre) {
+		obmm_klog("PA requested is not a preimport address.");
+		ret = -EINVAL;
+	} else if (!ir->pre->ready) {
+		obmm_klog("Preimport process not finished. Try later.");
+		ret = -EAGAIN;
+	}
+	if (ret)
+		ret = obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, ret,
+				  "failed to identify preimport range during unpreimport.");
 	else if (ir->start != cmd.pa || ir->end != cmd.pa + cmd.length - 1)
 		ret = obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EINVAL,
-				  "requested range touches ppr but is not an exact match (pa=%#llx, length=%#llx)",
-				  cmd.pa, cmd.length);
+				  "requested range touches ppr but is not an exact match.");
 	else if (ir->pre->use_count)
 		ret = obmm_refuse(OBMM_OP_UNDECLARE_PREIMPORT, -EBUSY,
-				  "preimport cannot be released: %u active users found",
+				  "preimport cannot be released: %u active users found.",
 				  ir->pre->use_count);
 	if (!ret) {
 		pre = ir->pre;

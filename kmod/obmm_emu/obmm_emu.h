@@ -20,6 +20,7 @@
 #include <linux/printk.h>
 #include <linux/refcount.h>
 #include <linux/sizes.h>
+#include <linux/string.h>
 #include <linux/types.h>
 #include <linux/version.h>
 
@@ -117,9 +118,9 @@ struct obmm_region {
 	struct obmm_owner *owners;
 	unsigned long nr_owners;
 	/*
-	 * PMD granule on x86 PAT: a kernel mapping of the whole region in
-	 * the current mmap_mode, held while it is mapped, whose memtype
-	 * reservation gives the huge entries their caching mode (shmdev.c).
+	 * x86 PAT: a kernel mapping of the whole region in the current
+	 * mmap_mode, held while it is mapped, whose memtype reservation
+	 * gives the entries installed on touch their caching mode (shmdev.c).
 	 */
 	void __iomem *pmd_memtype;
 	/* coherence=strict: this node's cached copies of its pages (cache.c) */
@@ -184,27 +185,60 @@ struct obmm_region {
 };
 
 /*
- * The refusal log.  Every refused ioctl leaves one kernel log line that
- * names the operation, the errno, the check and the offending values, the
- * real driver's wording where it logs one:
+ * The refusal log.  A refused call logs the real driver's line for that
+ * check: its level (pr_err), its prefix (obmm_core.h's pr_fmt, "OBMM: ")
+ * and its format, as the table obmm.driver_log lists them with their
+ * drivers/ub/obmm/<file>.c:<function> (tests/host/tools/test_refusal_lines.py
+ * holds every call below to it):
  *
- *   obmm_emu: IMPORT refused (-EINVAL): PA=0 unexpected
+ *   return obmm_refuse(OBMM_OP_IMPORT, -EINVAL, "PA=0 unexpected.");
  *
- * Write each refusal where its check is made, as
+ * logs "OBMM: PA=0 unexpected." and evaluates to its errno, so it replaces
+ * a plain return.  Where the real driver logs a second line for the same
+ * refusal (its caller's), obmm_klog() logs it, in the real order.
  *
- *   return obmm_refuse("IMPORT", -EINVAL, "PA=0 unexpected");
+ * A refusal the real driver makes silently, or a check only the emulator
+ * makes, logs the emulator's own line, marked as such and naming the
+ * operation and errno (obmm.driver_log.EMULATOR_OWN says why for each):
  *
- * The macro evaluates to its errno, so it replaces a plain return.  Lines
- * are rate-limited per call site (printk_ratelimit defaults: 10 per 5 s),
- * so a flood of bad calls cannot flood the log.  One refusal, one line:
- * a helper that logs takes the operation's name; its caller does not log.
+ *   OBMM: emulator: IMPORT refused (-EACCES): no live export covers ...
+ *
+ * Lines are rate-limited per call site (printk_ratelimit defaults: 10 per
+ * 5 s; the real driver's are not), so a flood of bad calls cannot flood
+ * the log.  The operation name of obmm_refuse() goes to a pr_debug line.
  */
+#define OBMM_LOG_PREFIX		"OBMM: "
+
+/* An EID in the real driver's log lines: its high and low 64 bits. */
+#define OBMM_EID_FMT64			"%#llx:%#llx"
+#define OBMM_EID_ARGS64(eid)		obmm_eid_half(eid, 8), obmm_eid_half(eid, 0)
+
+static inline u64 obmm_eid_half(const u8 *eid, unsigned int off)
+{
+	u64 half;
+
+	memcpy(&half, eid + off, sizeof(half));
+	return half;
+}
+
+#define obmm_klog(fmt, ...)						\
+	printk_ratelimited(KERN_ERR OBMM_LOG_PREFIX fmt "\n", ##__VA_ARGS__)
+
 #define obmm_refuse(op, err, fmt, ...)					\
 ({									\
 	int __obmm_err = (err);						\
 									\
-	pr_err_ratelimited("%s refused (%pe): " fmt "\n", (op),	\
-			   ERR_PTR(__obmm_err), ##__VA_ARGS__);		\
+	obmm_klog(fmt, ##__VA_ARGS__);					\
+	pr_debug("%s refused (%pe)\n", (op), ERR_PTR(__obmm_err));	\
+	__obmm_err;							\
+})
+
+#define obmm_refuse_emu(op, err, fmt, ...)				\
+({									\
+	int __obmm_err = (err);						\
+									\
+	obmm_klog("emulator: %s refused (%pe): " fmt, (op),		\
+		  ERR_PTR(__obmm_err), ##__VA_ARGS__);			\
 	__obmm_err;							\
 })
 
@@ -219,6 +253,7 @@ struct obmm_region {
 #define OBMM_OP_UNDECLARE_PREIMPORT	"UNDECLARE_PREIMPORT"
 #define OBMM_OP_UPDATE_RANGE		"SHMDEV_UPDATE_RANGE"
 #define OBMM_OP_MMAP			"SHMDEV_MMAP"
+#define OBMM_OP_OPEN			"SHMDEV_OPEN"
 
 static inline struct obmm_region *to_obmm_region(struct device *dev)
 {

@@ -36,6 +36,12 @@ struct obmm_owner {
 /*
  * One mmap() of a region: the mem_state of each entry it maps, region
  * entries [first, first + nr).  Shared by the VMAs a split makes of it.
+ *
+ * cover[i]: how many VMAs map entry i, the pieces of a split counted as
+ * the one VMA they were: mremap() copies a VMA (.open on the copy) and, when
+ * the move fails (.mremap refuses it, copy_vma()'s link or
+ * move_page_tables() runs out of memory), unmaps the copy again (.close),
+ * and that close must release none of the entries the original still maps.
  */
 struct obmm_vmap {
 	struct obmm_region *r;
@@ -43,8 +49,7 @@ struct obmm_vmap {
 	unsigned long first;
 	unsigned long nr;
 	bool counted;		/* cacheable: in the region's counters */
-	/* The copy a refused mremap() made of one of its VMAs (see below). */
-	struct vm_area_struct *refused_copy;
+	u8 *cover;		/* nr counts, after state[] */
 	u8 state[];
 };
 
@@ -209,9 +214,11 @@ struct obmm_vmap *obmm_vmap_new(struct obmm_region *r, unsigned long first,
 		if (ret)
 			return ERR_PTR(ret);
 	}
-	vm = kvzalloc(struct_size(vm, state, nr), GFP_KERNEL);
+	vm = kvzalloc(struct_size(vm, state, array_size(nr, 2)), GFP_KERNEL);
 	if (!vm)
 		return ERR_PTR(-ENOMEM);
+	vm->cover = vm->state + nr;
+	memset(vm->cover, 1, nr);
 	vm->r = r;
 	refcount_set(&vm->ref, 1);
 	vm->first = first;
@@ -255,39 +262,35 @@ u8 obmm_vmap_state(const struct obmm_vmap *vm, unsigned long entry)
 	return vm->state[obmm_vmap_index(vm, entry)];
 }
 
-/* Region entries [from, to) are no longer mapped here (a VMA closes). */
+/* One more VMA (a copy mremap() made) maps region entries [from, to). */
+void obmm_vmap_cover(struct obmm_vmap *vm, unsigned long from,
+		     unsigned long to)
+{
+	unsigned long i, end = obmm_vmap_index(vm, to);
+
+	for (i = obmm_vmap_index(vm, from); i < end; i++)
+		if (!WARN_ON_ONCE(vm->cover[i] == U8_MAX))
+			vm->cover[i]++;
+}
+
 /*
- * mremap() that moves a VMA first copies it (.open on the copy, which maps
- * the same entries), then asks .mremap, and when that refuses, unmaps the
- * copy again (.close): the entries stay the original VMA's.  Marked here by
- * .mremap, that close must release nothing.
+ * A VMA mapping region entries [from, to) closes: the entries no other
+ * VMA maps are released, and the cache maintenance their release asks for
+ * is returned (OBMM_SHM_CACHE_*).
  */
-void obmm_vmap_refuse_copy(struct obmm_vmap *vm, struct vm_area_struct *copy)
-{
-	vm->refused_copy = copy;
-}
-
-/* Whether @vma is the refused copy (forgotten once asked). */
-bool obmm_vmap_is_refused_copy(struct obmm_vmap *vm,
-			       struct vm_area_struct *vma)
-{
-	if (vm->refused_copy != vma)
-		return false;
-	vm->refused_copy = NULL;
-	return true;
-}
-
-/* ... and returns the cache maintenance that asks for (OBMM_SHM_CACHE_*). */
 u8 obmm_vmap_release(struct obmm_vmap *vm, unsigned long from,
 		     unsigned long to)
 {
-	unsigned long i = obmm_vmap_index(vm, from);
-	unsigned long end = obmm_vmap_index(vm, to);
+	unsigned long i, end = obmm_vmap_index(vm, to);
 	u8 ops = OBMM_SHM_CACHE_NONE;
 
-	WARN_ON(obmm_vmap_count(vm, i, end, OBMM_SHM_MEM_NO_ACCESS, false,
-				&ops));
-	memset(vm->state + i, OBMM_SHM_MEM_NO_ACCESS, end - i);
+	for (i = obmm_vmap_index(vm, from); i < end; i++) {
+		if (WARN_ON_ONCE(!vm->cover[i]) || --vm->cover[i])
+			continue;
+		WARN_ON(obmm_vmap_count(vm, i, i + 1, OBMM_SHM_MEM_NO_ACCESS,
+					false, &ops));
+		vm->state[i] = OBMM_SHM_MEM_NO_ACCESS;
+	}
 	return ops;
 }
 

@@ -19,9 +19,8 @@ struct obmm_vmap *obmm_vmap_new(struct obmm_region *r, unsigned long first,
 struct obmm_region *obmm_vmap_region(const struct obmm_vmap *vm);
 void obmm_vmap_get(struct obmm_vmap *vm);
 void obmm_vmap_put(struct obmm_vmap *vm);
-void obmm_vmap_refuse_copy(struct obmm_vmap *vm, struct vm_area_struct *copy);
-bool obmm_vmap_is_refused_copy(struct obmm_vmap *vm,
-			       struct vm_area_struct *vma);
+void obmm_vmap_cover(struct obmm_vmap *vm, unsigned long from,
+		     unsigned long to);
 u8 obmm_vmap_state(const struct obmm_vmap *vm, unsigned long entry);
 u8 obmm_vmap_release(struct obmm_vmap *vm, unsigned long from,
 		     unsigned long to);

@@ -48,6 +48,7 @@
 #include "access.h"
 #include "borrow.h"
 #include "pool.h"
+#include "testbed_fabric.h"
 
 static unsigned long pool_base;
 module_param(pool_base, ulong, 0444);
@@ -805,13 +806,15 @@ static phys_addr_t obmm_pool_ram_end(void)
 }
 
 /*
- * The pool in [RAM end, win_size) of this node, and its sysfs.  No room
+ * The pool in [RAM end, RAM base + win_size) of this node, and its sysfs.  No room
  * for a pool is not an error: EXPORT then fails with -ENODEV.  scan_ms is
  * the revocation-scan period that quarantine_ms must cover.
  */
 int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms)
 {
 	phys_addr_t ram_end, base, end;
+	/* The window holds this node's RAM from its base (testbed_fabric.h). */
+	phys_addr_t win_end = TB_FABRIC_RAM_BASE + win_size;
 	int ret;
 
 	mutex_init(&the_pool.lock);
@@ -828,11 +831,11 @@ int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms)
 	if (pool_size)
 		end = base + pool_size;
 	else if (mempool_size)
-		end = min_t(u64, base + pool_cap, win_size);
+		end = min_t(u64, base + pool_cap, win_end);
 	else
-		end = win_size;
+		end = win_end;
 	end = ALIGN_DOWN(end, the_pool.granu);
-	if (base < ram_end || end > win_size || end <= base) {
+	if (base < ram_end || end > win_end || end <= base) {
 		pr_warn("no export pool: RAM ends at %pa, window size %pa\n",
 			&ram_end, &win_size);
 		return 0;

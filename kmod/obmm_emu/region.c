@@ -158,14 +158,18 @@ int obmm_region_deactivate(const char *op, u64 mem_id, u64 flags,
 			   u64 valid_flags, enum obmm_region_type type,
 			   struct obmm_region **out)
 {
+	/* The real lines name the function: obmm_unexport() or obmm_unimport(). */
+	const char *fn = type == OBMM_REGION_EXPORT ? "obmm_unexport" :
+						      "obmm_unimport";
 	struct obmm_region *r;
 	int ret = 0;
 
 	if (mem_id < OBMM_MIN_VALID_REGIONID || mem_id > OBMM_MAX_VALID_REGIONID)
 		return obmm_refuse(op, -ENOENT,
-				   "mem_id=%llu is out of valid mem_id range", mem_id);
+				   "mem_id=%llu is out of valid mem_id range.", mem_id);
 	if (flags & ~valid_flags)
-		return obmm_refuse(op, -EINVAL, "invalid flags %#llx", flags);
+		return obmm_refuse(op, -EINVAL, "%s: invalid flags %#llx.", fn,
+				   flags);
 	mutex_lock(&obmm_region_mutex);
 	r = idr_find(&obmm_region_idr, (unsigned long)mem_id);
 	if (!r) {
@@ -181,15 +185,17 @@ int obmm_region_deactivate(const char *op, u64 mem_id, u64 flags,
 	mutex_unlock(&obmm_region_mutex);
 	if (ret == -ENOENT)
 		return obmm_refuse(op, ret,
-				   "failed to deactivate: region with mem_id=%llu not found",
-				   mem_id);
+				   "failed to deactivate: region with mem_id=%d not found.",
+				   (int)mem_id);
 	if (ret == -EBUSY)
 		return obmm_refuse(op, ret,
-				   "failed to deactivate: region %llu is being used or in creation/destruction process",
-				   mem_id);
-	if (ret)
-		return obmm_refuse(op, ret, "mem_id=%llu region type mismatched (it is an %s)",
-				   mem_id, type == OBMM_REGION_EXPORT ? "import" : "export");
+				   "failed to deactivate: region %d is being used or in creation/destruction process.",
+				   (int)mem_id);
+	if (ret) {
+		obmm_klog("%s: mem_id=%llu region type mismatched.", fn, mem_id);
+		return obmm_refuse(op, ret, "%s: mem_id=%llu failed, %pe.", fn,
+				   mem_id, ERR_PTR(ret));
+	}
 	return 0;
 }
 
@@ -221,12 +227,10 @@ int obmm_copy_priv(struct obmm_region *r, const void __user *priv, u16 len,
 		   const char *op)
 {
 	if (len > OBMM_MAX_PRIV_LEN)
-		return obmm_refuse(op, -EINVAL, "priv_len=%u too large (limit=%u)",
+		return obmm_refuse(op, -EINVAL, "priv_len=%u too large (limit=%u).",
 				   len, OBMM_MAX_PRIV_LEN);
 	if (len && copy_from_user(r->priv, priv, len))
-		return obmm_refuse(op, -EFAULT,
-				   "failed to save private data (priv=%#lx, priv_len=%u)",
-				   (unsigned long)priv, len);
+		return obmm_refuse(op, -EFAULT, "failed to save private data.");
 	r->priv_len = len;
 	return 0;
 }
@@ -237,15 +241,16 @@ int obmm_check_vendor(const void __user *vendor, u16 len, const char *op)
 
 	if (len > OBMM_MAX_VENDOR_LEN)
 		return obmm_refuse(op, -EINVAL,
-				   "invalid vendor_len = %#x, should less than %#x",
+				   "invalid vendor_len = 0x%x, should less than 0x%x",
 				   len, OBMM_MAX_VENDOR_LEN);
 	if (!len)
 		return 0;
 	buf = memdup_user(vendor, len);
+	if (PTR_ERR_OR_ZERO(buf) == -EFAULT)
+		return obmm_refuse(op, -EFAULT, "failed to save vendor data.");
 	if (IS_ERR(buf))
-		return obmm_refuse(op, (int)PTR_ERR(buf),
-				   "failed to save vendor data (vendor_info=%#lx, vendor_len=%u)",
-				   (unsigned long)vendor, len);
+		return obmm_refuse_emu(op, (int)PTR_ERR(buf),
+				       "no memory for %u bytes of vendor data", len);
 	/* The UMMU attributes have no meaning without a UMMU. */
 	kfree(buf);
 	return 0;
@@ -288,30 +293,36 @@ static u64 obmm_region_offset_to_pa(struct obmm_region *r, u64 offset)
 
 /* The one refusal line of ADDR_QUERY, after the region lock is dropped. */
 static int obmm_addr_query_refuse(const struct obmm_cmd_addr_query *cmd,
-				  int ret)
+				  enum obmm_region_type type, int ret)
 {
 	if (cmd->key_type == OBMM_QUERY_BY_PA)
-		return obmm_refuse(OBMM_OP_ADDR_QUERY, ret,
-				   "no active region contains pa=%#llx", cmd->pa);
+		return obmm_refuse_emu(OBMM_OP_ADDR_QUERY, ret,
+				       "no active region contains pa=%#llx", cmd->pa);
 	if (cmd->key_type != OBMM_QUERY_BY_ID_OFFSET)
 		return obmm_refuse(OBMM_OP_ADDR_QUERY, ret,
-				   "invalid query key type: %u", cmd->key_type);
-	if (ret == -EINVAL)
+				   "invalid query key type: %u.", cmd->key_type);
+	if (ret == -EINVAL && type == OBMM_REGION_IMPORT)
 		return obmm_refuse(OBMM_OP_ADDR_QUERY, ret,
-				   "mem_id=%llu: invalid offset %#llx (size exceeded)",
-				   cmd->mem_id, cmd->offset);
+				   "%s: invalid offset 0x%lx",
+				   "get_offset_detail_import",
+				   (unsigned long)cmd->offset);
+	if (ret == -EINVAL)
+		return obmm_refuse_emu(OBMM_OP_ADDR_QUERY, ret,
+				       "mem_id=%llu: invalid offset %#llx (size exceeded)",
+				       cmd->mem_id, cmd->offset);
 	if (cmd->mem_id < OBMM_MIN_VALID_REGIONID ||
 	    cmd->mem_id > OBMM_MAX_VALID_REGIONID)
 		return obmm_refuse(OBMM_OP_ADDR_QUERY, ret,
-				   "mem_id=%llu is out of valid mem_id range",
+				   "mem_id=%llu is out of valid mem_id range.",
 				   cmd->mem_id);
-	return obmm_refuse(OBMM_OP_ADDR_QUERY, ret, "region %llu not found",
+	return obmm_refuse(OBMM_OP_ADDR_QUERY, ret, "region %llu not found.",
 			   cmd->mem_id);
 }
 
 long obmm_addr_query_ioctl(void __user *uarg)
 {
 	struct obmm_cmd_addr_query cmd;
+	enum obmm_region_type type = OBMM_REGION_EXPORT;
 	struct obmm_region *r;
 	int id, ret = -ENOENT;
 	u64 offset;
@@ -342,6 +353,7 @@ long obmm_addr_query_ioctl(void __user *uarg)
 		if (!r || !obmm_region_active(r))
 			break;
 		if (cmd.offset >= r->size) {
+			type = r->type;
 			ret = -EINVAL;
 			break;
 		}
@@ -355,7 +367,7 @@ long obmm_addr_query_ioctl(void __user *uarg)
 	mutex_unlock(&obmm_region_mutex);
 
 	if (ret)
-		return obmm_addr_query_refuse(&cmd, ret);
+		return obmm_addr_query_refuse(&cmd, type, ret);
 	if (copy_to_user(uarg, &cmd, sizeof(cmd)))
 		return obmm_refuse(OBMM_OP_ADDR_QUERY, -EFAULT,
 				   "failed to write obmm_query result");

@@ -11,6 +11,7 @@
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/delay.h>
 #include <linux/fs.h>
 #include <linux/io.h>
 #include <linux/mm.h>
@@ -31,8 +32,8 @@
  * PMD-granule mappings are installed on first touch, 2 MiB at a time, by
  * obmm_vm_fault() (the real driver maps them at mmap with the OLK-only
  * remap_pfn_range_try_pmd()).  Without THP the kernel has no huge pfn
- * entries and no 2 MiB-aligned placement: they are mapped with 4 KiB PTEs
- * at mmap, as the page granule.
+ * entries and no 2 MiB-aligned placement: they are mapped 4 KiB at a time
+ * on touch, as the page granule.
  *
  * A huge (2 MiB) entry is used only where the kernel marks huge pfn entries
  * special (pmd_special(), CONFIG_ARCH_SUPPORTS_PMD_PFNMAP, 6.12 on x86_64
@@ -53,6 +54,31 @@
 #define OBMM_PMD_HUGE		1
 #else
 #define OBMM_PMD_HUGE		0
+#endif
+
+#ifdef OBMM_EMU_TEST
+/*
+ * Test only: a successful mmap waits this long before it returns, before
+ * the core links the VMA where a revocation's zap finds it, so that a test
+ * can revoke the import in that window.
+ */
+static unsigned int test_mmap_delay_ms;
+module_param(test_mmap_delay_ms, uint, 0600);
+MODULE_PARM_DESC(test_mmap_delay_ms,
+		 "test only: a successful mmap waits this long before it returns (ms, at most 5000)");
+
+static void obmm_shm_test_mmap_delay(void)
+{
+	unsigned int ms = min_t(unsigned int, READ_ONCE(test_mmap_delay_ms),
+				OBMM_TEST_DELAY_MAX_MS);
+
+	if (ms)
+		msleep_interruptible(ms);
+}
+#else
+static void obmm_shm_test_mmap_delay(void)
+{
+}
 #endif
 
 static dev_t obmm_shmdev_devt;
@@ -80,8 +106,16 @@ static int obmm_shm_open(struct inode *inode, struct file *file)
 	need = obmm_file_cacheable(file) ? OBMM_CAP_CACHEABLE :
 		OBMM_CAP_NONCACHEABLE;
 	if (!(r->mem_cap & need)) {
+		if (need == OBMM_CAP_CACHEABLE)
+			err = obmm_refuse(OBMM_OP_OPEN, -EPERM,
+					  "Noncacheable region %d cannot be mmaped with cachable mode.",
+					  r->id);
+		else
+			err = obmm_refuse(OBMM_OP_OPEN, -EPERM,
+					  "Cacheable region %d cannot be mmaped with noncachable mode.",
+					  r->id);
 		obmm_region_put(r);
-		return -EPERM;
+		return err;
 	}
 	/*
 	 * Every file of the region maps through the region's own inode, not
@@ -163,12 +197,32 @@ static u8 obmm_vma_state(const struct vm_area_struct *vma, unsigned long addr)
 			       obmm_vma_entry(vma, addr));
 }
 
+/*
+ * Whether @vma is a piece __split_vma() is cutting out of a VMA of the same
+ * mapping: opened before the VMA it comes from shrinks, so that one still
+ * maps the piece's range.  A copy mremap() makes is opened before it is
+ * linked, at an address range nothing of the mapping covers.  mmap write
+ * lock held.
+ */
+static bool obmm_vma_is_split_piece(struct vm_area_struct *vma)
+{
+	struct vm_area_struct *from = find_vma(vma->vm_mm, vma->vm_start);
+
+	return from && from != vma &&
+	       from->vm_private_data == vma->vm_private_data &&
+	       from->vm_start <= vma->vm_start && vma->vm_end <= from->vm_end;
+}
+
 static void obmm_vm_open(struct vm_area_struct *vma)
 {
 	struct obmm_region *r = obmm_vma_region(vma);
 
 	mutex_lock(&r->mmap_lock);
 	r->mmap_count++;
+	if (!obmm_vma_is_split_piece(vma))
+		obmm_vmap_cover(vma->vm_private_data,
+				obmm_vma_entry(vma, vma->vm_start),
+				obmm_vma_entry(vma, vma->vm_end - 1) + 1);
 	mutex_unlock(&r->mmap_lock);
 	obmm_vmap_get(vma->vm_private_data);
 }
@@ -176,14 +230,15 @@ static void obmm_vm_open(struct vm_area_struct *vma)
 /*
  * x86 PAT: vmf_insert_pfn_pmd() and vmf_insert_pfn() take the caching mode
  * of the pfn from the memtype reservation that covers it (none: uncached),
- * and only remap_pfn_range() reserves one for a VMA.  So while a PMD-granule
- * region is mapped it holds a kernel mapping of itself with the VMA's
- * protection: the same reservation remap_pfn_range() would make (WB or
- * WC, as PAT and the MTRRs allow), which the entries installed on touch
- * then get.
+ * and only remap_pfn_range() reserves one for a VMA.  Entries are installed
+ * on touch (a mapping made at mmap, before the core links the VMA where a
+ * revocation's zap finds it, could outlive the zap), so while a region is
+ * mapped it holds a kernel mapping of itself with the VMA's protection: the
+ * same reservation remap_pfn_range() would make (WB or WC, as PAT and the
+ * MTRRs allow), which the entries installed on touch then get.
  * mmap_lock held.
  */
-static int obmm_pmd_memtype_get(struct obmm_region *r, pgprot_t prot)
+static int obmm_memtype_get(struct obmm_region *r, pgprot_t prot)
 {
 #if defined(CONFIG_X86_PAT) && defined(CONFIG_HAVE_IOREMAP_PROT)
 	if (r->pmd_memtype)
@@ -195,7 +250,7 @@ static int obmm_pmd_memtype_get(struct obmm_region *r, pgprot_t prot)
 	return 0;
 }
 
-static void obmm_pmd_memtype_put(struct obmm_region *r)
+static void obmm_memtype_put(struct obmm_region *r)
 {
 	if (r->pmd_memtype)
 		iounmap(r->pmd_memtype);
@@ -211,11 +266,12 @@ static void obmm_vm_close(struct vm_area_struct *vma)
 	/*
 	 * A VMA emptied by a split that failed after .open (vm_start ==
 	 * vm_end, vm_pgoff 0: mm/mmap.c:__split_vma) maps nothing; its
-	 * entries stay the original VMA's.  The last writer or reader of an
-	 * entry gone, its cache maintenance (obmm_shm_dev.c:obmm_vma_close).
+	 * entries stay the original VMA's.  Of a copy mremap() unmaps again,
+	 * the entries the original maps stay its (ownership.c: cover).  The
+	 * last writer or reader of an entry gone, its cache maintenance
+	 * (obmm_shm_dev.c:obmm_vma_close).
 	 */
-	if (vma->vm_start < vma->vm_end &&
-	    !obmm_vmap_is_refused_copy(vma->vm_private_data, vma)) {
+	if (vma->vm_start < vma->vm_end) {
 		ops = obmm_vmap_release(vma->vm_private_data,
 					obmm_vma_entry(vma, vma->vm_start),
 					obmm_vma_entry(vma, vma->vm_end - 1) + 1);
@@ -225,7 +281,7 @@ static void obmm_vm_close(struct vm_area_struct *vma)
 	if (!--r->mmap_count) {
 		obmm_cache_release(r, !r->revoked);
 		r->mmap_mode = OBMM_MMAP_MODE_NONE;
-		obmm_pmd_memtype_put(r);
+		obmm_memtype_put(r);
 	}
 	mutex_unlock(&r->mmap_lock);
 	obmm_vmap_put(vma->vm_private_data);
@@ -315,6 +371,16 @@ static vm_fault_t obmm_pmd_fault(struct vm_fault *vmf, struct obmm_region *r,
 }
 #endif
 
+/* The page at @addr with entry state @state's protection; mmap_lock held. */
+static vm_fault_t obmm_insert_page(struct vm_area_struct *vma,
+				   struct obmm_region *r, unsigned long addr,
+				   u8 state)
+{
+	return vmf_insert_pfn_prot(vma, addr,
+				   PHYS_PFN(r->pa + obmm_vma_offset(vma, addr)),
+				   obmm_state_prot(vma, state));
+}
+
 static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
 {
 	struct vm_area_struct *vma = vmf->vma;
@@ -327,8 +393,8 @@ static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
 	 * Revoked (checked under mmap_lock, which revocation takes before it
 	 * zaps: no entry can be installed after the zap): SIGBUS.  An access
 	 * the entry does not allow (UPDATE_RANGE): SIGSEGV.  Else the entry
-	 * is mapped: page granule, a page UPDATE_RANGE made over; PMD
-	 * granule, at the first touch of each 2 MiB.
+	 * is mapped: page granule, the page (nothing is mapped at mmap); PMD
+	 * granule, the 2 MiB around it.
 	 */
 	mutex_lock(&r->mmap_lock);
 	if (r->revoked)
@@ -351,9 +417,7 @@ static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
 		goto out;
 	}
 #endif
-	ret = vmf_insert_pfn_prot(vma, addr,
-				  PHYS_PFN(r->pa + obmm_vma_offset(vma, addr)),
-				  obmm_state_prot(vma, state));
+	ret = obmm_insert_page(vma, r, addr, state);
 out:
 	mutex_unlock(&r->mmap_lock);
 	return ret;
@@ -389,12 +453,7 @@ static int obmm_vm_mremap(struct vm_area_struct *vma, unsigned long flags)
 static int obmm_vm_mremap(struct vm_area_struct *vma)
 #endif
 {
-	struct obmm_region *r = obmm_vma_region(vma);
-
 	/* @vma is the copy mremap() made; it is unmapped again at once. */
-	mutex_lock(&r->mmap_lock);
-	obmm_vmap_refuse_copy(vma->vm_private_data, vma);
-	mutex_unlock(&r->mmap_lock);
 	return -EOPNOTSUPP;
 }
 
@@ -422,13 +481,33 @@ static const char *obmm_vm_name(struct vm_area_struct *vma)
 /*
  * ptrace / GDB access (access_process_vm() falls back to this for pfnmap
  * VMAs).  Page-granule mappings use generic_access_phys(), which maps the
- * page with the memtype of its PTE.  It walks to a PTE and cannot take a
+ * page with the memtype of its PTE, once the page is installed as a touch
+ * would install it.  It walks to a PTE and cannot take a
  * huge entry nor a 2 MiB piece not touched yet, so for PMD mappings the
  * physical address comes from the region instead, mapped with the VMA's
  * protection.  (The region-based
  * path for page mappings too got EIO for an untouched cacheable 4 KiB
  * mapping: fuzzer --seed 5 --ops 1000 --only 348,361,399,413.)
  */
+/*
+ * The kernel mapping's protection for a copy from or to @vma's memory: its
+ * memory type, kernel permissions.  arm64's ioremap_prot() before 6.15
+ * keeps a user pgprot's PTE_USER, and with PAN the kernel's own copy then
+ * takes a permission fault (seen: an Oops in memcpy_fromio() on a
+ * /proc/pid/mem read of a page mapping; mainline's fix: "arm64: io:
+ * Extract user memory type in ioremap_prot()").
+ */
+static unsigned long obmm_vm_access_prot(struct vm_area_struct *vma)
+{
+#ifdef CONFIG_ARM64
+	return pgprot_val(__pgprot_modify(PAGE_KERNEL, PTE_ATTRINDX_MASK,
+					  pgprot_val(vma->vm_page_prot) &
+					  PTE_ATTRINDX_MASK));
+#else
+	return pgprot_val(vma->vm_page_prot);
+#endif
+}
+
 static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 			  void *buf, int len, int write)
 {
@@ -438,8 +517,22 @@ static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 	void __iomem *maddr;
 	int ret = -EINVAL;
 
-	if (!obmm_vma_lazy(r) && !obmm_cache_on(r))
+	/*
+	 * On arm64, generic_access_phys() maps with the user pgprot too (the
+	 * Oops of obmm_vm_access_prot()'s comment came from there): every
+	 * mapping goes the way of the lazy ones.  strict: a cacheable mapping
+	 * reads and writes this node's cached copy (cache.c).
+	 */
+	if (!obmm_vma_lazy(r) && !IS_ENABLED(CONFIG_ARM64) &&
+	    !obmm_cache_on(r)) {
+		/* The page as a touch would install it (none yet if untouched). */
+		mutex_lock(&r->mmap_lock);
+		if (!r->revoked && obmm_state_reader(obmm_vma_state(vma, addr)))
+			obmm_insert_page(vma, r, addr & PAGE_MASK,
+					 obmm_vma_state(vma, addr));
+		mutex_unlock(&r->mmap_lock);
 		return generic_access_phys(vma, addr, buf, len, write);
+	}
 
 	/*
 	 * What GUP with FOLL_FORCE (ptrace, /proc/pid/mem) allows elsewhere, and
@@ -458,7 +551,7 @@ static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 		goto out;
 	}
 	maddr = ioremap_prot(r->pa + off - offset, PAGE_SIZE,
-			     pgprot_val(vma->vm_page_prot));
+			     obmm_vm_access_prot(vma));
 	if (!maddr) {
 		ret = -ENOMEM;
 		goto out;
@@ -524,48 +617,15 @@ static int obmm_mmap_check_access(struct file *file, unsigned long vm_flags)
 }
 
 /*
- * remap_pfn_range() of a whole VMA takes a PAT reservation for it (VM_PAT)
- * and zaps what it mapped when it fails halfway.  The zap finds that
- * reservation through the VMA's first PTE and WARNs when there is none
- * (get_pat_info() in 6.1's arch/x86/mm/pat/memtype.c): what a failed
- * allocation of the first page table leaves.  So the page tables of the
- * first page are made beforehand, by mapping that page and clearing it
- * again (a zap keeps the tables): remap then sets the first PTE before it
- * can fail, and failing to make them is a plain ENOMEM with nothing mapped.
- * (Found by the fuzzer with fault injection on the debug kernel.)
+ * Set up the mapping; every entry is installed on touch (obmm_vm_fault()):
+ * the real driver remaps the page granule at mmap, but entries made before
+ * the core links the VMA could outlive a revocation's zap.
  */
-static int obmm_make_first_page_tables(struct vm_area_struct *vma,
-				       unsigned long pfn)
+static int obmm_shm_map(struct obmm_region *r, struct vm_area_struct *vma)
 {
-	vm_fault_t ret = vmf_insert_pfn_prot(vma, vma->vm_start, pfn,
-					     vma->vm_page_prot);
-
-	if (ret != VM_FAULT_NOPAGE)
-		return ret == VM_FAULT_OOM ? -ENOMEM : -EINVAL;
-	zap_vma_ptes(vma, vma->vm_start, PAGE_SIZE);
-	return 0;
-}
-
-/* Install the mapping: every PTE now, or (PMD granule) 2 MiB at a time on touch. */
-static int obmm_shm_map(struct obmm_region *r, struct vm_area_struct *vma,
-			u64 offset, enum obmm_mmap_granu granu,
-			enum obmm_mmap_mode mode)
-{
-	unsigned long len = vma->vm_end - vma->vm_start;
-	unsigned long pfn = PHYS_PFN(r->pa + offset);
-	int ret;
-
 	/* The flags remap_pfn_range() sets, as if it ran. */
 	obmm_vma_set_flags(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
-	/* strict: cacheable pages are this node's cached copies, on touch */
-	if (mode == OBMM_MMAP_MODE_CACHEABLE && obmm_cache_strict())
-		return 0;
-	if (OBMM_PMD_LAZY && granu == OBMM_MMAP_GRANU_PMD)
-		return obmm_pmd_memtype_get(r, vma->vm_page_prot);
-	ret = obmm_make_first_page_tables(vma, pfn);
-	if (ret)
-		return ret;
-	return remap_pfn_range(vma, vma->vm_start, pfn, len, vma->vm_page_prot);
+	return obmm_memtype_get(r, vma->vm_page_prot);
 }
 
 static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
@@ -588,11 +648,14 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 		return obmm_refuse(OBMM_OP_MMAP, -EPERM,
 				   "mmap region %d: not allow to be mmaped", r->id);
 	ret = obmm_mmap_check_access(file, vma->vm_flags);
-	if (ret)
+	if (ret) {
+		/* validate_perm()'s line, then obmm_shm_fops_mmap()'s. */
+		obmm_klog("%s false: vm_flags: %#lx, f_mode: %#x", "validate_perm",
+			  (unsigned long)vma->vm_flags,
+			  (__force unsigned int)file->f_mode);
 		return obmm_refuse(OBMM_OP_MMAP, ret,
-				   "mmap region %d: invalid vma permission: vm_flags: %#lx, f_mode: %#x",
-				   r->id, (unsigned long)vma->vm_flags,
-				   (__force unsigned int)file->f_mode);
+				   "mmap region %d: invalid vma permission", r->id);
+	}
 	if (offset & OBMM_MMAP_FLAG_HUGETLB_PMD) {
 		offset &= ~OBMM_MMAP_FLAG_HUGETLB_PMD;
 		if (!IS_ALIGNED(vma->vm_start, PMD_SIZE) ||
@@ -602,8 +665,8 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 					   vma->vm_start, vma->vm_end);
 		if (!IS_ALIGNED(offset, PMD_SIZE))
 			return obmm_refuse(OBMM_OP_MMAP, -EINVAL,
-					   "PMD mmap offset not PMD-aligned: offset=%#llx",
-					   offset);
+					   "PMD mmap offset not PMD-aligned: offset=%#lx",
+					   (unsigned long)offset);
 		granu = OBMM_MMAP_GRANU_PMD;
 	}
 	if (obmm_file_cacheable(file)) {
@@ -617,26 +680,24 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	mutex_lock(&r->mmap_lock);
 	if (r->mmap_granu != OBMM_MMAP_GRANU_NONE && r->mmap_granu != granu) {
 		ret = obmm_refuse(OBMM_OP_MMAP, -EPERM,
-				  "map with PAGE_SIZE and PMD_SIZE granu should not be mixed on the same region %d",
-				  r->id);
+				  "map with PAGE_SIZE and PMD_SIZE granu should not be mixed on the same region");
 		goto out;
 	}
 	if (offset >= r->size || len > r->size - offset) {
 		ret = obmm_refuse(OBMM_OP_MMAP, -EINVAL,
-				  "mmap region %d: offset:%#llx, size:%#lx over region size: %#llx",
-				  r->id, offset, len, r->size);
+				  "mmap region %d: offset:%#lx, size:%#lx over region size: %#llx",
+				  r->id, (unsigned long)offset, len, r->size);
 		goto out;
 	}
 	if (r->mmap_count && r->mmap_mode != mode) {
 		ret = obmm_refuse(OBMM_OP_MMAP, -EPERM,
-				  "region %d cannot be mapped to cc and nc at the same time",
-				  r->id);
+				  "region cannot be mapped to cc and nc at the same time");
 		goto out;
 	}
 	/* Emulator: the export of a revoked import is gone. */
 	if (r->revoked) {
-		ret = obmm_refuse(OBMM_OP_MMAP, -ENXIO,
-				  "emulator: import %d was revoked (its export is gone)",
+		ret = obmm_refuse_emu(OBMM_OP_MMAP, -ENXIO,
+				  "import %d was revoked (its export is gone)",
 				  r->id);
 		goto out;
 	}
@@ -654,7 +715,7 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	vma->vm_page_prot = prot;
 	/* The region offset without the PMD flag, as the real driver. */
 	vma->vm_pgoff = offset >> PAGE_SHIFT;
-	ret = obmm_shm_map(r, vma, offset, granu, mode);
+	ret = obmm_shm_map(r, vma);
 	if (ret) {
 		obmm_vmap_release(vm, offset >> obmm_granu_shift(granu),
 				  (offset + len) >> obmm_granu_shift(granu));
@@ -663,15 +724,6 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 			    r->id, ERR_PTR(ret));
 		goto out;
 	}
-	/*
-	 * PROT_NONE: no page-table entry at all.  Once an UPDATE_RANGE gives
-	 * another part of the VMA access, the core would take these for NUMA
-	 * hinting entries and make them accessible; without them a touch
-	 * reaches .fault, which refuses it.
-	 */
-	if (!obmm_state_reader(state) &&
-	    !(OBMM_PMD_LAZY && granu == OBMM_MMAP_GRANU_PMD))
-		zap_vma_ptes(vma, vma->vm_start, len);
 	/* Only a counted mapping gets the close hook. */
 	vma->vm_private_data = vm;
 	vma->vm_ops = &obmm_vm_ops;
@@ -682,6 +734,8 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 		r->ownership_init = true;
 out:
 	mutex_unlock(&r->mmap_lock);
+	if (!ret)
+		obmm_shm_test_mmap_delay();
 	return ret;
 }
 
@@ -744,6 +798,20 @@ static void obmm_update_piece(const struct vm_area_struct *vma,
  * hole (obmm_shm_dev.c:obmm_shm_update_range()'s EFAULTs, in its order).
  * mmap write lock held.
  */
+/* The vm_flags the real validate_ownership_perm() asks of a mem_state. */
+static unsigned long obmm_mem_state_vm_flags(u8 mem_state)
+{
+	switch (mem_state & OBMM_SHM_MEM_ACCESS_MASK) {
+	case OBMM_SHM_MEM_READONLY:
+		return VM_READ;
+	case OBMM_SHM_MEM_READWRITE:
+		return VM_READ | VM_WRITE;
+	case OBMM_SHM_MEM_READEXEC:
+		return VM_READ | VM_EXEC;
+	}
+	return VM_NONE;
+}
+
 static int obmm_update_range_check(struct obmm_region *r, unsigned long start,
 				   unsigned long end)
 {
@@ -766,8 +834,8 @@ static int obmm_update_range_check(struct obmm_region *r, unsigned long start,
 			return 0;
 	}
 	return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EFAULT,
-			   "VMAs do not cover requested range: expected_end=%#lx actual_end=%#lx",
-			   end, cursor);
+			   "VMAs do not cover requested range: expected_end=%#llx actual_end=%#lx",
+			   (unsigned long long)end, cursor);
 }
 
 /*
@@ -875,7 +943,7 @@ static long obmm_update_range(struct file *file, void __user *uarg)
 				   "failed to load update_range argument");
 	if (!obmm_file_cacheable(file))
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
-				   "Ownership operation is not applicable to o-sync mmap %d",
+				   "Ownership operation is not applicable to o-sync mmap %d.",
 				   r->id);
 	mutex_lock(&r->mmap_lock);
 	granu = obmm_granu_size(r->mmap_granu);
@@ -883,7 +951,7 @@ static long obmm_update_range(struct file *file, void __user *uarg)
 	mutex_unlock(&r->mmap_lock);
 	if (ret)
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, ret,
-				   "error updating ownership: ownership of memdev %d not initialized",
+				   "error updating ownership: ownership of memdev %d not initialized.",
 				   r->id);
 	if (cmd.start >= cmd.end)
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
@@ -891,19 +959,21 @@ static long obmm_update_range(struct file *file, void __user *uarg)
 				   cmd.start, cmd.end);
 	if (!IS_ALIGNED(cmd.start, granu) || !IS_ALIGNED(cmd.end, granu))
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
-				   "ownership update must be aligned: pid=%d start=%#llx end=%#llx granularity=%#lx",
-				   current->pid, cmd.start, cmd.end, granu);
+				   "ownership update must be aligned: pid=%d start=%#llx end=%#llx",
+				   current->pid, cmd.start, cmd.end);
 	ret = obmm_mem_state_check_access(file, cmd.mem_state);
 	if (ret)
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, ret,
-				   "mem_state %#x needs access the file was not opened for (f_mode %#x)",
-				   cmd.mem_state, (__force unsigned int)file->f_mode);
+				   "%s false: vm_flags: %#lx, f_mode: %#x",
+				   "validate_perm",
+				   obmm_mem_state_vm_flags(cmd.mem_state),
+				   (__force unsigned int)file->f_mode);
 	if (!obmm_mem_state_valid(cmd.mem_state))
 		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
 				   "Invalid mem_state: %#x", cmd.mem_state);
 	if (cmd.cache_ops > OBMM_SHM_CACHE_INFER)
-		return obmm_refuse(OBMM_OP_UPDATE_RANGE, -EINVAL,
-				   "invalid cache_ops %u", cmd.cache_ops);
+		return obmm_refuse_emu(OBMM_OP_UPDATE_RANGE, -EINVAL,
+				       "invalid cache_ops %u", cmd.cache_ops);
 	mmap_write_lock(current->mm);
 	mutex_lock(&r->mmap_lock);
 	ret = obmm_update_range_check(r, cmd.start, cmd.end);

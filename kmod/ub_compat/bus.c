@@ -48,25 +48,6 @@ int ub_mem_get_numa_id(u32 scna)
 EXPORT_SYMBOL_GPL(ub_mem_get_numa_id);
 
 /*
- * ub_memory_validate_pa(): whether [pa_start, pa_end] is UB memory the
- * decoder of controller @scna maps, for a cacheable or a non-cacheable
- * access (the vendor's mem_validate_pa).  Here: the range lies in one
- * window; windows are RAM files, valid for both kinds of access.
- */
-bool ub_memory_validate_pa(u32 scna, u64 pa_start, u64 pa_end, bool cacheable)
-{
-	if (scna != ub_compat_cna()) {
-		pr_err("No ubc has cna of %u\n", scna);
-		return false;
-	}
-	if (pa_end < pa_start)
-		return false;
-	return tb_fabric_window_node(ub_compat_fabric(), pa_start,
-				     pa_end - pa_start + 1, NULL) >= 0;
-}
-EXPORT_SYMBOL_GPL(ub_memory_validate_pa);
-
-/*
  * ub_mem_drain_start/state(): drain the controller's write queue towards
  * remote memory, and poll for its end.  The windows are shared RAM with
  * no queue: a drain is over as soon as it starts.

@@ -1,129 +1,83 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * ub_compat: this node's UB bus controller in sysfs, where libobmm's vendor
- * adaptor and obmm.identity read it (the UB bus driver's sysfs.c upstream):
+ * ub_compat: this node's UB bus controllers in sysfs, where libobmm's
+ * vendor adaptor, obmm.identity and ubs-test read them, in the layout the
+ * emulated driver prints too (one copy: kmod/common/ub_controller.c, the
+ * UB bus driver's sysfs.c upstream):
  *
- *   /sys/devices/ub_bus_controller0/0/{eid,primary_cna,ummu_map,numa}
- *   /sys/devices/ub_bus_controller0/0/ubc/ (the same)
+ *   /sys/devices/ub_bus_controller<ubc_index + k>/<ubc_dev[k]>/
+ *   /sys/bus/ub/{ub_feature,cluster,instance}
+ *
+ * Controller 0 has the node's CNA and EID; controller k adds k times
+ * UB_COMPAT_UBC_ID_STRIDE, as in the emulated driver.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
-#include <linux/device.h>
-#include <linux/err.h>
-#include <linux/slab.h>
-#include <linux/sysfs.h>
+#include <linux/errno.h>
+#include <linux/moduleparam.h>
+#include <linux/printk.h>
+
+#include <ub/ubus/ubus.h>
 
 #include "ub_compat.h"
 #include "ub_compat_priv.h"
+#include "ub_controller.h"
 
-#define UB_COMPAT_UBC_ROOT	"ub_bus_controller0"
-#define UB_COMPAT_UBC_DEV	"0"
-#define UB_COMPAT_UMMU_MAP	0
+#define UB_COMPAT_UBC_ID_STRIDE	0x100
 
-static struct device *ubc_root;
-static struct device *ubc_dev;
+static unsigned int ubc_index;
+module_param(ubc_index, uint, 0444);
+MODULE_PARM_DESC(ubc_index,
+		 "Index i of the first controller's /sys/devices/ub_bus_controller<i>/ (0..7, default 0)");
 
-static ssize_t eid_show(struct device *dev, struct device_attribute *attr,
-			char *buf)
+static char *ubc_dev[TB_UBC_MAX] = { "00001" };
+static unsigned int ubc_count = 1;
+module_param_array(ubc_dev, charp, &ubc_count, 0444);
+MODULE_PARM_DESC(ubc_dev,
+		 "Device directory name of each controller under ub_bus_controller<ubc_index + k>/ (default \"00001\": one controller)");
+
+static u32 ub_compat_ubc_cna(unsigned int k)
 {
-	return sysfs_emit(buf, "0x%x\n", ub_compat_eid());
+	return ub_compat_cna() + k * UB_COMPAT_UBC_ID_STRIDE;
 }
 
-static DEVICE_ATTR_RO(eid);
-
-static ssize_t primary_cna_show(struct device *dev,
-				struct device_attribute *attr, char *buf)
+static u32 ub_compat_ubc_eid(unsigned int k)
 {
-	return sysfs_emit(buf, "0x%x\n", ub_compat_cna());
+	return ub_compat_eid() + k * UB_COMPAT_UBC_ID_STRIDE;
 }
 
-static DEVICE_ATTR_RO(primary_cna);
-
-static ssize_t ummu_map_show(struct device *dev,
-			     struct device_attribute *attr, char *buf)
+static u64 ub_compat_ubc_feature(void)
 {
-	return sysfs_emit(buf, "%d\n", UB_COMPAT_UMMU_MAP);
+	return ub_feature_get();
 }
 
-static DEVICE_ATTR_RO(ummu_map);
-
-static ssize_t numa_show(struct device *dev, struct device_attribute *attr,
-			 char *buf)
-{
-	return sysfs_emit(buf, "%d\n", ub_compat_controller_nid());
-}
-
-static DEVICE_ATTR_RO(numa);
-
-static struct attribute *ubc_attrs[] = {
-	&dev_attr_eid.attr,
-	&dev_attr_primary_cna.attr,
-	&dev_attr_ummu_map.attr,
-	&dev_attr_numa.attr,
-	NULL,
+static const struct tb_ubc_source ub_compat_ubc_source = {
+	.cna = ub_compat_ubc_cna,
+	.eid = ub_compat_ubc_eid,
+	.pxm = ub_compat_controller_nid,
+	.feature = ub_compat_ubc_feature,
 };
-
-static const struct attribute_group ubc_flat_group = {
-	.attrs = ubc_attrs,
-};
-
-/* libobmm globs ub_bus_controller<i>/<x>/ubc. */
-static const struct attribute_group ubc_group = {
-	.name = "ubc",
-	.attrs = ubc_attrs,
-};
-
-static const struct attribute_group *ubc_groups[] = {
-	&ubc_flat_group,
-	&ubc_group,
-	NULL,
-};
-
-static void ubc_release(struct device *dev)
-{
-	kfree(dev);
-}
 
 int ub_compat_controller_init(void)
 {
-	int ret;
+	unsigned int k;
 
-	ubc_root = root_device_register(UB_COMPAT_UBC_ROOT);
-	if (IS_ERR(ubc_root)) {
-		ret = PTR_ERR(ubc_root);
-		ubc_root = NULL;
-		return ret;
+	if (ubc_index + ubc_count > TB_UBC_MAX) {
+		pr_err("ubc_index %u out of range (0..%u for %u controller(s))\n",
+		       ubc_index, TB_UBC_MAX - ubc_count, ubc_count);
+		return -EINVAL;
 	}
-	ubc_dev = kzalloc(sizeof(*ubc_dev), GFP_KERNEL);
-	if (!ubc_dev) {
-		ret = -ENOMEM;
-		goto err_root;
+	for (k = 0; k < ubc_count; k++) {
+		if (!tb_ubc_devname_valid(ubc_dev[k])) {
+			pr_err("ubc_dev \"%s\" is not a directory name (1..%d characters, no '/')\n",
+			       ubc_dev[k], TB_UBC_DEV_MAX);
+			return -EINVAL;
+		}
 	}
-	device_initialize(ubc_dev);
-	ubc_dev->parent = ubc_root;
-	ubc_dev->groups = ubc_groups;
-	ubc_dev->release = ubc_release;
-	ret = dev_set_name(ubc_dev, "%s", UB_COMPAT_UBC_DEV);
-	if (!ret)
-		ret = device_add(ubc_dev);
-	if (ret) {
-		put_device(ubc_dev);
-		ubc_dev = NULL;
-		goto err_root;
-	}
-	return 0;
-err_root:
-	root_device_unregister(ubc_root);
-	ubc_root = NULL;
-	return ret;
+	return tb_ubc_init(&ub_compat_ubc_source, ubc_index, ubc_dev, ubc_count);
 }
 
 void ub_compat_controller_exit(void)
 {
-	if (ubc_dev)
-		device_unregister(ubc_dev);
-	ubc_dev = NULL;
-	if (ubc_root)
-		root_device_unregister(ubc_root);
-	ubc_root = NULL;
+	tb_ubc_exit();
 }

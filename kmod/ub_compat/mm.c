@@ -272,7 +272,12 @@ int ub_compat_walk_page_range(struct mm_struct *mm, unsigned long start,
 	if (start >= end || !mm || ops->pgd_entry || ops->p4d_entry ||
 	    ops->pud_entry)
 		return -EINVAL;
-	mmap_assert_locked(mm);
+	/*
+	 * Not mmap_assert_locked(): on a CONFIG_DEBUG_VM kernel (the debug guests)
+	 * it calls dump_mm(), which 6.1 does not export to modules.
+	 */
+	lockdep_assert_held(&mm->mmap_lock);
+	WARN_ON_ONCE(!rwsem_is_locked(&mm->mmap_lock));
 	vma = find_vma(mm, start);
 	do {
 		if (!vma) {

@@ -13,6 +13,10 @@
  * space: memory that is not physically contiguous in the order of the
  * scatterlist has no UBA a window reaches, and is marked TB_UBA_SCATTERED
  * (the testbed's decoder refuses it).  Tokens are allocated, never checked.
+ *
+ * What this node's token devices map is remembered until unmapped: the
+ * decoder check (bus.c) reaches this node's own window only there, as a
+ * UMMU lets nothing else of the exporter's memory be reached.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -23,6 +27,7 @@
 #include <linux/module.h>
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
+#include <linux/spinlock.h>
 
 #include <linux/ummu_core.h>
 
@@ -39,6 +44,96 @@ struct ub_compat_tdev {
 };
 
 static DEFINE_IDA(ub_compat_tids);
+
+/* One physically contiguous range a token device maps (an export). */
+struct ub_compat_mapped {
+	struct list_head link;
+	phys_addr_t pa;
+	u64 len;
+};
+
+static LIST_HEAD(ub_compat_mapped_list);
+static DEFINE_SPINLOCK(ub_compat_mapped_lock);
+
+static bool ub_compat_mapped_add(phys_addr_t pa, u64 len)
+{
+	struct ub_compat_mapped *m = kmalloc(sizeof(*m), GFP_ATOMIC);
+
+	if (!m)
+		return false;
+	m->pa = pa;
+	m->len = len;
+	spin_lock(&ub_compat_mapped_lock);
+	list_add(&m->link, &ub_compat_mapped_list);
+	spin_unlock(&ub_compat_mapped_lock);
+	return true;
+}
+
+static void ub_compat_mapped_del(phys_addr_t pa, u64 len)
+{
+	struct ub_compat_mapped *m, *found = NULL;
+
+	spin_lock(&ub_compat_mapped_lock);
+	list_for_each_entry(m, &ub_compat_mapped_list, link) {
+		if (m->pa == pa && m->len == len) {
+			found = m;
+			list_del(&m->link);
+			break;
+		}
+	}
+	spin_unlock(&ub_compat_mapped_lock);
+	kfree(found);
+}
+
+/* Whether one range a token device maps covers [pa, pa + len). */
+static bool ub_compat_ummu_maps(phys_addr_t pa, u64 len)
+{
+	struct ub_compat_mapped *m;
+	bool covered = false;
+
+	spin_lock(&ub_compat_mapped_lock);
+	list_for_each_entry(m, &ub_compat_mapped_list, link) {
+		if (pa >= m->pa && pa - m->pa < m->len &&
+		    len <= m->len - (pa - m->pa)) {
+			covered = true;
+			break;
+		}
+	}
+	spin_unlock(&ub_compat_mapped_lock);
+	return covered;
+}
+
+/*
+ * ub_memory_validate_pa(): whether [pa_start, pa_end] is UB memory the
+ * decoder of controller @scna maps, for a cacheable or a non-cacheable
+ * access (the vendor's mem_validate_pa; here beside the UMMU whose mappings it reads).  Here: the range lies in one
+ * window; windows are RAM files, valid for both kinds of access.  In this
+ * node's own window only what its UMMU maps (an export) is reached, as on
+ * a host, not the rest of its RAM (its kernel's).
+ */
+bool ub_memory_validate_pa(u32 scna, u64 pa_start, u64 pa_end, bool cacheable)
+{
+	u64 len, off;
+	int node;
+
+	if (scna != ub_compat_cna()) {
+		pr_err("No ubc has cna of %u\n", scna);
+		return false;
+	}
+	if (pa_end < pa_start)
+		return false;
+	len = pa_end - pa_start + 1;
+	node = tb_fabric_window_node(ub_compat_fabric(), pa_start, len, &off);
+	if (node < 0)
+		return false;
+	if (node == ub_compat_node_id && !ub_compat_ummu_maps(off, len)) {
+		pr_err("[%#llx, %#llx] of this node's window is not exported\n",
+		       pa_start, pa_end);
+		return false;
+	}
+	return true;
+}
+EXPORT_SYMBOL_GPL(ub_memory_validate_pa);
 
 static u64 ub_compat_uba(phys_addr_t pa, bool scattered)
 {
@@ -62,6 +157,9 @@ static int ub_compat_ummu_map_sg(struct device *dev, struct scatterlist *sgl,
 		ub_compat_pool_mapped(sg_phys(sg), sg->length);
 		offset += sg->length;
 	}
+	/* A scattered UBA reaches nothing (the decoder refuses it). */
+	if (!scattered && !ub_compat_mapped_add(first, offset))
+		return 0;
 	uba = ub_compat_uba(first, scattered);
 	offset = 0;
 	for_each_sg(sgl, sg, nents, i) {
@@ -77,6 +175,13 @@ static void ub_compat_ummu_unmap_sg(struct device *dev,
 				    enum dma_data_direction dir,
 				    unsigned long attrs)
 {
+	struct scatterlist *sg;
+	u64 len = 0;
+	int i;
+
+	for_each_sg(sgl, sg, nents, i)
+		len += sg->length;
+	ub_compat_mapped_del(sg_phys(sgl), len);
 }
 
 static dma_addr_t ub_compat_ummu_map_page(struct device *dev,
@@ -85,6 +190,8 @@ static dma_addr_t ub_compat_ummu_map_page(struct device *dev,
 					  enum dma_data_direction dir,
 					  unsigned long attrs)
 {
+	if (!ub_compat_mapped_add(page_to_phys(page) + offset, size))
+		return DMA_MAPPING_ERROR;
 	return ub_compat_uba(page_to_phys(page) + offset, false);
 }
 
@@ -93,6 +200,7 @@ static void ub_compat_ummu_unmap_page(struct device *dev, dma_addr_t addr,
 				      enum dma_data_direction dir,
 				      unsigned long attrs)
 {
+	ub_compat_mapped_del(addr & TB_UBA_PA_MASK, size);
 }
 
 static const struct dma_map_ops ub_compat_ummu_ops = {
@@ -162,5 +270,10 @@ EXPORT_SYMBOL_GPL(ummu_core_free_tdev);
 
 void ub_compat_ummu_exit(void)
 {
+	struct ub_compat_mapped *m, *tmp;
+
+	list_for_each_entry_safe(m, tmp, &ub_compat_mapped_list, link)
+		kfree(m);
+	INIT_LIST_HEAD(&ub_compat_mapped_list);
 	ida_destroy(&ub_compat_tids);
 }

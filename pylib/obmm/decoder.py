@@ -118,11 +118,14 @@ class EmulatorDecoder:
         found = []
         for entry in sorted(wdir.iterdir()):
             if (entry / "base").exists():
+                # remote_base: the exporter's RAM base (arm64; absent before it was published).
+                remote = entry / "remote_base"
                 found.append(
                     Window(
                         node=read_sysfs_int(entry / "node"),
                         base=read_sysfs_int(entry / "base"),
                         size=read_sysfs_int(entry / "size"),
+                        remote_base=read_sysfs_int(remote) if remote.exists() else 0,
                     )
                 )
         return found

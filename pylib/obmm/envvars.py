@@ -188,7 +188,28 @@ PARAMS = Var(
     default=(),
     parse=as_words,
 )
-QEMU = Var("OBMM_TESTBED_QEMU", "testbed", "the QEMU binary", default="qemu-system-x86_64")
+ARCH = Var(
+    "OBMM_TESTBED_ARCH",
+    "testbed",
+    "the nodes' architecture: x86_64, or arm64 (QEMU's virt machine with a Kunpeng-like "
+    "neoverse-n1 CPU; obmm.testbed.arch)",
+    default="x86_64",
+    choices=("x86_64", "arm64"),
+)
+QEMU = Var(
+    "OBMM_TESTBED_QEMU",
+    "testbed",
+    "the QEMU binary",
+    default="",
+    default_text="the architecture's: qemu-system-x86_64 or qemu-system-aarch64",
+)
+UBS_MEM = Var(
+    "OBMM_TESTBED_UBS_MEM",
+    "testbed",
+    "a ubs-mem build (installed as /usr/local/ubs_mem on every node, with our UBSE and ubsmd "
+    "started; docs/ubs-mem.md); needs the driver loaded",
+    default_text="none",
+)
 COHERENCE = Var(
     "OBMM_TESTBED_COHERENCE",
     "testbed",
@@ -255,6 +276,14 @@ GUEST_TEST_TIMEOUT = Var(
     "seconds one guest test may take (times the timeout scale)",
     default=900.0,
     parse=as_float,
+)
+GUEST_SHARDS = Var(
+    "OBMM_GUEST_SHARDS",
+    "suite",
+    "single-node clusters the guest suite's files are shared out over, run at once (its "
+    "TCG guests then use more than one core); 1: one node runs them all",
+    default=1,
+    parse=as_int,
 )
 ATTACH = Var(
     "OBMM_TESTBED_ATTACH",
@@ -365,6 +394,35 @@ DECODER = Var(
     "how an importer turns (exporter node, UBA) into a local address: `emulator`, "
     "`cmd:PROGRAM` or `file:TABLE` (obmm.decoder)",
     default="emulator",
+)
+UBSE_SOCKET = Var(
+    "OBMM_UBSE_SOCKET",
+    "node",
+    "our UBSE: the Unix socket of the node's service (libubse-client.so.1 and "
+    "`python -m obmm.ubse serve`)",
+    default="/run/obmm-ubse.sock",
+)
+UBSE_PORT = Var(
+    "OBMM_UBSE_PORT",
+    "node",
+    "our UBSE: the TCP port of every node's service on the inter-node network",
+    default=13858,
+    parse=as_int,
+)
+UBSE_BLOCK_MIB = Var(
+    "OBMM_UBSE_BLOCK_MIB",
+    "node",
+    "our UBSE: obmm.memory.block.size, MiB (an even value in 4..4096; else 128): one memid "
+    "per block",
+    parse=as_int,
+    default_text="128",
+)
+UBSE_LENDERS = Var(
+    "OBMM_UBSE_LENDERS",
+    "node",
+    "our UBSE: the slot ids of the nodes that may lend, space separated (UBSE's isLender); "
+    "unset: every node",
+    parse=as_words,
 )
 KMSG_GUARD = Var(
     "OBMM_KMSG_GUARD",

@@ -485,6 +485,100 @@ CODES: dict[int, UbsmCode] = {
                 ),
             ),
         ),
+        UbsmCode(
+            1006,
+            "UBSE",
+            "UBS_ENGINE_ERR_EXISTED",
+            Cause(
+                "the shared memory (or this node's attach of it) exists already",
+                "ubs-engine",
+                f"{_UBS_ERROR_H}:UBS_ENGINE_ERR_EXISTED",
+            ),
+            (
+                Cause(
+                    "create: the name is in use, by an export or an import of that name",
+                    "ubs-engine",
+                    f"{_SHARE_API}:UbseMemShareBorrow",
+                ),
+                Cause(
+                    "attach on a node that has attached: the descriptor comes back all the same, "
+                    "and ubsmd takes it as success",
+                    "ubs-engine",
+                    f"{_SHARE_API}:ExistImportObjHandler",
+                ),
+                Cause(
+                    "ubsmd turns a create's 1006 into 6021 (already exists)",
+                    "ubs-mem",
+                    f"{_ADAPTER}:UbseMemAdapter::ShmCreate",
+                ),
+            ),
+        ),
+        UbsmCode(
+            1007,
+            "UBSE",
+            "UBS_ENGINE_ERR_NOT_EXIST",
+            Cause(
+                "no shared memory of that name",
+                "ubs-engine",
+                f"{_UBS_ERROR_H}:UBS_ENGINE_ERR_NOT_EXIST",
+            ),
+            (
+                Cause(
+                    "attach of a name with no export (never created, or deleted)",
+                    "ubs-engine",
+                    f"{_SHARE_API}:ShmAttachPreCheck",
+                ),
+                Cause(
+                    "delete of a name with no export",
+                    "ubs-engine",
+                    f"{_SHARE_API}:ShareReturnValidate",
+                ),
+            ),
+        ),
+        UbsmCode(
+            1015,
+            "UBSE",
+            "UBS_ENGINE_ERR_SHM_NO_ATTACH",
+            Cause(
+                "this node has not attached the shared memory",
+                "ubs-engine",
+                f"{_UBS_ERROR_H}:UBS_ENGINE_ERR_SHM_NO_ATTACH",
+            ),
+            (
+                Cause(
+                    "detach on a node without an import of that name (an unknown name included)",
+                    "ubs-engine",
+                    f"{_SHARE_API}:UbseMemShareDetach",
+                ),
+                Cause(
+                    "ubsmd turns it into 802",
+                    "ubs-mem",
+                    f"{_ADAPTER}:UbseMemAdapter::ShmDetach",
+                ),
+            ),
+        ),
+        UbsmCode(
+            1024,
+            "UBSE",
+            "UBS_ENGINE_ERR_SHM_ATTACH_USING",
+            Cause(
+                "the shared memory is attached somewhere, so it cannot be deleted",
+                "ubs-engine",
+                f"{_UBS_ERROR_H}:UBS_ENGINE_ERR_SHM_ATTACH_USING",
+            ),
+            (
+                Cause(
+                    "delete while any node still has an import of it: detach there first",
+                    "ubs-engine",
+                    f"{_SHARE_API}:ShareReturnValidate",
+                ),
+                Cause(
+                    "ubsmd turns it into 6024 (in use)",
+                    "ubs-mem",
+                    f"{_ADAPTER}:UbseMemAdapter::ShmDelete",
+                ),
+            ),
+        ),
     )
 }
 

@@ -58,6 +58,23 @@ static inline unsigned long long obmm_window_base(int node)
 	return obmm_fabric_ull(name);
 }
 
+/*
+ * Where this node reaches node @node's physical address @pa: its window's
+ * base + @pa past that node's RAM base (windows/<node>/remote_base: 0 on
+ * x86, 1 GiB on arm64's virt machine; absent in older modules).
+ */
+static inline unsigned long long obmm_window_addr(int node, unsigned long long pa)
+{
+	char name[64], path[160];
+	unsigned long long rbase = 0;
+
+	snprintf(name, sizeof(name), "windows/%d/remote_base", node);
+	snprintf(path, sizeof(path), "%s/%s", obmm_fabric_sysfs(), name);
+	if (access(path, F_OK) == 0)
+		rbase = obmm_read_sysfs_ull(path);
+	return obmm_window_base(node) + pa - rbase;
+}
+
 static inline unsigned long long obmm_window_size(int node)
 {
 	char name[64];

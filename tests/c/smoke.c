@@ -111,7 +111,7 @@ int main(void)
 	if (ioctl(obmm, OBMM_CMD_ADDR_QUERY, &q))
 		return fail("OBMM_CMD_ADDR_QUERY");
 	imp.flags = OBMM_IMPORT_FLAG_ALLOW_MMAP;
-	imp.addr = obmm_window_base(obmm_node_id()) + q.pa;
+	imp.addr = obmm_window_addr(obmm_node_id(), q.pa);
 	imp.length = REGION_SIZE;
 	imp.scna = obmm_cna();
 	imp.tokenid = exp.tokenid;

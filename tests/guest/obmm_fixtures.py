@@ -13,8 +13,9 @@ Load from a conftest with ``pytest_plugins = ["obmm_fixtures"]``.
   must read as it did before the test (a resource left behind, or one
   unlinked, fails it).  Leftover regions are removed (so one leak does not
   cascade) and the test fails.
-* ``module_unloads_promptly`` (autouse, session): after the last test, obmm_emu (idle)
-  unloads within 5 s and is loaded again with its parameters; the last test fails otherwise
+* ``module_unloads_promptly`` (autouse, session): after the last test, the emulated obmm
+  (idle) unloads within 5 s and is loaded again with its fabric parameters (ubc_dev among
+  them); the last test fails otherwise
   (a worker that outlives its work, an unload that waits for one).  Emulator only.
 * ``export`` / ``imported``: context managers that always clean up.
 * ``run_in_child``: run a snippet in a fresh interpreter, return how it died.
@@ -70,6 +71,9 @@ class Fabric:
     windows: dict[int, tuple[int, int]]  # node -> (base, size)
     pool_base: int
     pool_size: int
+    #: Every node's physical address at offset 0 of its window (0 on x86, the RAM base of
+    #: QEMU's virt machine on arm64; windows/<n>/remote_base).
+    ram_base: int = 0
 
     @property
     def seid(self) -> bytes:
@@ -82,9 +86,13 @@ class Fabric:
     def window_size(self, node: int | None = None) -> int:
         return self.windows[self.node_id if node is None else node][1]
 
+    def window_addr(self, pa: int, node: int | None = None) -> int:
+        """Where this node reaches node `node`'s physical address `pa` (its decoder address)."""
+        return self.window_base(node) + pa - self.ram_base
+
     def loopback_addr(self, dev: obmm.Obmm, mem_id: int, offset: int = 0) -> int:
         """Decoder address, in this node's own window, of byte `offset` of export `mem_id`."""
-        return self.window_base() + dev.query_pa_by_memid(mem_id, offset)
+        return self.window_addr(dev.query_pa_by_memid(mem_id, offset))
 
     def import_loopback(self, dev: obmm.Obmm, exp: obmm.Export, **kw: object) -> obmm.Import:
         kw.setdefault("tokenid", exp.tokenid)
@@ -101,8 +109,11 @@ def load_fabric() -> Fabric | None:
     if root is None:
         return None
     windows = {}
+    ram_base = 0
     for w in sorted((root / "windows").iterdir()):
         windows[read_int(w / "node")] = (read_int(w / "base"), read_int(w / "size"))
+        if (w / "remote_base").exists():
+            ram_base = read_int(w / "remote_base")
     return Fabric(
         node_id=read_int(root / "node_id"),
         cna=read_int(root / "cna"),
@@ -110,6 +121,7 @@ def load_fabric() -> Fabric | None:
         windows=windows,
         pool_base=read_int(root / "pool_base"),
         pool_size=read_int(root / "pool_size"),
+        ram_base=ram_base,
     )
 
 
@@ -227,11 +239,20 @@ def module_loaded() -> bool:
     return (Path("/sys/module") / MODULE).is_dir()
 
 
-EMU_MODULE = "obmm_emu"
-EMU_KO = Path("/opt/obmm-testbed/kmod") / f"{EMU_MODULE}.ko"
-EMU_PARAMS = Path("/sys/module") / EMU_MODULE / "parameters"
-#: The parameters the testbed loads the module with (obmm.testbed.provision.insmod_command).
-EMU_RELOAD_PARAMS = ("node_id", "pool_base", "pool_size")
+#: The fabric parameters the testbed loads the module with (obmm.testbed.provision.insmod_command),
+#: those the module declares: a reload needs them (ubc_dev among them) to come back as it was.
+MODULE_RELOAD_PARAMS = ("node_id", "nr_nodes", "nodes", "pool_base", "pool_size", "ubc_dev")
+
+
+def module_reload_args() -> list[str]:
+    """NAME=VALUE of each of MODULE_RELOAD_PARAMS the loaded module declares."""
+    return [
+        f"{p}={(MODULE_PARAMS / p).read_text().strip()}"
+        for p in MODULE_RELOAD_PARAMS
+        if (MODULE_PARAMS / p).is_file()
+    ]
+
+
 #: rmmod of the idle module returns within this, whatever the suite did before.
 UNLOAD_S = 5.0
 
@@ -239,18 +260,19 @@ UNLOAD_S = 5.0
 @pytest.fixture(scope="session", autouse=True)
 def module_unloads_promptly() -> Iterator[None]:
     yield
-    if os.environ.get("OBMM_TARGET") == "hardware" or not EMU_KO.is_file():
+    if os.environ.get("OBMM_TARGET") == "hardware" or not MODULE_KO.is_file():
         return
-    if not EMU_PARAMS.is_dir() or snapshot().region_ids():
-        return  # not loaded by the testbed, or a leak the leak check has reported
-    args = [f"{p}={(EMU_PARAMS / p).read_text().strip()}" for p in EMU_RELOAD_PARAMS]
+    if not EMU_SYSFS.is_dir() or not module_loaded() or snapshot().region_ids():
+        return  # not the emulator loaded by the testbed, or a leak the leak check has reported
+    args = module_reload_args()
     t0 = time.monotonic()
-    done = subprocess.run(["rmmod", EMU_MODULE], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(["rmmod", MODULE], capture_output=True, text=True, timeout=300)
     took = time.monotonic() - t0
-    subprocess.run(["insmod", str(EMU_KO), *args], check=False)
-    assert done.returncode == 0, f"rmmod {EMU_MODULE} after the suite: {done.stderr.strip()}"
-    assert took < UNLOAD_S, f"rmmod {EMU_MODULE} after the suite took {took:.1f} s"
-    print(f"rmmod {EMU_MODULE} after the suite: {took:.2f} s")
+    subprocess.run(["insmod", str(MODULE_KO), *args], check=False)
+    assert done.returncode == 0, f"rmmod {MODULE} after the suite: {done.stderr.strip()}"
+    assert took < UNLOAD_S, f"rmmod {MODULE} after the suite took {took:.1f} s"
+    assert module_loaded(), f"insmod {MODULE_KO} {' '.join(args)} after the suite failed"
+    print(f"rmmod {MODULE} after the suite: {took:.2f} s")
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ read here through sysfs resource2 like any other node (or the host) would read i
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from obmm_fixtures import SZ_2M, Fabric, exported
+from obmm_fixtures import SZ_2M, Fabric, expect_errno, exported
 
 import obmm
 from obmm import abi
@@ -140,3 +141,41 @@ def test_one_record_per_live_export(ctl: Control, fabric: Fabric, dev: obmm.Obmm
     with exported(dev) as a, exported(dev) as b:
         live = {r[4] for r in ctl.records(fabric.node_id) if r[1] == REC_LIVE}
         assert {a.mem_id, b.mem_id} <= live
+
+
+SZ_128M = 128 << 20
+
+
+def test_forged_own_record_reaches_nothing(ctl: Control, fabric: Fabric, dev: obmm.Obmm) -> None:
+    """A LIVE record another node forges in this node's own slots (its boot id is public)
+    covering this node's kernel RAM gives a loopback import no access: this node answers its
+    own lookups from what it exported, not from the shared bytes (issue 36, finding 7)."""
+    node = fabric.node_id
+    boot_id = ctl.node(node)[6]
+    slot = ctl.rec_per_node - 1
+    off = ctl.rec_off + (node * ctl.rec_per_node + slot) * ctl.rec_size
+    forged = RECORD.pack(
+        2, REC_LIVE, 1 << 40, boot_id, 0x7FFF0000, 0, SZ_128M, SZ_2M, 0, 0, bytes(16), 0
+    )
+    fd = os.open(CTL_RESOURCE, os.O_RDWR | os.O_SYNC)
+    try:
+        wbuf = mmap.mmap(fd, SZ_2M, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    saved = bytes(wbuf[off : off + RECORD.size])
+    assert struct.unpack_from("<I", saved, 4)[0] == REC_FREE, "the last slot is in use"
+    try:
+        wbuf[off : off + RECORD.size] = forged
+        revoked = Path("/sys/kernel/obmm_emu/revoked")
+        imp = dev.import_(fabric.window_base() + SZ_128M, SZ_2M, scna=fabric.cna)
+        try:
+            assert imp.mem_id in {int(x) for x in revoked.read_text().split()}, (
+                "a forged record of this node made its import live"
+            )
+            with obmm.ShmDev(imp.mem_id) as shm:
+                expect_errno(errno.ENXIO, shm.mmap, SZ_2M)
+        finally:
+            dev.unimport(imp.mem_id)
+    finally:
+        wbuf[off : off + RECORD.size] = saved
+        wbuf.close()

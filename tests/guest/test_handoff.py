@@ -101,7 +101,12 @@ import json, sys
 import obmm
 from obmm.fuzz import handoff as h
 node, cna, size, pmd = (int(a) for a in sys.argv[1:5])
-base = int(open(f"/sys/kernel/obmm_emu/windows/{node}/base").read(), 0)
+win = f"/sys/kernel/obmm_emu/windows/{node}"
+base = int(open(f"{win}/base").read(), 0)
+try:
+    base -= int(open(f"{win}/remote_base").read(), 0)  # the node's RAM base (arm64)
+except FileNotFoundError:
+    pass
 out = {}
 with obmm.Obmm() as dev:
     exp = dev.export(size)

@@ -294,6 +294,60 @@ def test_unload_cancels_the_export_pid_quarantine_before_the_fabric_goes(
     assert buf[:14] == b"pid-quarantine"
 
 
+CTL_RESOURCE = Path("/sys/bus/pci/devices/0000:00:0f.0/resource2")
+# obmm_emu_ctl.h: the node table at 0x1000, 0x100 per node, state the second u32
+NODE_STATE_OFF, NODE_STRIDE, NODE_ONLINE = 0x1000 + 4, 0x100, 1
+
+
+def vm_pin_kib() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"^VmPin:\s+(\d+) kB", status, re.M).group(1))  # type: ignore[union-attr]
+
+
+def test_unload_unpins_quarantined_export_pid_pages_only_once_the_node_is_offline(
+    reload_args: list[str], hugepages: int, fabric: Fabric
+) -> None:
+    """EXPORT_PID pages in the unexport quarantine wait for every peer's acknowledgment; at
+    unload they were unpinned before the node went OFFLINE, so a peer still mapping them read
+    and wrote freed pages until its next scan (issue 36, finding 10).  Now the node goes
+    OFFLINE (peers revoke their imports of it) first: in the pause of the test build's
+    test_exit_delay_ms after the fabric's teardown the pages are still pinned."""
+    if not (PARAMS / "test_exit_delay_ms").exists():
+        pytest.skip("not the suites' build of obmm_emu (no test_exit_delay_ms)")
+    if not CTL_RESOURCE.exists():
+        pytest.skip("no control region device 00:0f.0")
+    fd = os.open(CTL_RESOURCE, os.O_RDONLY | os.O_SYNC)
+    try:
+        ctl = mmap.mmap(fd, SZ_2M, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    state_at = NODE_STATE_OFF + fabric.node_id * NODE_STRIDE
+    buf = mmap.mmap(-1, SZ_2M, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_HUGETLB)
+    buf.write(b"pid-quarantine")
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    pinned_before = vm_pin_kib()
+    with obmm.Obmm() as dev:
+        exp = dev.export_pid(addr, SZ_2M)
+        dev.unexport(exp.mem_id)  # pinned for quarantine_ms (1 s) and every peer's ack
+    assert vm_pin_kib() == pinned_before + SZ_2M // 1024, "not pinned in quarantine"
+    (PARAMS / "test_exit_delay_ms").write_text("2500")
+    unload = subprocess.Popen(["rmmod", MODULE])
+    offline_pins: list[int] = []
+    while unload.poll() is None:
+        if int.from_bytes(ctl[state_at : state_at + 4], "little") != NODE_ONLINE:
+            offline_pins.append(vm_pin_kib() - pinned_before)
+        time.sleep(0.05)
+    ctl.close()
+    assert unload.returncode == 0
+    subprocess.run(["insmod", str(KO), *reload_args], check=True)
+    assert vm_pin_kib() == pinned_before, "the pages stayed pinned after unload"
+    assert offline_pins, "the node was never seen OFFLINE during the unload"
+    assert offline_pins[0] == SZ_2M // 1024, (
+        f"unpinned before the node went OFFLINE (pinned KiB once OFFLINE: {offline_pins[:5]})"
+    )
+    assert buf[:14] == b"pid-quarantine"
+
+
 # ---- module parameters as the real driver has them (ubmempool_allocator.c, obmm_cache.c) ----
 
 # name: (value after a load that does not set it, mode)

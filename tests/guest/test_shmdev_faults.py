@@ -20,7 +20,10 @@ from obmm.fuzz import faults
 
 pytest_plugins = ["obmm_fixtures"]
 
-pytestmark = pytest.mark.emulator_only
+pytestmark = [
+    pytest.mark.emulator_only,
+    pytest.mark.kernel_log_allow(faults.VMALLOC_WARN.pattern, faults.VMALLOC_WARN.reason),
+]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -64,8 +67,8 @@ def test_mmap_survives_every_allocation_failure(
                 injected = reached()
             if addr == MAP_FAILED:
                 assert injected, f"mmap failed with errno {err} without an injected failure"
-                # EINVAL: remap_pfn_range() reports a failed PAT reservation so (mm/memory.c),
-                # as the real driver's mmap does; the PMD granule's reservation too
+                # EINVAL: a failed PAT reservation of the region (the ioremap that holds it,
+                # shmdev.c:obmm_memtype_get), as remap_pfn_range() reports it (mm/memory.c)
                 assert err in (errno.ENOMEM, errno.EINVAL), (
                     f"failure point {n}: errno {errno.errorcode[err]}"
                 )
@@ -138,3 +141,53 @@ def test_a_failed_split_leaves_the_mapping_whole(
             m.write(0, b"after")
             assert m.read(0, 5) == b"after"
     assert failed, f"no allocation of the {split} call failed: fail-nth reached nothing"
+
+
+_libc.mremap.restype = ctypes.c_void_p
+_libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
+                         ctypes.c_void_p]  # fmt: skip
+MREMAP_MAYMOVE_FIXED = 3
+
+
+@pytest.mark.parametrize("pmd", [False, True], ids=["page", "pmd"])
+def test_a_failed_move_leaves_the_mapping_its_entries(
+    dev: obmm.Obmm, fault_injection: faults.FaultInjection, pmd: bool
+) -> None:
+    """mremap() of a touched mapping to a range without page tables, each allocation of it
+    failing in turn.  The kernel copies the VMA (.open), and when copy_vma()'s link or
+    move_page_tables() runs out of memory it unmaps the copy (.close) without asking .mremap:
+    that close released the entries the original still maps, whose own close released them
+    again, and the region's reader and writer counts wrapped (issue 36, finding 9).  Each
+    point: the move fails (ENOMEM, or EOPNOTSUPP when only .mremap refused), the mapping reads
+    and writes, and afterwards a new writable mapping of the region works."""
+    g = SZ_2M if pmd else mmap.PAGESIZE
+    offset = obmm.OBMM_MMAP_FLAG_HUGETLB_PMD - (1 << 64) if pmd else 0
+    failed: list[int] = []
+    with exported(dev, LENGTH) as exp, obmm.ShmDev(exp.mem_id) as shm:
+        for n in range(1, MAX_POINTS + 1):
+            addr = _libc.mmap(None, LENGTH, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED,
+                              shm.fd, offset)  # fmt: skip
+            assert addr != MAP_FAILED, f"mmap: errno {ctypes.get_errno()}"
+            for off in range(0, LENGTH, g if pmd else SZ_2M):
+                assert poke(addr + off, 1)  # page tables to move
+            spare = fresh_range()
+            with fault_injection.nth(n) as reached:
+                ret = _libc.mremap(addr, LENGTH, LENGTH, MREMAP_MAYMOVE_FIXED, spare)
+                err = ctypes.get_errno()
+                injected = reached()
+            _libc.munmap(spare, LENGTH)
+            assert ret == MAP_FAILED, f"point {n}: the move was made"
+            assert err in (errno.ENOMEM, errno.EOPNOTSUPP), f"point {n}: {errno.errorcode[err]}"
+            if err == errno.ENOMEM:
+                failed.append(n)
+            for off in range(0, LENGTH, g if pmd else SZ_2M):
+                assert poke(addr + off + 7, n % 251), f"point {n}: granule at {off:#x}"
+            _libc.munmap(addr, LENGTH)
+            if not injected:
+                break
+        else:
+            pytest.fail(f"mremap still reached an injected failure after {MAX_POINTS} points")
+        with shm.mmap(LENGTH, pmd=pmd) as m:
+            m.write(0, b"after")
+            assert m.read(0, 5) == b"after"
+    assert failed, "no allocation of the move failed: fail-nth reached nothing"

@@ -180,17 +180,15 @@ UBC_FORMATS = {
     "ummu_map": r"0x[0-9a-f]{2,}|0{4}",  # %#04x
     "numa": r"0x[0-9a-f]{2,}|0{4}",  # %#04x of the proximity domain
     "ubc": r"0x[0-9a-f]{3,}|0{5}",  # %#05x
+    "vendor": r"0x[0-9a-f]{4,}|0{6}",  # %#06x of the guid's vendor
+    "device": r"0x[0-9a-f]{4,}|0{6}",  # %#06x of the guid's device
+    "class_code": r"0x[0-9a-f]{4,}|0{6}",  # %#06x
+    "type": r"0x[0-9a-f]+|0",  # %#x of the guid's type
+    # ub_show_guid(): vendor-device-version-type-reserved-seq_num
+    "guid": r"[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]-[0-9a-f]-[0-9a-f]{6}-[0-9a-f]{16}",
 }
 
 
-# On the real-driver testbed the UB bus is kmod/ub_compat's stand-in, not obmm.ko's.
-UB_COMPAT_BUS = pytest.mark.real_driver_differs(
-    "the real-driver testbed's UB bus is kmod/ub_compat's stand-in, which prints its own "
-    "controller layout (ubc a directory, %#x values, no /sys/bus/ub), not drivers/ub/ubus's"
-)
-
-
-@UB_COMPAT_BUS
 def test_ub_bus_controller_attributes_as_the_ub_bus_prints_them() -> None:
     """`ubc` is a file (the controller's entity number), and each attribute has the real
     bus's format."""
@@ -206,7 +204,22 @@ def test_ub_bus_controller_attributes_as_the_ub_bus_prints_them() -> None:
     assert len(set(cnas)) == len(cnas), cnas
 
 
-@UB_COMPAT_BUS
+def test_ub_bus_controller_guid_names_its_vendor_device_and_type() -> None:
+    """The guid's fields are the vendor, device and type files' values; a controller's type
+    is UB_TYPE_CONTROLLER (1); each controller's guid is its own."""
+    ctls = [Path(h).parent for h in sorted(glob.glob("/sys/devices/ub_bus_controller*/*/ubc"))]
+    assert ctls
+    guids = []
+    for ctl in ctls:
+        guid = (ctl / "guid").read_text().strip()
+        vendor, device, _version, kind, _reserved, _seq = guid.split("-")
+        assert int(vendor, 16) == int((ctl / "vendor").read_text(), 0), (ctl, guid)
+        assert int(device, 16) == int((ctl / "device").read_text(), 0), (ctl, guid)
+        assert int(kind, 16) == int((ctl / "type").read_text(), 0) == 1, (ctl, guid)
+        guids.append(guid)
+    assert len(set(guids)) == len(guids), guids
+
+
 def test_ub_bus_attributes() -> None:
     """/sys/bus/ub: ub_feature (the bitmap, then one line per feature), cluster, instance."""
     bus = Path("/sys/bus/ub")
@@ -220,18 +233,24 @@ def test_ub_bus_attributes() -> None:
     assert (bus / "instance").read_text().startswith("count 0x")
 
 
-@pytest.mark.emulator_only
 def test_two_controllers_as_ub_hosts_name_them(fabric: Fabric) -> None:
-    """The testbed loads two controllers named as on UB hosts (ubs-test reads these paths);
-    an IMPORT's scna may be either's CNA."""
+    """The testbed loads two controllers named as on UB hosts (ubs-test and the seed's programs
+    read these paths), on either driver: one layout (kmod/common/ub_controller.c)."""
     first = Path("/sys/devices/ub_bus_controller0/00001")
     second = Path("/sys/devices/ub_bus_controller1/00002")
     assert int((first / "primary_cna").read_text(), 0) == fabric.cna
     assert int((first / "eid").read_text()) == fabric.eid
     assert (first / "ubc").read_text() == "0x001\n"
     assert (second / "ubc").read_text() == "0x002\n"
+    assert int((second / "primary_cna").read_text(), 0) != fabric.cna
+
+
+@pytest.mark.emulator_only
+def test_an_import_may_name_either_controller(fabric: Fabric) -> None:
+    """An IMPORT's scna may be either controller's CNA (ub_compat's ub_mem_get_numa_id() knows
+    the first one's only)."""
+    second = Path("/sys/devices/ub_bus_controller1/00002")
     cna2 = int((second / "primary_cna").read_text(), 0)
-    assert cna2 != fabric.cna
     with obmm.Obmm() as dev, exported(dev) as exp:
         imp = dev.import_(fabric.loopback_addr(dev, exp.mem_id), SZ_2M, scna=cna2)
         dev.unimport(imp.mem_id)

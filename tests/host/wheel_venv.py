@@ -17,7 +17,7 @@ from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "pylib", "kmod", "qemu", "uapi",
-           "tests/guest", "tests/c", "examples/c")  # fmt: skip
+           "tests/guest", "tests/c", "examples/c", "ubse")  # fmt: skip
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.o", "*.ko", ".*.cmd")
 
 

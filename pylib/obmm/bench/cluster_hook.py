@@ -11,14 +11,18 @@ stopped again, whatever happens.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import re
 import shlex
+import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +39,7 @@ from obmm.bench.measure import (
 from obmm.bench.results import HOST_PAGES_KEY, Environment, Figure, Run
 from obmm.bench.suite_timing import SUITES, run_once, suite_figures
 from obmm.testbed import settings as settings_mod
+from obmm.testbed.vm.timeline import CLUSTER_STEPS, NODE_STEPS, Timeline
 
 if TYPE_CHECKING:
     from obmm.testbed.node import Node
@@ -160,6 +165,86 @@ def boot_figure_name(init: str, nodes: int) -> str:
     return f"testbed.boot_to_ssh.{init}.{nodes}node{'s' if nodes > 1 else ''}"
 
 
+@dataclass
+class UpSample:
+    """One `obmm-testbed up` as a user runs it."""
+
+    #: Seconds around the command, from its start to its return.
+    wall: float
+    timeline: Timeline
+    restored_from: str | None
+    #: The 1-minute load average when it started (the machine is shared).
+    load: float
+
+
+def up_argv(settings: Settings) -> list[str]:
+    """`obmm-testbed up` with `settings` as its flags."""
+    exe = Path(sys.executable).with_name("obmm-testbed")
+    argv = [str(exe)] if exe.is_file() else [sys.executable, "-m", "obmm.testbed.cli.main"]
+    argv.append("up")
+    for knob in settings_mod.KNOBS:
+        value = getattr(settings, knob.field)
+        if value is None:
+            continue
+        for one in value if knob.repeat else [value]:
+            argv += [knob.flag, str(one)]
+    return argv
+
+
+def up_sample(settings: Settings) -> UpSample:
+    """Run `obmm-testbed up` (the settings name the cluster) and time it from outside; its
+    timeline is read from the cluster's state, then the cluster is stopped (not counted)."""
+    from obmm.testbed.vm.cluster import Cluster, ClusterError
+
+    assert settings.name is not None
+    load = os.getloadavg()[0]
+    start = time.monotonic()
+    proc = subprocess.run(up_argv(settings), capture_output=True, text=True, check=False)
+    wall = time.monotonic() - start
+    try:
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"obmm-testbed up failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+            )
+        cluster = Cluster.attach(settings.name)
+        return UpSample(wall, cluster.timeline, cluster.restored_from, load)
+    finally:
+        with contextlib.suppress(ClusterError):
+            Cluster.attach(settings.name).stop()
+
+
+def timeline_figures(prefix: str, samples: Sequence[UpSample], note: str) -> list[Figure]:
+    """The phases of `samples` (obmm.testbed.vm.timeline): per step, seconds since the command
+    started (the slowest node's); the guest clock's console steps; CPU seconds of the command
+    and of all its QEMUs.  Named `<prefix>.at.<step>`, `.guest.<step>`, `.cpu.<what>`."""
+    series: dict[str, list[float]] = {}
+
+    def add(name: str, value: float | None) -> None:
+        if value is not None:
+            series.setdefault(name, []).append(value)
+
+    for sample in samples:
+        t = sample.timeline
+        for step, _ in CLUSTER_STEPS:
+            add(f"at.{step}", t.cluster.get(step))
+        for step, _ in NODE_STEPS:
+            add(f"at.{step}", _slowest(s.get(step) for s in t.nodes.values()))
+            add(f"guest.{step}", _slowest(g.get(step) for g in t.guest.values()))
+        add("cpu.command", t.cpu.get("command"))
+        qemu = [v for k, v in t.cpu.items() if k.startswith("node")]
+        add("cpu.qemu", sum(qemu) if qemu else None)
+    return [make_testbed_figure(f"{prefix}.{k}", v, note=note) for k, v in series.items()]
+
+
+def _slowest(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _loads(samples: Sequence[UpSample]) -> str:
+    return "load average " + ", ".join(f"{s.load:.2f}" for s in samples)
+
+
 def boot_figures(
     settings: Settings,
     sizes: list[int],
@@ -167,41 +252,42 @@ def boot_figures(
     samples: int,
     say: Callable[[str], None],
 ) -> list[Figure]:
-    """Boot-to-SSH of each cluster size with each init, `samples` times, interleaved: what
-    ``obmm-testbed up --snapshot off`` takes (:func:`obmm.testbed.session.bring_up` without
-    modules).
+    """Boot-to-SSH of each cluster size with each init, `samples` times, interleaved: the wall
+    time of ``obmm-testbed up --snapshot off`` from its start to its return (:func:`up_sample`),
+    and the phases of its timeline (fast init only).
 
     The boots of one size alternate between the inits (fast, systemd, fast, ...) so that a
     drift of the machine's speed hits both alike; the fast boot's baseline is the systemd boot
     of the same size, so the summary shows their ratio.
     """
-    from obmm.testbed.session import bring_up
-
     figures = []
     for nodes in sizes:
         topology = BOOT_SIZES.get(nodes, "pair")
-        times: dict[str, list[float]] = {init: [] for init in inits}
+        runs: dict[str, list[UpSample]] = {init: [] for init in inits}
         for k in range(samples):
             for init in inits:
                 say(f"boot {nodes} node(s), init {init}, sample {k + 1}/{samples}")
-                start = time.monotonic()
                 # snapshot off: a cold boot is what this figure is.
                 shape = settings.replace(
                     topology=topology, nodes=nodes, init=init, snapshot="off",
                     name=f"bench-{nodes}",
                 )  # fmt: skip
-                with bring_up(shape, purpose="bench", load_modules=False):
-                    times[init].append(time.monotonic() - start)
+                runs[init].append(up_sample(shape))
         for init in inits:
             base = "systemd" if init != "systemd" and "systemd" in inits else None
+            note = (
+                f"{topology} topology, {settings.accel} accelerator setting; {_loads(runs[init])}"
+            )
             figures.append(
                 make_testbed_figure(
                     boot_figure_name(init, nodes),
-                    times[init],
+                    [s.wall for s in runs[init]],
                     baseline=boot_figure_name(base, nodes) if base else None,
-                    note=f"{topology} topology, {settings.accel} accelerator setting",
+                    note=note,
                 )
             )
+            if init == "fast":
+                figures += timeline_figures(boot_figure_name(init, nodes), runs[init], note)
     return figures
 
 
@@ -212,38 +298,36 @@ def restore_figure_name(nodes: int) -> str:
 def restore_figures(
     settings: Settings, sizes: list[int], samples: int, say: Callable[[str], None]
 ) -> list[Figure]:
-    """Snapshot restore to SSH of each cluster size (fast init), `samples` times: what
-    ``obmm-testbed up`` takes when a snapshot fits.
+    """Snapshot restore to SSH of each cluster size (fast init), `samples` times: the wall time
+    of ``obmm-testbed up`` when a snapshot fits (:func:`up_sample`), and its timeline's phases.
 
     The first start of a size makes sure a snapshot exists (a cold boot that saves one, not
     counted); its baseline is the cold fast boot of the same size.
     """
-    from obmm.testbed.session import bring_up
-
     figures = []
     for nodes in sizes:
         shape = settings.replace(
             topology=BOOT_SIZES.get(nodes, "pair"), nodes=nodes, init="fast", snapshot="auto",
             name=f"bench-{nodes}",
         )  # fmt: skip
-        with bring_up(shape, purpose="bench", load_modules=False):
-            pass
-        times = []
+        up_sample(shape)
+        runs = []
         for k in range(samples):
             say(f"restore {nodes} node(s) from a snapshot, sample {k + 1}/{samples}")
-            start = time.monotonic()
-            with bring_up(shape, purpose="bench", load_modules=False) as session:
-                times.append(time.monotonic() - start)
-                if session.cluster.restored_from is None:
-                    raise RuntimeError(f"{nodes} node(s): booted cold, no snapshot restored")
+            sample = up_sample(shape)
+            if sample.restored_from is None:
+                raise RuntimeError(f"{nodes} node(s): booted cold, no snapshot restored")
+            runs.append(sample)
+        note = f"{shape.topology} topology; {_loads(runs)}"
         figures.append(
             make_testbed_figure(
                 restore_figure_name(nodes),
-                times,
+                [s.wall for s in runs],
                 baseline=boot_figure_name("fast", nodes),
-                note=f"{shape.topology} topology",
+                note=note,
             )
         )
+        figures += timeline_figures(restore_figure_name(nodes), runs, note)
     return figures
 
 
@@ -418,7 +502,7 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
             baseline="testbed.image_build.cold" if testbed else None,
         )
     )
-    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu)
+    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
     settings = settings.replace(accel=accel)
     env = Environment.collect_host(accelerator=accel, node_count=2)
 
@@ -515,7 +599,7 @@ def scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     progress = Progress("bench")
     settings = settings_mod.Settings.from_env(**{f: getattr(args, f, None) for f in FIELDS})
     image = ensure_image(find_recipe(settings.recipe), progress=progress, kernel=settings.kernel)
-    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu)
+    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
     env = Environment.collect_host(accelerator=accel, node_count=2)
     return on_bench_pair(settings.replace(accel=accel), env, config, run_scheme7_bench, progress)
 

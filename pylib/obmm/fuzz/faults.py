@@ -15,6 +15,21 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from obmm.tools import logscan
+
+#: The kernel's own report of an injected failure, not the module's: 6.1's __alloc_vmap_area()
+#: WARNs when its GFP_NOWAIT allocation of a split vmap_area fails (mm/vmalloc.c, the WARN_ON_ONCE
+#: after adjust_va_to_fit_type()), which failslab makes happen in any ioremap(): the one that holds
+#: a mapped region's x86 PAT memtype reservation (kmod/obmm_emu/shmdev.c:obmm_memtype_get) sits in
+#: the mmap the fuzzer arms.  That mmap then fails ENOMEM and leaves nothing (what is checked).
+VMALLOC_WARN = logscan.AllowRule(
+    r"\bWARNING: CPU: \d+ PID: \d+ at mm/vmalloc\.c:\d+ \w*alloc_vmap_area\b",
+    "the kernel's WARN on an injected failure of a GFP_NOWAIT vmap_area allocation "
+    "(mm/vmalloc.c:__alloc_vmap_area), reached through ioremap() with failslab armed",
+)
+#: What a run with failures injected may leave in the kernel log.
+ALLOW: tuple[logscan.AllowRule, ...] = (VMALLOC_WARN,)
+
 DEBUGFS = Path("/sys/kernel/debug")
 KNOBS = ("failslab", "fail_page_alloc")
 MAKE_IT_FAIL = Path("/proc/thread-self/make-it-fail")

@@ -8,10 +8,11 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from obmm import decoder
+from obmm import decoder, envvars
 from obmm.tools import logscan
 
 EMU = Path("/sys/kernel/obmm_emu")
@@ -194,7 +195,8 @@ def preimport_lines() -> int:
 class KernelLog:
     """New kernel messages since the last look, scanned for reports."""
 
-    def __init__(self) -> None:
+    def __init__(self, allow: tuple[logscan.AllowRule, ...] = ()) -> None:
+        self.allow = logscan.DEFAULT_ALLOW + allow
         self.watcher: logscan.KmsgWatcher | None
         try:
             self.watcher = logscan.KmsgWatcher()
@@ -204,7 +206,7 @@ class KernelLog:
     def reports(self) -> str:
         if self.watcher is None:
             return ""
-        found = logscan.scan(self.watcher.read_new())
+        found = logscan.scan(self.watcher.read_new(), allow=self.allow)
         return logscan.format_reports(found) if found else ""
 
     def close(self) -> None:
@@ -227,8 +229,13 @@ class Module:
     def reloadable(self) -> bool:
         return self.ko.is_file()
 
-    #: rmmod returns within this (an idle module: no worker may keep it; busy: EBUSY at once)
+    #: rmmod returns within this (an idle module: no worker may keep it; busy: EBUSY at once),
+    #: times $OBMM_TESTBED_TIMEOUT_SCALE (unload_bound): a debug kernel on a loaded host is slower
     UNLOAD_S = 5.0
+
+    @classmethod
+    def unload_bound(cls, environ: Mapping[str, str] | None = None) -> float:
+        return cls.UNLOAD_S * float(envvars.TIMEOUT_SCALE.get(environ))
 
     def rmmod(self) -> bool:
         """rmmod; whether it unloaded.  The seconds it took are in ``last_rmmod_s``."""

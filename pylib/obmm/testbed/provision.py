@@ -23,8 +23,9 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from obmm import abi
-from obmm.testbed.builds import bytecode, kbuild, kheaders
-from obmm.testbed.builds.image import Image
+from obmm.testbed import arch
+from obmm.testbed.builds import bytecode, kbuild
+from obmm.testbed.builds.image import Image, kernel_tree
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import DATA_DIR, kmod_dir, package_dir, repo_root, ub_upstream_dir
@@ -60,7 +61,7 @@ def real_driver_params(topology: Topology) -> dict[str, str]:
 
 #: What goes to a guest from the root (a checkout or the installed package data), beside the
 #: package itself; setup.py ships the same files in the wheel.
-PAYLOAD = ("pyproject.toml", "uapi", "tests/guest", "tests/c", "examples/c")
+PAYLOAD = ("pyproject.toml", "uapi", "tests/guest", "tests/c", "examples/c", "ubse")
 
 
 def payload_tar(root: Path, modules: Sequence[Path] = ()) -> bytes:
@@ -143,7 +144,9 @@ def build_guest_modules(
     if test_hooks:
         out = out / TEST_HOOKS_DIR
     # The debug kernel's own build tree, else Debian's headers for the release.
-    headers = image.kdir or kheaders.fetch_headers(release)
+    headers = kernel_tree(image)
+    # A foreign architecture's modules are cross-built (obmm.testbed.arch).
+    cross = arch.kbuild_vars(image.arch)
     # A rebuilt debug kernel keeps its release; its build tree's path names its config.
     key = release if image.kdir is None else f"{release} {image.kdir}"
     if real:
@@ -157,18 +160,24 @@ def build_guest_modules(
         log.info("modules: sources unchanged since the last build, using %s", out / release)
     else:
         if real:
-            kos = kbuild.build_real_driver(headers, kmod_dir(), upstream, out / release)
+            kos = kbuild.build_real_driver(
+                headers, kmod_dir(), upstream, out / release, make_vars=cross or None
+            )
         else:
             kos = kbuild.build_modules(
                 headers, kmod_dir(), out / release,
-                make_vars=TEST_HOOKS_VARS if test_hooks else None,
+                make_vars={**(TEST_HOOKS_VARS if test_hooks else {}), **cross} or None,
             )  # fmt: skip
         kbuild.record_build(out / release, digest, kos)
     symvers = elfcheck.Symvers.load(headers / "Module.symvers")
     exports = {sym for ko in kos for sym in elfcheck.module_exports(ko)}
     for ko in kos:
         elfcheck.require_loadable(
-            ko, kernel_release=release, arch="x86_64", symvers_path=symvers, extra_exports=exports
+            ko,
+            kernel_release=release,
+            arch=image.arch.machine,
+            symvers_path=symvers,
+            extra_exports=exports,
         )
     if not real:
         kos = [ko for ko in kos if ko.stem != kbuild.COMPAT_MODULE]

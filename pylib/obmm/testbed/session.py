@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from obmm.testbed import ownership, provision
+from obmm.testbed import arch, ownership, provision, ubsmem
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
 from obmm.testbed.progress import Progress
@@ -32,6 +32,7 @@ from obmm.testbed.topology import Topology
 from obmm.testbed.vm.cluster import Cluster, default_logdir, load_topology
 from obmm.testbed.vm.kguard import KernelLogGuard
 from obmm.testbed.vm.reaping import reap_dead_owners
+from obmm.testbed.vm.timeline import Timeline
 
 if TYPE_CHECKING:
     from obmm.testbed.node import Node
@@ -92,6 +93,11 @@ class Session:
     @property
     def topology(self) -> Topology:
         return self.cluster.topology
+
+    @property
+    def timeline(self) -> Timeline:
+        """Where the bring-up's seconds went, per node (obmm.testbed.vm.timeline)."""
+        return self.cluster.timeline
 
     def __getitem__(self, index: int) -> GuestNode:
         return self.nodes[index]
@@ -160,6 +166,7 @@ def topology_for(settings: Settings, default: str) -> Topology:
         pool_mib=settings.pool_mib if settings.pool_mib is not None else base.pool_mib,
         cpus=base.cpus,
         description=base.description,
+        ram_base=arch.get(settings.arch).ram_base,
     )
     return topology
 
@@ -180,6 +187,7 @@ def bring_up(
     progress: Progress | None = None,
     extra_args: Callable[[int], Sequence[str]] | None = None,
     test_hooks: bool = False,
+    timeline: Timeline | None = None,
 ) -> Session:
     """Bring the cluster the settings describe up, ready for work.
 
@@ -187,8 +195,10 @@ def bring_up(
     name must be set (front ends fill their default).  `load_modules=False` stops after the
     boot (`up` without --kmod).  `detach`: the nodes outlive this process (owned by nobody
     until `obmm-testbed down`).  `test_hooks`: the guest suite's build of the modules, with
-    their test-only parameters (:func:`obmm.testbed.provision.build_guest_modules`).  On any
-    failure, Ctrl-C included, everything started is stopped.
+    their test-only parameters (:func:`obmm.testbed.provision.build_guest_modules`).
+    `timeline`: where each step is marked (`up` starts it at the process's start; default: now),
+    the session's :attr:`Session.timeline`.  On any failure, Ctrl-C included, everything
+    started is stopped.
     """
     from obmm.testbed.builds.image import ensure_image, find_recipe
     from obmm.testbed.paths import cache_dir, results_dir
@@ -200,12 +210,21 @@ def bring_up(
         log.info("cluster %s: its owner died; its run directory was removed", name)
     for path in ownership.reap_scratch():
         log.info("%s: its owner died; removed", path)
+    if settings.ubs_mem:
+        if not load_modules:
+            raise SessionError("--ubs-mem needs the driver loaded (up --kmod)")
+        ubsmem.check_prefix(Path(settings.ubs_mem))  # one line before anything boots
     progress = progress or Progress(f"{purpose} {settings.name}")
+    marks = timeline or Timeline()
+    marks.mark("bring_up")
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     topology = topology_for(settings, default_topology)
-    image = ensure_image(find_recipe(settings.recipe), kernel=settings.kernel, progress=progress)
+    image = ensure_image(
+        find_recipe(settings.recipe), kernel=settings.kernel, progress=progress, arch=settings.arch
+    )
     t1 = time.monotonic()
+    marks.mark("image")
     timings["image"] = t1 - t0
     kos: list[Path] = []
     if load_modules:
@@ -216,8 +235,9 @@ def bring_up(
         )
         progress.line("modules: " + (", ".join(k.name for k in kos) or "none"))
     t2 = time.monotonic()
+    marks.mark("kmod")
     timings["kmod"] = t2 - t1
-    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu)
+    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
     cluster = Cluster.start(
         image,
         topology,
@@ -230,8 +250,9 @@ def bring_up(
         timeout_scale=settings.timeout_scale,
         progress=progress,
         snapshot=settings.snapshot,
-        qemu_binary=settings.qemu,
+        qemu_binary=settings.qemu_binary,
         extra_args=extra_args,
+        timeline=marks,
     )
     t3 = time.monotonic()
     timings["boot"] = t3 - t2
@@ -244,10 +265,16 @@ def bring_up(
                 session.nodes, topology, kos, params=settings.driver_params, driver=settings.driver
             )
             _identify(session)  # the controller the driver made; plain `up` needs none
+            for node in session.nodes:
+                marks.mark("modules", node.index)
+        if settings.ubs_mem:
+            progress.line(f"ubs-mem {settings.ubs_mem}: our UBSE and ubsmd on every node")
+            ubsmem.provision(session.nodes, Path(settings.ubs_mem))
     except BaseException:
         session.stop()
         raise
     timings["prepare"] = time.monotonic() - t3
+    marks.mark("ready")
     progress.line(
         f"ready: {topology.nodes} node(s)"
         + (f", modules loaded: {', '.join(k.name for k in kos)}" if kos else "")

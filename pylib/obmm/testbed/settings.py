@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from obmm import envvars
+from obmm.testbed import arch
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.topology import MAX_NODES
 
@@ -59,6 +60,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("driver", envvars.DRIVER, "--driver"),
     Knob("params", envvars.PARAMS, "--param", "NAME=VALUE", repeat=True),
     Knob("qemu", envvars.QEMU, "--qemu", "BINARY"),
+    Knob("ubs_mem", envvars.UBS_MEM, "--ubs-mem", "PREFIX"),
+    Knob("arch", envvars.ARCH, "--arch"),
     Knob("coherence", envvars.COHERENCE, "--coherence"),
 )
 BY_FIELD: Mapping[str, Knob] = {k.field: k for k in KNOBS}
@@ -83,6 +86,8 @@ class Settings:
     driver: str = envvars.DRIVER.default
     params: tuple[str, ...] = envvars.PARAMS.default
     qemu: str = envvars.QEMU.default
+    ubs_mem: str | None = envvars.UBS_MEM.default
+    arch: str = envvars.ARCH.default
     coherence: str = envvars.COHERENCE.default
 
     def __post_init__(self) -> None:
@@ -139,6 +144,11 @@ class Settings:
         """Fill the knobs still None (the front end's defaults: topology, name)."""
         missing = {k: v for k, v in defaults.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **missing)
+
+    @property
+    def qemu_binary(self) -> str:
+        """The QEMU binary: the one given, else the architecture's."""
+        return self.qemu or arch.get(self.arch).qemu_binary
 
     @property
     def driver_params(self) -> tuple[str, ...]:

@@ -46,6 +46,9 @@ class Topology:
     pool_mib: int = 256
     cpus: int = 1
     description: str = ""
+    #: Guest-physical address of the node's RAM (obmm.testbed.arch: 0 on x86, arm64's virt
+    #: machine puts it at 1 GiB); offset 0 of the RAM file and of every window onto it.
+    ram_base: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= MAX_NODES:
@@ -85,7 +88,7 @@ class Topology:
     @property
     def pool_base(self) -> int:
         """Guest-physical byte address of the export pool."""
-        return self.kernel_mem_mib << 20
+        return self.ram_base + (self.kernel_mem_mib << 20)
 
     @property
     def pool_size(self) -> int:
@@ -98,11 +101,12 @@ class Topology:
             pool_mib=self.pool_mib,
             cpus=self.cpus,
             description=self.description,
+            ram_base=self.ram_base,
         )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Topology:
-        known = {"nodes", "memory_mib", "pool_mib", "cpus", "description"}
+        known = {"nodes", "memory_mib", "pool_mib", "cpus", "description", "ram_base"}
         unknown = set(data) - known
         if unknown:
             raise TopologyError(f"unknown topology keys: {sorted(unknown)}")
@@ -125,4 +129,6 @@ class Topology:
             "pool_mib": self.pool_mib,
             "cpus": self.cpus,
             "description": self.description,
+            # Only where it is not 0: an x86 cluster's state and snapshot keys stay as they were.
+            **({"ram_base": self.ram_base} if self.ram_base else {}),
         }

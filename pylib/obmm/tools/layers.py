@@ -27,10 +27,10 @@ PACKAGE = PYLIB / "obmm"
 #: The testbed's top-level modules at the bottom: what everything above may use.
 SPINE = (
     "paths", "errors", "settings", "topology", "ssh", "node", "remote", "parallel", "progress",
-    "ownership",
+    "ownership", "arch",
 )  # fmt: skip
 #: The testbed's top-level modules that bring nodes up (over builds/ and vm/).
-BRING_UP = ("provision", "session")
+BRING_UP = ("provision", "ubsmem", "session")
 #: The public API for other projects' tests (over the bring-up).
 USER_API = ("usercluster", "pytest_cluster")
 

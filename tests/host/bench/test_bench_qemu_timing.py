@@ -12,6 +12,7 @@ import pytest
 from obmm.bench import cluster_hook
 from obmm.bench.results import HOST_PAGES_KEY, Environment, Run
 from obmm.testbed.settings import Settings
+from obmm.testbed.vm.timeline import Timeline
 
 
 def _junit(path: Path, failures: int) -> Path:
@@ -56,33 +57,34 @@ def test_record_command_needs_every_suite_green(
     assert 41 <= json.loads(out.read_text())["warm"]["seconds"] < 60
 
 
+def _sample(wall: float, restored: str | None = None) -> cluster_hook.UpSample:
+    timeline = Timeline(
+        kind="boot",
+        cluster={"bring_up": 0.5, "returned": wall - 0.01},
+        nodes={0: {"qemu": 0.7, "sshd": wall - 1.0}, 1: {"qemu": 0.8, "sshd": wall - 0.5}},
+        guest={0: {"sshd": 5.0}, 1: {"sshd": 5.5}},
+        cpu={"command": 0.9, "node0": 6.0, "node1": 7.0},
+    )
+    return cluster_hook.UpSample(wall, timeline, restored, load=0.25)
+
+
 def test_boot_figures_interleave_the_inits_and_compare_fast_with_systemd(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from obmm.testbed import session
-
     booted: list[tuple[int, str]] = []
 
-    class FakeSession:
-        def __enter__(self) -> FakeSession:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-    def fake_bring_up(settings: Settings, **kw: object) -> FakeSession:
+    def fake_up(settings: Settings) -> cluster_hook.UpSample:
         booted.append((settings.nodes or 0, settings.init))
         assert settings.snapshot == "off"  # a boot figure is a cold boot, never a restore
-        assert kw["load_modules"] is False  # what `up` takes, without modules
-        return FakeSession()
+        return _sample(8.0)
 
-    monkeypatch.setattr(session, "bring_up", fake_bring_up)
+    monkeypatch.setattr(cluster_hook, "up_sample", fake_up)
     figures = cluster_hook.boot_figures(
         Settings(accel="tcg"), [1, 8], ["fast", "systemd"], 2, lambda _msg: None
     )
     assert booted == [(n, i) for n in (1, 8) for _ in range(2) for i in ("fast", "systemd")]
     by_name = {f.name: f for f in figures}
-    assert set(by_name) == {
+    assert {n for n in by_name if ".at." not in n and ".cpu." not in n and ".guest." not in n} == {
         "testbed.boot_to_ssh.fast.1node",
         "testbed.boot_to_ssh.systemd.1node",
         "testbed.boot_to_ssh.fast.8nodes",
@@ -92,43 +94,55 @@ def test_boot_figures_interleave_the_inits_and_compare_fast_with_systemd(
         "testbed.boot_to_ssh.systemd.8nodes"
     )
     assert by_name["testbed.boot_to_ssh.systemd.1node"].baseline is None
-    assert all(len(f.samples) == 2 for f in figures)
+    assert by_name["testbed.boot_to_ssh.fast.1node"].samples == [8.0, 8.0]
+    assert "load average 0.25, 0.25" in by_name["testbed.boot_to_ssh.fast.1node"].note
+    # The fast boot's phases: the slowest node's time of each step, CPU of command and QEMUs.
+    assert by_name["testbed.boot_to_ssh.fast.8nodes.at.sshd"].samples == [7.5, 7.5]
+    assert by_name["testbed.boot_to_ssh.fast.8nodes.at.returned"].samples == [7.99, 7.99]
+    assert by_name["testbed.boot_to_ssh.fast.8nodes.guest.sshd"].samples == [5.5, 5.5]
+    assert by_name["testbed.boot_to_ssh.fast.8nodes.cpu.qemu"].samples == [13.0, 13.0]
+    assert by_name["testbed.boot_to_ssh.fast.8nodes.cpu.command"].samples == [0.9, 0.9]
+    assert "testbed.boot_to_ssh.systemd.8nodes.at.sshd" not in by_name
 
 
 def test_restore_figures_time_restores_against_the_cold_fast_boot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from obmm.testbed import session
-
     starts: list[int] = []
+    restored: list[str | None] = ["abc"]
 
-    class FakeCluster:
-        restored_from: str | None = "abc"
-
-    class FakeSession:
-        cluster = FakeCluster
-
-        def __enter__(self) -> FakeSession:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-    def fake_bring_up(settings: Settings, **kw: object) -> FakeSession:
+    def fake_up(settings: Settings) -> cluster_hook.UpSample:
         starts.append(settings.nodes or 0)
         assert settings.snapshot == "auto"
-        return FakeSession()
+        return _sample(2.0, restored[0])
 
-    monkeypatch.setattr(session, "bring_up", fake_bring_up)
+    monkeypatch.setattr(cluster_hook, "up_sample", fake_up)
     figures = cluster_hook.restore_figures(Settings(), [2], 3, lambda _m: None)
     assert starts == [2, 2, 2, 2]  # one to make sure a snapshot exists, three timed
-    (fig,) = figures
+    fig = figures[0]
     assert fig.name == "testbed.restore_to_ssh.2nodes"
     assert fig.baseline == "testbed.boot_to_ssh.fast.2nodes"
-    assert len(fig.samples) == 3
-    FakeCluster.restored_from = None
+    assert fig.samples == [2.0, 2.0, 2.0]
+    assert {f.name for f in figures[1:]} >= {
+        "testbed.restore_to_ssh.2nodes.at.qemu",
+        "testbed.restore_to_ssh.2nodes.cpu.qemu",
+    }
+    restored[0] = None
     with pytest.raises(RuntimeError, match="booted cold"):
         cluster_hook.restore_figures(Settings(), [2], 1, lambda _m: None)
+
+
+def test_up_argv_is_the_command_a_user_types_with_the_settings_as_flags() -> None:
+    argv = cluster_hook.up_argv(
+        Settings(nodes=2, init="fast", snapshot="off", name="bench-2", params=("a=1", "b=2"))
+    )
+    assert argv[0].endswith("obmm-testbed") or argv[1:3] == ["-m", "obmm.testbed.cli.main"]
+    rest = argv[argv.index("up") + 1 :]
+    pairs = list(zip(rest[::2], rest[1::2]))
+    assert ("--nodes", "2") in pairs and ("--snapshot", "off") in pairs
+    assert ("--name", "bench-2") in pairs and ("--init", "fast") in pairs
+    assert ("--param", "a=1") in pairs and ("--param", "b=2") in pairs
+    assert not any(flag == "--topology" for flag, _ in pairs)  # unset: not given
 
 
 def test_the_host_page_size_of_the_nodes_memory_is_noted() -> None:

@@ -16,9 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-from obmm.testbed import paths
+from upstream_inputs import ub_upstream_tree
 
 FIDELITY = Path(__file__).resolve().parents[3] / "kmod" / "obmm_emu" / "FIDELITY.md"
 HEADER = re.compile(r"^\|\s*behaviour\s*\|\s*status\s*\|\s*notes\s*\|\s*tested\s*\|$")
@@ -142,11 +140,7 @@ def test_every_same_row_cites_upstream_file_and_function() -> None:
 
 
 def upstream_tree() -> Path:
-    missing = paths.ub_upstream_missing("test_fidelity_citations (citations against the tree)")
-    tree = paths.ub_upstream_dir()
-    if missing is not None or tree is None:
-        pytest.skip(missing)
-    return tree
+    return ub_upstream_tree("test_fidelity_citations (citations against the tree)")
 
 
 def test_every_citation_names_a_function_the_pinned_tree_defines() -> None:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from upstream_inputs import ub_upstream_tree
 
 from obmm.testbed import paths
 
@@ -52,11 +53,7 @@ def trivial(line: str) -> bool:
 
 
 def upstream_tree() -> Path:
-    missing = paths.ub_upstream_missing("test_no_upstream_code (no upstream code copied)")
-    tree = paths.ub_upstream_dir()
-    if missing is not None or tree is None:
-        pytest.skip(missing)
-    return tree
+    return ub_upstream_tree("test_no_upstream_code (no upstream code copied)")
 
 
 def read_lines(path: Path) -> list[str]:

@@ -248,3 +248,37 @@ def test_munmap_splits_a_mapping_with_madvise_and_mremap_then_faults(
     m.split = False
     with pytest.raises(engine_mod.Failure):
         engine._op_mremap(Op(5, "mremap", (0, 2, 0, 0, 0, 0)))
+
+
+def test_the_rmmod_bound_scales_with_the_timeout_scale() -> None:
+    """A debug kernel on a loaded host unloads slower (5.5 s seen against 5 s): the bound the
+    reload op holds rmmod to is UNLOAD_S times $OBMM_TESTBED_TIMEOUT_SCALE, which make fuzz
+    passes to the guests."""
+    from pathlib import Path
+
+    from obmm.fuzz.target import Module
+
+    assert Module.unload_bound({}) == Module.UNLOAD_S
+    assert Module.unload_bound({"OBMM_TESTBED_TIMEOUT_SCALE": "3"}) == 3 * Module.UNLOAD_S
+    makefile = (Path(__file__).resolve().parents[3] / "Makefile").read_text()
+    fuzz = next(ln for ln in makefile.splitlines() if ln.startswith("FUZZ = "))
+    assert "OBMM_TESTBED_TIMEOUT_SCALE=$(OBMM_TESTBED_TIMEOUT_SCALE)" in fuzz
+
+
+def test_the_fault_allow_list_takes_only_the_vmalloc_warn() -> None:
+    """With failures injected the fuzzer allows the kernel's WARN in __alloc_vmap_area (its
+    reaction to a failed GFP_NOWAIT allocation under an ioremap), and nothing else."""
+    from obmm.fuzz import faults
+    from obmm.tools import logscan
+
+    warn = (
+        "------------[ cut here ]------------\n"
+        "WARNING: CPU: 1 PID: 4242 at mm/vmalloc.c:1547 __alloc_vmap_area+0x2d5/0x3a0\n"
+        "Modules linked in: obmm(OE)\n"
+        "---[ end trace 0000000000000000 ]---\n"
+    )
+    ours = warn.replace("mm/vmalloc.c:1547 __alloc_vmap_area", "obmm_emu/shmdev.c:99 obmm_vm_fault")
+    allow = logscan.DEFAULT_ALLOW + faults.ALLOW
+    assert logscan.scan(warn)
+    assert not logscan.scan(warn, allow=allow)
+    assert logscan.scan(ours, allow=allow)

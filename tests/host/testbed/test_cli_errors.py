@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from obmm.bench.measure import BenchError
-from obmm.testbed import errors, progress, provision, ssh
+from obmm.testbed import errors, progress, provision, settings, ssh
 from obmm.testbed.builds import elfcheck, image, kbuild, kunitbuild, urmabuild
 from obmm.testbed.cli import main as cli
 from obmm.testbed.cli import run
@@ -118,6 +118,16 @@ def test_testbed_errors_share_one_base_and_keep_their_old_one(cls: type, older: 
     assert issubclass(cls, older)
 
 
+def _wait_for_builder(proc: subprocess.Popen[str] | subprocess.Popen[bytes], pidfile: Path) -> None:
+    """Until the fake image builder has written its pid: an event, not a fixed time, since
+    how long the command takes to get there depends on how busy the machine is."""
+    deadline = time.monotonic() + settings.scaled(300)
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert proc.poll() is None, f"the command exited {proc.returncode} before building"
+        assert time.monotonic() < deadline, "the command never started the image builder"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize(
     ("entry", "prog"),
     [
@@ -151,14 +161,10 @@ def test_sigterm_during_a_command_unwinds_says_so_and_leaves_no_scratch(
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        for _ in range(600):  # the fake builder has started
-            if pidfile.exists() and pidfile.read_text().strip():
-                break
-            assert proc.poll() is None, proc.communicate()[1]
-            time.sleep(0.05)
+        _wait_for_builder(proc, pidfile)
         assert list(scratch.glob("obmm-scratch-*-bench-cache-*")), "no throw-away cache"
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=settings.scaled(120))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -189,10 +195,7 @@ def test_a_killed_commands_scratch_is_removed_by_the_next_command(tmp_path: Path
     proc = subprocess.Popen([*argv, "--out", str(tmp_path / "out")], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        for _ in range(600):
-            if pidfile.exists() and pidfile.read_text().strip():
-                break
-            time.sleep(0.05)
+        _wait_for_builder(proc, pidfile)
         left = list(scratch.glob("obmm-scratch-*"))
         assert left
     finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import socket
@@ -14,10 +16,11 @@ from pathlib import Path
 import pytest
 from fake_cluster import make_image, start_with, use_run_root
 
+from obmm.testbed import arch
 from obmm.testbed.builds.image import Image
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import cluster as cl
-from obmm.testbed.vm import qemu, reaping
+from obmm.testbed.vm import reaping
 
 
 @pytest.fixture
@@ -177,7 +180,9 @@ def test_fast_boot_uses_qboot_when_qemu_ships_it(
     qemu_bin = "false"
     qboot = tmp_path / "qboot.rom"
     qboot.write_bytes(b"rom")
-    monkeypatch.setattr(qemu, "QBOOT", str(qboot))
+    # The fast boot's firmware is the architecture's (obmm.testbed.arch).
+    x86 = dataclasses.replace(arch.X86_64, fast_firmware=str(qboot))
+    monkeypatch.setitem(arch.ARCHS, "x86_64", x86)
     with pytest.raises(cl.ClusterError, match="QEMU failed to start"):
         start_with(qemu_bin, fake_image, Topology(nodes=1), name="q", logdir=tmp_path / "l")
     assert f"-bios {qboot} " in (tmp_path / "l" / "node0.qemu.log").read_text()
@@ -265,6 +270,7 @@ import sys, time
 from pathlib import Path
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import cluster as cl
+from obmm.testbed import arch
 from obmm.testbed.builds.image import Image
 image = Image.open(Path(sys.argv[1]))
 detach = sys.argv[3] == "detach"
@@ -417,3 +423,21 @@ def test_a_cluster_of_nobody_is_reaped_once_nothing_of_it_runs(
         for name in names:
             if cl.rundir_for(name).exists():
                 cl.Cluster.attach(name).stop()
+
+
+def test_state_written_by_another_version_is_a_clear_error_and_never_stops_the_reaper(
+    run_root: Path, fake_image: Image, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """A cluster whose state names a topology key this version lacks (another version's `up`):
+    `attach` says so and how to get rid of it; the reaper neither crashes on it (every command
+    runs the reaper first) nor touches it while it has no dead owner."""
+    _cluster_with(run_root, fake_image, sleeper, "newer")
+    state_file = cl.rundir_for("newer") / cl.STATE_FILE
+    state = json.loads(state_file.read_text())
+    state["topology"]["from_the_future"] = 1
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(cl.ClusterError, match="another obmm-testbed version") as info:
+        cl.Cluster.attach("newer")
+    assert str(cl.rundir_for("newer")) in str(info.value)
+    assert reaping.reap_dead_owners() == []
+    assert cl.rundir_for("newer").is_dir()

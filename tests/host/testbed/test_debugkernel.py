@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 
 from obmm.bench.local import LocalNode
 from obmm.testbed import paths
-from obmm.testbed.builds import debugkernel, image, initramfs
+from obmm.testbed.builds import debugkernel, image, initramfs, kbuild
 from obmm.testbed.settings import Settings, SettingsError
 from obmm.testbed.ssh import Result
 from obmm.testbed.topology import Topology
@@ -268,3 +269,35 @@ def test_the_baseline_in_provisioning_never_hides_a_failed_unpack() -> None:
     failing = unpack.replace("tar -xzf -", "false", 1).replace(kmemleak.KMEMLEAK, "/nonexistent")
     failing = failing.replace(str(provision.GUEST_ROOT), "/tmp/obmm-baseline-test")
     assert subprocess.run(["sh", "-c", failing], capture_output=True).returncode != 0
+
+
+# Helpers whose CONFIG_DEBUG_VM expansion calls dump_mm(), which Linux 6.1 does not export:
+# a module using one does not link against the debug kernel (ub_compat's mm.c did).
+DUMP_MM_CALLERS = re.compile(
+    r"\b(mmap_assert_(?:write_)?locked|VM_BUG_ON_MM|VM_WARN_ON(?:_ONCE)?_MM)\s*\("
+)
+
+
+def test_no_module_calls_what_links_to_the_unexported_dump_mm() -> None:
+    kmod = Path(__file__).resolve().parents[3] / "kmod"
+    callers = [
+        f"{src.relative_to(kmod)}:{n}: {line.strip()}"
+        for src in sorted(kmod.rglob("*.[ch]"))
+        for n, line in enumerate(src.read_text().splitlines(), 1)
+        if DUMP_MM_CALLERS.search(line) and not line.lstrip().startswith(("*", "/*", "//"))
+    ]
+    assert not callers, "does not link on the debug kernel:\n" + "\n".join(callers)
+
+
+def test_every_module_builds_against_the_debug_kernel(tmp_path: Path) -> None:
+    """What `make fuzz` and `make debug-test` load: all of kmod/, against the debug build tree
+    (skips until `make debug-kernel` has built it)."""
+    try:
+        kernel = debugkernel.cached()
+    except debugkernel.DebugKernelError as exc:
+        pytest.skip(f"no debug kernel: {exc}")
+    if kernel is None:
+        pytest.skip("no debug kernel built (make debug-kernel)")
+    kmod = Path(__file__).resolve().parents[3] / "kmod"
+    built = kbuild.build_modules(kernel.kdir, kmod, tmp_path / "out", build_dir=tmp_path / "b")
+    assert {p.name for p in built} >= {"obmm.ko", "ub_compat.ko"}

@@ -10,6 +10,7 @@ import sys
 import tarfile
 from pathlib import Path, PurePosixPath
 
+import pytest
 from bytecode_probe import bytecode_imports
 
 from obmm.testbed import provision
@@ -184,3 +185,104 @@ def test_ssh_cli_accepts_options_before_or_after_the_node() -> None:
     assert (node, command) == ("node1", ["uname", "-a"])
     _, node, _, command = split_ssh_args(parser.parse_args(["ssh", "node1"]))
     assert (node, command) == ("node1", [])
+
+
+def test_split_by_file_keeps_files_whole_and_balances_their_weights() -> None:
+    from obmm.testbed.suite.guest_suite import split_by_file
+
+    ids = [
+        "tests/guest/test_a.py::t1",
+        "tests/guest/test_b.py::t1",
+        "tests/guest/test_b.py::t2",
+        "tests/guest/test_c.py::t1",
+        "tests/guest/test_a.py::t2",  # a destroys_cluster test sorted last stays last
+    ]
+    weights = {"tests/guest/test_a.py": 45.0, "tests/guest/test_b.py": 40.0}
+    weights["tests/guest/test_c.py"] = 10.0
+    first, second = split_by_file(ids, 2, weights)
+    # test_a (45, under a share of 47.5: whole) alone; test_b (40) and test_c (10) beside it.
+    assert first == ["tests/guest/test_a.py::t1", "tests/guest/test_a.py::t2"]
+    assert second == [
+        "tests/guest/test_b.py::t1",
+        "tests/guest/test_b.py::t2",
+        "tests/guest/test_c.py::t1",
+    ]
+    # No weights: the number of tests; one part: everything in the selection's order.
+    assert split_by_file(ids, 1) == [ids]
+    assert sorted(len(g) for g in split_by_file(ids, 2)) == [2, 3]
+    # More parts than tests: no empty group is returned.
+    assert len(split_by_file(ids[:1], 3)) == 1
+    with pytest.raises(ValueError):
+        split_by_file(ids, 0)
+
+
+def test_a_file_heavier_than_a_share_is_cut_into_runs_of_its_tests() -> None:
+    from obmm.testbed.suite.guest_suite import split_by_file
+
+    heavy = [f"tests/guest/test_h.py::t{i}" for i in range(4)]
+    ids = [*heavy, "tests/guest/test_l.py::t0", "tests/guest/test_l.py::t1"]
+    # Per-test seconds where known (test_h's last test is the slow one), a file's otherwise.
+    weights = {heavy[0]: 10.0, heavy[1]: 10.0, heavy[2]: 10.0, heavy[3]: 90.0}
+    weights["tests/guest/test_l.py"] = 40.0
+    groups = split_by_file(ids, 2, weights)
+    # 160 s over 2 groups: test_h (120) is cut in two runs in its order, t0-t2 (30) and t3 (90);
+    # test_l (40) stays whole beside the lighter run.
+    assert groups == [
+        [heavy[3]],
+        [*heavy[:3], "tests/guest/test_l.py::t0", "tests/guest/test_l.py::t1"],
+    ]
+
+
+def test_durations_by_test_are_the_guest_seconds_of_each_test() -> None:
+    from obmm.testbed.suite.guest_suite import GuestTestResult, durations_by_test
+
+    results = [
+        GuestTestResult("tests/guest/test_a.py::t1", duration=1.5),
+        GuestTestResult("tests/guest/test_a.py::K::t2", duration=2.0),
+    ]
+    assert durations_by_test(results) == {
+        "tests/guest/test_a.py::t1": 1.5,
+        "tests/guest/test_a.py::K::t2": 2.0,
+    }
+
+
+def test_shard_clusters_are_booted_by_a_thread_that_lives_until_they_are_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's QEMU gets PR_SET_PDEATHSIG, which fires when the *thread* that started it ends:
+    the shards' boot thread must outlive their clusters (seen: every shard node killed the
+    moment its boot thread returned, "QEMU exited before sshd answered")."""
+    import threading
+
+    from obmm.testbed.settings import Settings
+    from obmm.testbed.suite import pytest_qemu
+
+    events: list[tuple[str, str, bool]] = []
+
+    def boot(self: guest_suite.GuestSession) -> None:
+        events.append(
+            ("boot", self.name, threading.current_thread() is not threading.main_thread())
+        )
+
+    def close(self: guest_suite.GuestSession) -> None:
+        events.append(("close", self.name, shards.thread.is_alive()))
+
+    monkeypatch.setattr(guest_suite.GuestSession, "boot", boot)
+    monkeypatch.setattr(guest_suite.GuestSession, "close", close)
+    main = guest_suite.GuestSession(
+        Settings(name="qemu-test-1"), logdir=tmp_path / "qemu-test-1", results=tmp_path
+    )
+    shards = pytest_qemu.Shards(main, 3)
+    assert [s.name for s in shards.sessions] == ["qemu-test-1-1", "qemu-test-1-2"]
+    assert shards.sessions[0].logdir == tmp_path / "qemu-test-1-1"
+    shards.thread.start()
+    assert shards.ready() == shards.sessions
+    assert shards.thread.is_alive()  # booted, and still there
+    shards.close()
+    assert not shards.thread.is_alive()
+    assert events == [
+        ("boot", "qemu-test-1-1", True),
+        ("boot", "qemu-test-1-2", True),
+        ("close", "qemu-test-1-1", True),
+        ("close", "qemu-test-1-2", True),
+    ]

@@ -73,7 +73,7 @@ def _fake_image(directory: Path, release: str) -> None:
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = tmp_path / "cache"
-    monkeypatch.setattr(image, "resolve_kernel_release", lambda recipe: "6.1.0-7-amd64")
+    monkeypatch.setattr(image, "resolve_kernel_release", lambda recipe, arch: "6.1.0-7-amd64")
     return cache
 
 

@@ -314,3 +314,30 @@ def test_built_modules_are_what_kbuild_listed_not_every_ko_left(tmp_path: Path, 
         lines = ["obmm.o", "sub/helper.o"]
     (tmp_path / "modules.order").write_text("\n".join(lines) + "\n")
     assert kbuild.built_modules(tmp_path) == [tmp_path / "obmm.ko", tmp_path / "sub" / "helper.ko"]
+
+
+UNEXPORTED_MODULE = GOOD_MODULE.replace(
+    "\treturn 0;", "\tdump_mm(current->mm);\n\treturn 0;"
+).replace(
+    "#include <linux/module.h>",
+    "#include <linux/module.h>\n#include <linux/mmdebug.h>\n#include <linux/sched.h>",
+)
+
+
+@needs_debian
+def test_a_failed_link_names_its_cause_in_the_summary(headers: Path, tmp_path: Path) -> None:
+    """A module calling a symbol the kernel does not export (ub_compat's mmap_assert_locked on a
+    CONFIG_DEBUG_VM kernel did): the one line the CLI prints names modpost's error, not only
+    "make exited 2:"."""
+    kmod = _module_tree(tmp_path / "src", "kb_link", UNEXPORTED_MODULE)
+    with pytest.raises(kbuild.KbuildError) as info:
+        kbuild.build_modules(headers, kmod, tmp_path / "out")
+    assert info.value.summary.startswith("kb_link: make exited 2: ERROR: modpost: ")
+    assert '"dump_mm"' in info.value.summary
+
+
+def test_the_first_error_line_is_the_summary() -> None:
+    output = "  CC [M]  x.o\nx.c:3:1: error: expected ';'\nmake[2]: *** [x.o] Error 1"
+    assert kbuild.first_error(output) == "x.c:3:1: error: expected ';'"
+    assert kbuild.first_error("only a line") == "only a line"
+    assert kbuild.first_error("") == "no output"

@@ -37,7 +37,12 @@ def test_no_test_param_outside_the_test_build() -> None:
     assert "every build" not in found, found["every build"]
     # the hooks the guest tests use are there, in the test build
     names = {entry.split()[-1] for entry in found.get("test build", [])}
-    assert {"test_pin_delay_ms", "test_zero_delay_ms", "test_exit_delay_ms"} <= names
+    assert {
+        "test_pin_delay_ms",
+        "test_zero_delay_ms",
+        "test_exit_delay_ms",
+        "test_mmap_delay_ms",
+    } <= names
 
 
 def test_the_suites_build_sets_the_flag_kbuild_reads() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from obmm.testbed.builds import kbuild
+from obmm.testbed.builds import aptlists, kbuild
 from obmm.testbed.stages import matrix
 
 
@@ -66,7 +66,7 @@ def test_private_config_is_written_once_and_refreshed_when_stale(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     updates: list[Path] = []
-    monkeypatch.setattr(matrix, "update_lists", lambda conf, what: updates.append(conf))
+    monkeypatch.setattr(aptlists, "update_lists", lambda conf, what: updates.append(conf))
     cell = matrix.cell_by_name("debian12-arm64")
     conf = matrix.private_apt_config(cell, cache=tmp_path, native="amd64")
     root = tmp_path / "apt" / "bookworm-arm64"

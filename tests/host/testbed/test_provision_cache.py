@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from obmm.testbed import arch as arch_table
 from obmm.testbed import provision
 from obmm.testbed.builds import elfcheck, kbuild, kheaders
 from obmm.testbed.cli import kmod as kmod_cli
@@ -15,6 +16,7 @@ from obmm.testbed.cli import kmod as kmod_cli
 class FakeImage:
     kernel_release = "6.1.0-0-amd64"
     kdir = None  # Debian's headers (the debug kernel has its own build tree)
+    arch = arch_table.X86_64
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from obmm import envvars
+from obmm.testbed import arch as arch_table
 from obmm.testbed import paths, provision
 from obmm.testbed.builds import elfcheck, kbuild, kheaders
 from obmm.testbed.cli import kmod
@@ -22,6 +23,7 @@ from obmm.testbed.stages import fuzzdiff, realreport
 class FakeImage:
     kernel_release = "6.1.0-0-amd64"
     kdir = None
+    arch = arch_table.X86_64
 
 
 def test_the_driver_setting() -> None:

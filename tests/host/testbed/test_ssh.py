@@ -124,8 +124,9 @@ def sshd(tmp_path: Path, keys: tuple[paramiko.PKey, paramiko.PKey]) -> Iterator[
         iface = _Server(client_key)
         try:
             t.start_server(server=iface)
-        except (paramiko.SSHException, OSError):
-            # The client hung up during key exchange (e.g. it refused our host key).
+        except (paramiko.SSHException, OSError, EOFError):
+            # The client hung up during key exchange (e.g. it refused our host key); paramiko
+            # raises EOFError when that happens before the first packet.
             return
         while not server.stop.is_set() and t.is_active():
             chan = t.accept(timeout=0.2)

@@ -32,12 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from obmm import envvars
-from obmm.testbed.builds import debugkernel, initramfs
+from obmm.testbed import arch as arch_table
+from obmm.testbed.arch import X86_64, Arch
+from obmm.testbed.builds import aptlists, debugkernel, initramfs, kheaders
 from obmm.testbed.builds.filelock import locked
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.paths import KERNEL_DEBIAN, KERNEL_DEBUG, cache_dir, qemu_dir
 from obmm.testbed.progress import Progress, StepFailed
-from obmm.testbed.topology import FAST_INIT_MODULES, TCG_CPU
+from obmm.testbed.topology import FAST_INIT_MODULES
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ BUILDER_VERSION = 2
 DEFAULT_RECIPE = "debian-bookworm"
 REPO_PROBE_TIMEOUT_S = 10.0
 FAST_INITRD = "initrd-fast.img"
+BINFMT_MISC = Path("/proc/sys/fs/binfmt_misc")
 
 
 class ImageError(TestbedError, RuntimeError):
@@ -123,9 +126,14 @@ class Recipe:
         files = [*self.files, *([self.fast_initramfs] if self.fast_initramfs else [])]
         return hooks + [self.path.parent / name for name in files]
 
-    def fingerprint(self, *, kernel_release: str, authorized_key: str) -> str:
-        """Hash of everything that goes into the image: recipe, hooks, kernel, login key."""
+    def fingerprint(
+        self, *, kernel_release: str, authorized_key: str, arch: str = X86_64.name
+    ) -> str:
+        """Hash of everything that goes into the image: recipe, hooks, kernel, login key and
+        (for another than x86_64, whose images keep their keys) the architecture."""
         h = hashlib.sha256()
+        if arch != X86_64.name:
+            h.update(f"arch={arch}\n".encode())
         h.update(f"builder={BUILDER_VERSION}\n".encode())
         h.update(self.path.read_bytes())
         for hook in self.hook_paths():
@@ -188,6 +196,11 @@ class Image:
         return str(self.manifest["kernel_release"])
 
     @property
+    def arch(self) -> Arch:
+        """The guest architecture (images built before the setting existed: x86_64)."""
+        return arch_table.get(self.manifest.get("arch"))
+
+    @property
     def kdir(self) -> Path | None:
         """The kernel build tree modules are built against, when the kernel is not Debian's
         (the debug kernel); None: Debian's headers package for `kernel_release`."""
@@ -203,7 +216,7 @@ class Image:
     @property
     def tcg_cpu(self) -> str:
         """QEMU's -cpu for this image under TCG."""
-        return str(self.manifest.get("tcg_cpu", TCG_CPU))
+        return str(self.manifest.get("tcg_cpu", self.arch.tcg_cpu))
 
     @property
     def extra_cmdline(self) -> tuple[str, ...]:
@@ -249,34 +262,32 @@ def ensure_ssh_key(cache: Path) -> Path:
     return key
 
 
-def resolve_kernel_release(recipe: Recipe) -> str:
+def resolve_kernel_release(recipe: Recipe, arch: Arch = X86_64) -> str:
     """The exact kernel ABI release the guest gets, pinned so host-built modules match it."""
     if recipe.kernel_release != "auto":
         return recipe.kernel_release
     if recipe.distro != "debian":
         raise ImageError(f"recipe {recipe.name}: kernel_release must be set explicitly")
-    try:
-        from obmm.testbed.builds.kheaders import debian_kernel_release
-    except ImportError:
-        return _apt_kernel_release()
-    return str(debian_kernel_release())
+    if arch.debian != kheaders.host_arch():
+        # A foreign architecture's kernel: the Debian archive's lists for it, kept private.
+        conf = foreign_apt_config(recipe, arch)
+        return kheaders.debian_kernel_release(arch.debian, recipe.suite, apt_config=conf)
+    return kheaders.debian_kernel_release()
 
 
-def _apt_kernel_release() -> str:
-    # Fallback when kbuild is absent: ask the host's apt which ABI linux-image-amd64 points at.
-    out = subprocess.run(
-        ["apt-cache", "depends", "linux-image-amd64"], capture_output=True, text=True, check=True
-    ).stdout
-    for line in out.splitlines():
-        line = line.strip()
-        if line.startswith("Depends: linux-image-"):
-            return line.removeprefix("Depends: linux-image-")
-    raise ImageError("cannot resolve the Debian kernel release from apt-cache")
+def foreign_apt_config(recipe: Recipe, arch: Arch) -> Path:
+    """The private apt lists of `recipe`'s suite for `arch` (its kernel and headers)."""
+    return aptlists.apt_config(recipe.suite, arch.debian, what=f"image {recipe.name} {arch.name}")
 
 
-def image_dir_for(recipe: Recipe, cache: Path, kernel_release: str, authorized_key: str) -> Path:
-    digest = recipe.fingerprint(kernel_release=kernel_release, authorized_key=authorized_key)
-    return cache / "images" / f"{recipe.name}-{digest[:16]}"
+def image_dir_for(
+    recipe: Recipe, cache: Path, kernel_release: str, authorized_key: str, arch: Arch = X86_64
+) -> Path:
+    digest = recipe.fingerprint(
+        kernel_release=kernel_release, authorized_key=authorized_key, arch=arch.name
+    )
+    label = recipe.name if arch.name == X86_64.name else f"{recipe.name}-{arch.name}"
+    return cache / "images" / f"{label}-{digest[:16]}"
 
 
 def ensure_image(
@@ -286,15 +297,17 @@ def ensure_image(
     rebuild: bool = False,
     progress: Progress | None = None,
     kernel: str = KERNEL_DEBIAN,
+    arch: str = X86_64.name,
 ) -> Image:
-    """Return the cached image for `recipe`, building it first if nothing matches its hash;
-    with `kernel` ``debug`` its variant that boots the debug kernel."""
+    """Return the cached image for `recipe` and `arch`, building it first if nothing matches
+    its hash; with `kernel` ``debug`` its variant that boots the debug kernel."""
     recipe = recipe or find_recipe()
     cache = cache or cache_dir()
+    guest = arch_table.get(arch)
     key = ensure_ssh_key(cache)
     authorized_key = key.with_suffix(".pub").read_text().strip()
-    release = resolve_kernel_release(recipe)
-    final = image_dir_for(recipe, cache, release, authorized_key)
+    release = resolve_kernel_release(recipe, guest)
+    final = image_dir_for(recipe, cache, release, authorized_key, guest)
     images = final.parent
     with locked(images / ".lock"):
         if final.is_dir() and not rebuild:
@@ -313,6 +326,7 @@ def ensure_image(
                 key=key,
                 authorized_key=authorized_key,
                 progress=progress,
+                arch=guest,
             )
             if final.exists():
                 old = images / f".tmp-old-{final.name}-{os.getpid()}"
@@ -335,6 +349,22 @@ def ensure_image(
         return _with_guest_kernel(Image.open(final), kernel)
 
 
+def kernel_tree(image: Image) -> Path:
+    """The kernel build tree `image`'s modules are built against: the debug kernel's own tree,
+    else Debian's headers for its release and architecture (a foreign architecture's from
+    the Debian archive's lists for it, :func:`foreign_apt_config`)."""
+    if image.kdir is not None:
+        return image.kdir
+    guest = image.arch
+    if guest.debian == kheaders.host_arch():
+        return kheaders.fetch_headers(image.kernel_release)
+    recipe = find_recipe(str(image.manifest.get("recipe", DEFAULT_RECIPE)))
+    conf = foreign_apt_config(recipe, guest)
+    return kheaders.fetch_headers(
+        image.kernel_release, guest.debian, suite=recipe.suite, apt_config=conf
+    )
+
+
 def _keep_failed_log(log: Path, cache: Path, name: str) -> Path | None:
     """Copy a failed build's log to <cache>/logs/ (the build directory is removed)."""
     if not log.is_file():
@@ -353,6 +383,8 @@ def _with_guest_kernel(image: Image, kernel: str) -> Image:
     if kernel == KERNEL_DEBIAN:
         return image
     if kernel == KERNEL_DEBUG:
+        if image.arch.name != X86_64.name:
+            raise ImageError(f"the debug kernel is built for x86_64 only, not {image.arch.name}")
         return debug_variant(image)
     raise ImageError(f"kernel {kernel!r}: expected {KERNEL_DEBIAN} or {KERNEL_DEBUG}")
 
@@ -422,7 +454,14 @@ def debug_variant(image: Image) -> Image:
 
 
 def _build(
-    recipe: Recipe, out: Path, *, release: str, key: Path, authorized_key: str, progress: Progress
+    recipe: Recipe,
+    out: Path,
+    *,
+    release: str,
+    key: Path,
+    authorized_key: str,
+    progress: Progress,
+    arch: Arch = X86_64,
 ) -> None:
     start = time.monotonic()
     logfile = out / "build.log"
@@ -434,8 +473,8 @@ def _build(
     }
     try:
         if recipe.distro == "debian":
-            _bootstrap_debian(recipe, rootfs, release, logfile, env, progress)
-        elif recipe.distro == "openeuler":
+            _bootstrap_debian(recipe, rootfs, release, logfile, env, progress, arch)
+        elif recipe.distro == "openeuler" and arch.name == X86_64.name:
             _bootstrap_openeuler(recipe, rootfs, release, logfile, env, progress)
         else:
             raise ImageError(f"recipe {recipe.name}: unknown distro {recipe.distro!r}")
@@ -494,8 +533,11 @@ def _build(
     manifest = {
         "recipe": recipe.name,
         "recipe_path": str(recipe.path),
-        "fingerprint": recipe.fingerprint(kernel_release=release, authorized_key=authorized_key),
+        "fingerprint": recipe.fingerprint(
+            kernel_release=release, authorized_key=authorized_key, arch=arch.name
+        ),
         "kernel_release": release,
+        "arch": arch.name,
         "host_key": host_key,
         "ssh_key": str(key),
         "disk_size_mib": size_mib,
@@ -514,13 +556,15 @@ def _tree_size(root: Path) -> int:
     return total
 
 
-def mmdebstrap_argv(recipe: Recipe, rootfs: Path, release: str) -> list[str]:
+def mmdebstrap_argv(recipe: Recipe, rootfs: Path, release: str, arch: Arch = X86_64) -> list[str]:
     """The mmdebstrap command for a Debian recipe (pure; unit-tested)."""
     packages = [f"linux-image-{release}", f"linux-headers-{release}", *recipe.packages]
     argv = [
         "mmdebstrap",
         f"--variant={recipe.variant}",
         "--mode=auto",
+        # A foreign architecture's maintainer scripts run under qemu-user (binfmt_misc).
+        *([] if arch.name == X86_64.name else [f"--architectures={arch.debian}"]),
         "--include=" + ",".join(packages),
         '--aptopt=Acquire::Retries "3"',
     ]
@@ -576,10 +620,17 @@ def _bootstrap_debian(
     logfile: Path,
     env: dict[str, str],
     progress: Progress,
+    arch: Arch = X86_64,
 ) -> None:
     if shutil.which("mmdebstrap") is None:
         raise ImageError("mmdebstrap is not installed (run `make setup` as root)")
-    argv = mmdebstrap_argv(recipe, rootfs, release)
+    if arch.binfmt and not binfmt_enabled(arch.binfmt):
+        raise ImageError(
+            f"an {arch.name} image runs its packages' scripts under qemu-user, but binfmt_misc "
+            f"has no enabled {arch.binfmt} entry (run `make setup` as root: qemu-user-static, "
+            f"binfmt-support, update-binfmts --enable {arch.binfmt})"
+        )
+    argv = mmdebstrap_argv(recipe, rootfs, release, arch)
     try:
         progress.run("mmdebstrap", argv, logfile, env=env)
     except StepFailed:
@@ -588,6 +639,14 @@ def _bootstrap_debian(
         progress.line("mmdebstrap failed; retrying once (see the log for the first attempt)")
         shutil.rmtree(rootfs, ignore_errors=True)
         progress.run("mmdebstrap", argv, logfile, env=env)
+
+
+def binfmt_enabled(entry: str, root: Path = BINFMT_MISC) -> bool:
+    """True when binfmt_misc runs `entry`'s binaries (through qemu-user)."""
+    try:
+        return (root / entry).read_text().splitlines()[0].strip() == "enabled"
+    except (OSError, IndexError):
+        return False
 
 
 def openeuler_repo(recipe: Recipe) -> str:

@@ -164,8 +164,19 @@ def make_modules(
         if not _MAKE_CHATTER_RE.match(line)
     )
     if proc.returncode != 0:
-        raise KbuildError(f"{what}: make exited {proc.returncode}:\n{output}")
+        cause = first_error(output)
+        raise KbuildError(f"{what}: make exited {proc.returncode}: {cause}\n{output}")
     return output
+
+
+def first_error(output: str) -> str:
+    """The line of a failed build a user needs first (gcc's ``error:``, modpost's ``ERROR:``),
+    for the one-line summary; the whole output stays in the detail."""
+    lines = output.splitlines()
+    for line in lines:
+        if re.search(r"\berror\b", line, re.IGNORECASE) and not line.startswith("make"):
+            return line.strip()
+    return lines[-1].strip() if lines else "no output"
 
 
 def build_modules(

@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -54,6 +53,13 @@ def register(sub: Any) -> None:
         "--cold", action="store_true", help="boot even if a snapshot fits (--snapshot off)"
     )
     p.add_argument("--log-dir", type=Path, help="console logs (default <cache>/logs/NAME)")
+    p.add_argument(
+        "-v",
+        "--timeline",
+        action="store_true",
+        help="print where the seconds went: each node's steps from QEMU's start to the first "
+        "login, on the host's clock from the command's start (`status` prints it too)",
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser(
@@ -113,7 +119,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("image", help="build (if needed) the guest image and print its path")
     settings_mod.add_arguments(
         p,
-        ["recipe", "kernel"],
+        ["recipe", "kernel", "arch"],
         defaults_text={"recipe": f"{DEFAULT_RECIPE}; one of " + ", ".join(list_recipes())},
     )
     p.add_argument("--rebuild", action="store_true", help="build even if cached")
@@ -182,8 +188,9 @@ def _node_index(text: str) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from obmm.testbed.session import bring_up
+    from obmm.testbed.vm.timeline import Timeline
 
-    start = time.monotonic()
+    timeline = Timeline.since_process_start()
     settings = settings_mod.from_args(args).with_defaults(topology="single", name=DEFAULT_NAME)
     if args.cold:
         settings = settings.replace(snapshot="off")
@@ -192,17 +199,24 @@ def cmd_up(args: argparse.Namespace) -> int:
             "--param / --coherence: module parameters need --kmod (the modules are not loaded)"
         )
     session = bring_up(
-        settings, purpose="up", load_modules=args.kmod, detach=True, logdir=args.log_dir
+        settings,
+        purpose="up",
+        load_modules=args.kmod,
+        detach=True,
+        logdir=args.log_dir,
+        timeline=timeline,
     )
     cluster = session.cluster
     session.close_connections()
-    cluster.disown()
+    timeline.mark("returned")
+    timeline.mark_command_cpu()
+    cluster.disown()  # saves the state, the timeline with it
     print(
         f"cluster {cluster.name}: {cluster.topology.nodes} node(s) up in "
-        f"{time.monotonic() - start:.0f} s ({cluster.accel}"
+        f"{timeline.cluster['returned']:.1f} s ({cluster.accel}"
         + (f", restored from snapshot {cluster.restored_from})" if cluster.restored_from else ")")
     )
-    _print_cluster(cluster)
+    _print_cluster(cluster, timeline=args.timeline or args.verbose)
     return 0
 
 
@@ -223,7 +237,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_cluster(cluster: Cluster) -> None:
+def _print_cluster(cluster: Cluster, *, timeline: bool = True) -> None:
     t = cluster.topology
     print(
         f"cluster {cluster.name}: {t.nodes} node(s), {t.memory_mib} MiB each "
@@ -240,6 +254,9 @@ def _print_cluster(cluster: Cluster) -> None:
     if t.nodes > 1:
         hub = "running" if cluster.hub_alive() else "DEAD"
         print(f"  network hub: {hub} pid {cluster.hub_pid} (unix sockets in {cluster.rundir})")
+    if timeline and cluster.timeline.cluster:
+        for line in cluster.timeline.format():
+            print(f"  {line}")
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -411,7 +428,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_image(args: argparse.Namespace) -> int:
     settings = settings_mod.from_args(args)
-    image = ensure_image(find_recipe(settings.recipe), rebuild=args.rebuild, kernel=settings.kernel)
+    image = ensure_image(
+        find_recipe(settings.recipe),
+        rebuild=args.rebuild,
+        kernel=settings.kernel,
+        arch=settings.arch,
+    )
     print(
         f"{image.directory}  (kernel {image.kernel_release}, built "
         f"{image.manifest.get('built_at')} in {image.manifest.get('build_seconds')} s)"

@@ -39,18 +39,18 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from obmm import envvars
 from obmm.testbed import paths
-from obmm.testbed.builds import kbuild, kheaders
+from obmm.testbed.builds import aptlists, kbuild, kheaders
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
-DEFAULT_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
-KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
-#: Private apt lists older than this are refreshed (``apt-get update``) before use.
-LISTS_MAX_AGE_S = 24 * 3600.0
-STAMP = "last-update"
+# The private apt lists of a cell moved to builds/aptlists; their names stay here.
+DEFAULT_MIRROR = aptlists.DEFAULT_MIRROR
+DEFAULT_SECURITY_MIRROR = aptlists.DEFAULT_SECURITY_MIRROR
+KEYRING = aptlists.KEYRING
+STAMP = aptlists.STAMP
+sources_list = aptlists.sources_list
+apt_conf = aptlists.apt_conf
 
 
 @dataclass(frozen=True)
@@ -133,38 +133,7 @@ def cell_by_name(name: str) -> Cell:
 
 
 def apt_root(cell: Cell, cache: Path | None = None) -> Path:
-    return (cache or paths.cache_dir()) / "apt" / f"{cell.suite}-{cell.arch}"
-
-
-def sources_list(suite: str, archs: Sequence[str], mirror: str, security: str) -> str:
-    """One-line-style sources for ``suite`` (+ -updates, + -security), main only."""
-    opts = f"[arch={','.join(archs)} signed-by={KEYRING}]"
-    return (
-        f"deb {opts} {mirror} {suite} main\n"
-        f"deb {opts} {mirror} {suite}-updates main\n"
-        f"deb {opts} {security} {suite}-security main\n"
-    )
-
-
-def apt_conf(root: Path, archs: Sequence[str], native: str) -> str:
-    """An apt.conf that keeps every path apt writes or reads for package lists under ``root``."""
-    lines = [
-        f'Dir::State "{root}/state";',
-        f'Dir::State::Lists "{root}/state/lists";',
-        f'Dir::State::status "{root}/state/status";',
-        f'Dir::Cache "{root}/cache";',
-        f'Dir::Cache::Archives "{root}/cache/archives";',
-        f'Dir::Etc::SourceList "{root}/sources.list";',
-        f'Dir::Etc::SourceParts "{root}/sources.list.d";',
-        f'Dir::Etc::Preferences "{root}/preferences";',
-        f'Dir::Etc::PreferencesParts "{root}/preferences.d";',
-        # The host's native arch stays native: linux-kbuild-* (host tools) is taken unqualified.
-        f'APT::Architecture "{native}";',
-        "APT::Architectures { " + " ".join(f'"{a}";' for a in archs) + " };",
-        'Acquire::Languages "none";',
-        'Acquire::Retries "3";',
-    ]
-    return "\n".join(lines) + "\n"
+    return aptlists.apt_root(cell.suite, cell.arch, cache)
 
 
 def private_apt_config(
@@ -173,51 +142,23 @@ def private_apt_config(
     cache: Path | None = None,
     mirror: str | None = None,
     security: str | None = None,
-    max_age: float = LISTS_MAX_AGE_S,
+    max_age: float = aptlists.LISTS_MAX_AGE_S,
     native: str | None = None,
 ) -> Path:
-    """Write the cell's private apt tree and refresh its lists; return the apt.conf path."""
-    root = apt_root(cell, cache)
-    native = native or kheaders.host_arch()
-    archs = [native] if cell.arch == native else [native, cell.arch]
-    mirror = mirror or envvars.DEBIAN_MIRROR.raw() or DEFAULT_MIRROR
-    security = security or envvars.DEBIAN_SECURITY_MIRROR.raw() or DEFAULT_SECURITY_MIRROR
-    for sub in ("state/lists/partial", "cache/archives/partial", "sources.list.d", "preferences.d"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-    (root / "state" / "status").touch()
-    (root / "preferences").touch()
-    conf = root / "apt.conf"
-    wanted = {
-        conf: apt_conf(root, archs, native),
-        root / "sources.list": sources_list(cell.suite, archs, mirror, security),
-    }
-    changed = False
-    for path, text in wanted.items():
-        if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
-            changed = True
-    stamp = root / STAMP
-    fresh = stamp.is_file() and time.time() - stamp.stat().st_mtime < max_age
-    if changed or not fresh:
-        update_lists(conf, what=f"{cell.name}: apt-get update")
-        stamp.write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
-    return conf
-
-
-def update_lists(conf: Path, *, what: str) -> None:
-    argv = ["apt-get", "-q", "update"]
-    if os.geteuid() == 0:
-        argv += ["-o", "APT::Sandbox::User=root"]
-    env = {**os.environ, "APT_CONFIG": str(conf)}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-    # apt-get update exits 0 on some fetch failures; "W:"/"E:" lines say so.
-    bad = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith(("E:", "Err:"))]
-    if proc.returncode != 0 or bad:
-        detail = " | ".join((bad or proc.stderr.strip().splitlines() or ["no output"])[-4:])
-        raise MatrixError(
-            f"{what} failed (exit {proc.returncode}): {detail}. "
-            "Check access to deb.debian.org (or $OBMM_DEBIAN_MIRROR)."
+    """The cell's private apt tree (:func:`obmm.testbed.builds.aptlists.apt_config`)."""
+    try:
+        return aptlists.apt_config(
+            cell.suite,
+            cell.arch,
+            what=cell.name,
+            cache=cache,
+            mirror=mirror,
+            security=security,
+            max_age=max_age,
+            native=native,
         )
+    except kbuild.KbuildError as exc:
+        raise MatrixError(str(exc)) from exc
 
 
 def require_compiler(cell: Cell) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -218,6 +219,68 @@ def pytest_shell_command(
     env_s = " ".join(f"{k}={_q(v)}" for k, v in env.items())
     # fd 3 -> the SSH stdout (events only); pytest's stdout -> SSH stderr (human log).
     return f"cd {root} && env {env_s} {' '.join(_q(a) for a in argv)} {EVENT_FD}>&1 1>&2"
+
+
+def guest_file(nodeid: str) -> str:
+    """The file part of a guest node id (`tests/guest/test_x.py::test_y` -> the path)."""
+    return nodeid.split("::", 1)[0]
+
+
+def split_by_file(
+    nodeids: Sequence[str], parts: int, weights: dict[str, float] | None = None
+) -> list[list[str]]:
+    """`nodeids` shared out over `parts` groups, heaviest piece first onto the lightest group.
+
+    A piece is a file's tests (they stay together and in order), or, for a file heavier than a
+    group's fair share, a contiguous run of its tests of about that share (the suites' tests are
+    independent: selecting any of them by node id is supported).  A test's weight is
+    `weights[nodeid]` (the guest seconds it took last time), else its file's `weights[file]`
+    spread over its tests, else 1.  Each group keeps the selection's order; empty groups are
+    dropped."""
+    if parts < 1:
+        raise ValueError(f"parts must be at least 1, got {parts}")
+    known = weights or {}
+    files: dict[str, list[str]] = {}
+    for nodeid in nodeids:
+        files.setdefault(guest_file(nodeid), []).append(nodeid)
+
+    def weight(nodeid: str) -> float:
+        if nodeid in known:
+            return float(known[nodeid])
+        name = guest_file(nodeid)
+        return float(known[name]) / len(files[name]) if name in known else 1.0
+
+    share = sum(weight(n) for n in nodeids) / parts
+    pieces: list[list[str]] = []
+    for tests in files.values():
+        total = sum(weight(n) for n in tests)
+        cuts = max(1, min(len(tests), math.ceil(total / share - 1e-9))) if share > 0 else 1
+        piece: list[str] = []
+        done, made = 0.0, 0
+        for nodeid in tests:
+            # A run ends before the test whose middle is past its share of the file.
+            if piece and made < cuts - 1 and done + weight(nodeid) / 2 > total * (made + 1) / cuts:
+                pieces.append(piece)
+                piece, made = [], made + 1
+            piece.append(nodeid)
+            done += weight(nodeid)
+        if piece:
+            pieces.append(piece)
+    loads = [0.0] * parts
+    owner: dict[str, int] = {}
+    for piece in sorted(pieces, key=lambda p: (-sum(weight(n) for n in p), p[0])):
+        k = min(range(parts), key=lambda i: (loads[i], i))
+        owner.update(dict.fromkeys(piece, k))
+        loads[k] += sum(weight(n) for n in piece)
+    groups: list[list[str]] = [[] for _ in range(parts)]
+    for nodeid in nodeids:
+        groups[owner[nodeid]].append(nodeid)
+    return [g for g in groups if g]
+
+
+def durations_by_test(results: Sequence[GuestTestResult]) -> dict[str, float]:
+    """Guest seconds per test (what :func:`split_by_file` weighs the next run with)."""
+    return {r.nodeid: round(r.duration, 3) for r in results}
 
 
 def _q(s: str) -> str:

@@ -9,8 +9,13 @@ waits for its own result (see :mod:`obmm.testbed.suite.guest_suite`).
 Configuration is the testbed's settings (:mod:`obmm.testbed.settings`: ``OBMM_TESTBED_*``,
 e.g. ``OBMM_TESTBED_TOPOLOGY``, default ``single``; the name defaults to ``qemu-test-<pid>``
 so runs never collide), plus the suite's own variables (:mod:`obmm.envvars`, group ``suite``):
-``OBMM_GUEST_PATHS`` (guest tests to run instead of the suite's), ``OBMM_GUEST_TEST_TIMEOUT``
-and ``OBMM_TESTBED_ATTACH`` (run on a cluster that is up instead of booting one).
+``OBMM_GUEST_PATHS`` (guest tests to run instead of the suite's), ``OBMM_GUEST_TEST_TIMEOUT``,
+``OBMM_TESTBED_ATTACH`` (run on a cluster that is up instead of booting one) and
+``OBMM_GUEST_SHARDS``: with N > 1 the suite's files are shared out over N single-node clusters
+that run at once (one guest pytest each, one vCPU each: a lone TCG guest keeps one core busy),
+weighed by the seconds each test took last time (``results/guest-durations.json``).  The extra
+clusters boot while the first one collects; results still come in the host's order, into the
+one junit file.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,16 +32,28 @@ from typing import Any
 import pytest
 
 from obmm import envvars
+from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import GuestGone
-from obmm.testbed.suite.guest_suite import GuestRun, GuestSession, GuestTestResult, SuiteSession
+from obmm.testbed.suite.guest_suite import (
+    GuestRun,
+    GuestSession,
+    GuestTestResult,
+    SuiteSession,
+    durations_by_test,
+    split_by_file,
+)
 from obmm.testbed.vm.cluster import NodeDied
 from obmm.tools import interrupts
 
 # A GuestSession, or the hardware stage's HwSession (obmm.testbed.hw.pytest_plugin).
 SESSION_KEY = pytest.StashKey[SuiteSession]()
-RUN_KEY = pytest.StashKey[GuestRun]()
+#: The guest run of each selected guest node id (one run per shard).
+RUNS_KEY = pytest.StashKey[dict[str, GuestRun]]()
+#: The extra shards' sessions (OBMM_GUEST_SHARDS > 1) and the thread booting them.
+SHARDS_KEY = pytest.StashKey["Shards"]()
+DURATIONS_FILE = "guest-durations.json"
 
 
 def session_for(config: pytest.Config) -> SuiteSession:
@@ -56,6 +74,77 @@ def session_for(config: pytest.Config) -> SuiteSession:
         config.stash[SESSION_KEY] = session
         _point_latest(results / "qemu" / "latest", session.logdir)
     return session
+
+
+class Shards:
+    """The guest suite's extra single-node clusters (`OBMM_GUEST_SHARDS` - 1 of them), each a
+    GuestSession named after the first with a suffix; booted one after the other in a thread
+    (the first session built the modules already) while the first collects.  The thread lives
+    until they are stopped: a non-detached QEMU dies with the thread that started it
+    (PR_SET_PDEATHSIG is per thread)."""
+
+    def __init__(self, main: GuestSession, count: int) -> None:
+        self.sessions = [
+            GuestSession(
+                main.settings.replace(name=f"{main.name}-{k}"),
+                logdir=main.logdir.with_name(f"{main.logdir.name}-{k}"),
+                results=main.results,
+                purpose=main.purpose,
+                default_topology=main.default_topology,
+            )
+            for k in range(1, count)
+        ]
+        self.error: BaseException | None = None
+        self.booted = threading.Event()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._boot, name="guest-shards", daemon=True)
+
+    def _boot(self) -> None:
+        try:
+            for session in self.sessions:
+                session.boot()
+        except BaseException as exc:  # raised where the runs start
+            self.error = exc
+        finally:
+            self.booted.set()
+        self.stopped.wait()
+
+    def ready(self) -> list[GuestSession]:
+        self.booted.wait()
+        if self.error is not None:
+            raise self.error
+        return self.sessions
+
+    def close(self) -> None:
+        self.booted.wait()
+        try:
+            on_each(self.sessions, lambda s: s.close())
+        finally:
+            self.stopped.set()
+            self.thread.join()
+
+
+def shard_count(session: SuiteSession) -> int:
+    """How many clusters share the guest suite: 1 for the hardware stage or an attached one."""
+    if not isinstance(session, GuestSession) or session.attach_to:
+        return 1
+    return max(1, int(envvars.GUEST_SHARDS.get()))
+
+
+def _load_durations(results: Path) -> dict[str, float]:
+    try:
+        data = json.loads((results / DURATIONS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _save_durations(results: Path, runs: dict[str, GuestRun]) -> None:
+    done = [r.parser.results[n] for r in set(runs.values()) for n in r.parser.finished]
+    known = _load_durations(results)
+    known.update(durations_by_test(done))
+    with contextlib.suppress(OSError):
+        (results / DURATIONS_FILE).write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
 
 
 def _point_latest(link: Path, target: Path) -> None:
@@ -94,6 +183,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         try:
+            shards = config.stash.get(SHARDS_KEY, None)
+            if shards is not None:
+                shards.close()
             session.close()
         except KeyboardInterrupt as exc:
             # A signal the stop held until it was done: pytest's report is out and nothing
@@ -131,6 +223,10 @@ class GuestSuiteFile(pytest.File):
         session = session_for(self.config)
         with uncaptured(self.config):
             session.boot()  # minutes on a cold cache: let its progress reach the terminal
+        shards = shard_count(session)
+        if shards > 1 and isinstance(session, GuestSession) and SHARDS_KEY not in self.config.stash:
+            self.config.stash[SHARDS_KEY] = Shards(session, shards)
+            self.config.stash[SHARDS_KEY].thread.start()
         parser = session.collect(spec["paths"], spec.get("ignore", []), node=spec.get("node", 0))
         for nodeid, longrepr in parser.collect_errors.items():
             yield GuestCollectError.from_parent(
@@ -193,19 +289,30 @@ class GuestItem(pytest.Item):
         self.suite = suite
 
     def _run(self) -> GuestRun:
-        run = self.suite.stash.get(RUN_KEY, None)
-        if run is None:
+        runs = self.suite.stash.get(RUNS_KEY, None)
+        if runs is None:
             selected = [
                 i.guest_nodeid
                 for i in self.session.items
                 if isinstance(i, GuestItem) and i.suite is self.suite
             ]
-            session = session_for(self.config)
+            sessions = [session_for(self.config)]
+            shards = self.config.stash.get(SHARDS_KEY, None)
+            if shards is not None:
+                with uncaptured(self.config):
+                    sessions += shards.ready()
             spec = self.suite.spec()
             junit = "/opt/obmm-testbed/results/guest-junit.xml"
-            run = session.start(selected, node=spec.get("node", 0), junit=junit)
-            self.suite.stash[RUN_KEY] = run
-        return run
+            results = results_dir()
+            runs = {}
+            for session, group in zip(
+                sessions, split_by_file(selected, len(sessions), _load_durations(results))
+            ):
+                run = session.start(group, node=spec.get("node", 0), junit=junit)
+                runs.update(dict.fromkeys(group, run))
+            self.suite.stash[RUNS_KEY] = runs
+            self.config.add_cleanup(lambda: _save_durations(results, runs))
+        return runs[self.guest_nodeid]
 
     def runtest(self) -> None:
         run = self._run()

@@ -39,8 +39,9 @@ from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import Connection, GuestGone, Target
 from obmm.testbed.topology import Topology
-from obmm.testbed.vm import acpi, kmemleak, qemu
+from obmm.testbed.vm import kmemleak, numa, pvh, qemu
 from obmm.testbed.vm import snapshot as snapshot_mod
+from obmm.testbed.vm.timeline import READY_LINE, ConsoleWatch, Timeline, cpu_seconds
 from obmm.tools import interrupts
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,8 @@ QMP_QUIT_TIMEOUT_S = 5.0
 TERM_TIMEOUT_S = 5.0
 HUB_READY_TIMEOUT_S = 15.0
 CONSOLE_TAIL_LINES = 40
-#: What the fast init (qemu/debian/obmm-init) prints on the console once sshd listens.
-READY_LINE = "obmm-init: sshd listening"
+BIND_GRACE_S = 0.2
+__all__ = ["READY_LINE"]  # re-exported: its home is obmm.testbed.vm.timeline
 CONSOLE_POLL_S = 0.02
 #: The first login after the ready line: sshd listens, so a slow answer is load, not absence.
 READY_LOGIN_TIMEOUT_S = 10.0
@@ -247,6 +248,9 @@ class Cluster:
     hub_popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
     qemu_binary: str = envvars.QEMU.default
     _ready: dict[int, Connection] = field(default_factory=dict, repr=False, compare=False)
+    #: Where the start's seconds went (obmm.testbed.vm.timeline); kept in state.json.
+    timeline: Timeline = field(default_factory=Timeline, repr=False, compare=False)
+    _kernel: Path | None = field(default=None, repr=False, compare=False)
     #: Where the start's lines went (its front end's); the stop says it begins there too.
     progress: Progress | None = field(default=None, repr=False, compare=False)
 
@@ -271,6 +275,7 @@ class Cluster:
             "hub_pid_start": self.hub_pid_start,
             "qemu_binary": self.qemu_binary,
             "nodes": [n.to_dict() for n in self.nodes],
+            "timeline": self.timeline.to_dict(),
             "saved_at": time.time(),
         }
         tmp = self.state_file.with_suffix(".tmp")
@@ -287,6 +292,18 @@ class Cluster:
             raise ClusterError(f"no cluster named {name!r} (no {rundir / STATE_FILE})") from None
         except (OSError, ValueError) as exc:
             raise ClusterError(f"cluster {name!r}: unreadable state: {exc}") from exc
+        try:
+            return cls._from_state(state)
+        except (KeyError, TypeError, ValueError) as exc:
+            # A state another obmm-testbed version wrote (a topology key this one lacks): a
+            # clear error for `down`/`status`, which the reaper treats like any unreadable state.
+            raise ClusterError(
+                f"cluster {name!r}: state this version cannot read ({exc}); was it started by "
+                f"another obmm-testbed version? Stop it with that one, or remove {rundir}"
+            ) from exc
+
+    @classmethod
+    def _from_state(cls, state: dict[str, Any]) -> Cluster:
         return cls(
             name=state["name"],
             rundir=Path(state["rundir"]),
@@ -301,6 +318,7 @@ class Cluster:
             hub_pid_start=state.get("hub_pid_start"),
             qemu_binary=state.get("qemu_binary", envvars.QEMU.default),
             nodes=[NodeProcess.from_dict(n) for n in state["nodes"]],
+            timeline=Timeline.from_dict(state.get("timeline")) or Timeline(),
         )
 
     @staticmethod
@@ -329,6 +347,7 @@ class Cluster:
         progress: Progress | None = None,
         snapshot: str = snapshot_mod.MODE_AUTO,
         qemu_binary: str = envvars.QEMU.default,
+        timeline: Timeline | None = None,
     ) -> Cluster:
         """Boot every node and (by default) wait until each accepts an SSH login.
 
@@ -338,7 +357,8 @@ class Cluster:
         `snapshot` ("auto" or "off"): with "auto" a saved snapshot of this cluster shape is
         restored instead of booting (see :mod:`obmm.testbed.vm.snapshot`), and a cold boot saves
         one.  A snapshot that does not fit or verify is reported and the cluster boots cold.
-        Front ends come here through :func:`obmm.testbed.session.bring_up`.
+        Front ends come here through :func:`obmm.testbed.session.bring_up`.  `timeline`: where
+        the steps are marked (default: a new one starting now).
         """
         snap_mode = snapshot
         if init not in qemu.INIT_MODES:
@@ -348,6 +368,7 @@ class Cluster:
         rundir = rundir_for(name)
         logdir = logdir or default_logdir(name)
         progress = progress or Progress(f"cluster {name}")
+        qemu_binary = qemu_binary or image.arch.qemu_binary
         cluster = cls(
             name=name,
             rundir=rundir,
@@ -361,7 +382,9 @@ class Cluster:
             owner=ownership.Owner.me(),
             qemu_binary=qemu_binary,
             progress=progress,
+            timeline=timeline or Timeline(),
         )
+        marks = cluster.timeline
         key: snapshot_mod.Key | None = None
         snap: snapshot_mod.Snapshot | None = None
         try:
@@ -382,9 +405,14 @@ class Cluster:
                         snap = cluster._restore_files(key, progress)
                 if snap is None:
                     cluster._prepare_files()
+                marks.kind = "boot" if snap is None else "restore"
+                marks.mark("files")
                 if topology.nodes > 1:
                     cluster._start_hub(detach=detach)
                 cluster._launch_all(detach=detach, extra_args=extra_args, incoming=snap is not None)
+                if topology.nodes > 1:
+                    cluster._wait_hub()
+                marks.mark("launched")
                 cluster.restored_from = snap.digest if snap is not None else None
                 cluster.save()
             how = f"restored from snapshot {snap.digest}" if snap else "started"
@@ -395,6 +423,8 @@ class Cluster:
             if snap is not None:
                 try:
                     snapshot_mod.load_states([n.qmp_socket for n in cluster.nodes], snap)
+                    for n in cluster.nodes:
+                        marks.mark("loaded", n.index)
                 except snapshot_mod.SnapshotError as exc:
                     progress.line(f"snapshot {snap.digest} not used: {exc}; booting cold")
                     snapshot_mod.discard(snap)
@@ -414,11 +444,17 @@ class Cluster:
                         progress=progress,
                         snapshot=snap_mode,
                         qemu_binary=qemu_binary,
+                        # The steps before the cluster's own stand; its own start again.
+                        timeline=Timeline(
+                            origin=marks.origin,
+                            cluster={k: v for k, v in marks.cluster.items() if k in _BEFORE},
+                        ),
                     )
             if wait:
                 cluster.wait_ssh(timeout or boot_timeout(topology, accel, timeout_scale), progress)
             if key is not None and snap is None:
                 cluster._save_snapshot(key, progress)
+                marks.mark("snapshot")
         except BaseException:
             cluster.stop()
             raise
@@ -502,7 +538,9 @@ class Cluster:
             create_overlay(self.image, self.rundir / f"node{i}.qcow2")
 
     def _start_hub(self, *, detach: bool) -> None:
-        """Start the inter-node network hub and wait until its socket exists."""
+        """Start the inter-node network hub (:meth:`_wait_hub` waits for its socket).  The
+        QEMUs start meanwhile: a node's dgram backend only sends to the hub's socket, and no
+        guest sends a frame before it has booted or been resumed, after the wait."""
         import obmm
 
         sock = qemu.hub_socket(self.rundir)
@@ -537,13 +575,19 @@ class Cluster:
         self.hub_popen = popen
         self.hub_pid = popen.pid
         self.hub_pid_start = _pid_start_time(popen.pid)
+
+    def _wait_hub(self) -> None:
+        """Until the hub's socket exists (ClusterError if the hub exits or takes too long)."""
+        sock, popen = qemu.hub_socket(self.rundir), self.hub_popen
+        assert popen is not None
+        log_path = self.logdir / "hub.log"
         deadline = time.monotonic() + HUB_READY_TIMEOUT_S
         while not sock.exists():
             if popen.poll() is not None or time.monotonic() > deadline:
                 raise ClusterError(
                     f"the network hub did not start; see {log_path}:\n" + _read_tail(log_path)
                 )
-            time.sleep(0.05)
+            time.sleep(0.01)
 
     def hub_alive(self) -> bool:
         if self.hub_pid is None:
@@ -576,12 +620,14 @@ class Cluster:
         incoming: bool = False,
     ) -> None:
         """Start every QEMU at once, then check each bound its port (retry those that lost it)."""
-        # The ACPI tables are not part of a snapshot's files: a pure function of the shape.
-        acpi.write_tables(
+        # The NUMA tables are not part of a snapshot's files: a pure function of the shape.
+        numa.write_tables(
             self.rundir,
-            cpus=self.topology.cpus,
-            memory_bytes=self.topology.memory_mib << 20,
-            cluster_nodes=self.topology.nodes,
+            self.image.arch,
+            self.topology,
+            dump_argv=lambda out: qemu.dtb_dump_argv(
+                self.topology, self._node_launch(0, 0, ()), out
+            ),
         )
         avoid = _ports_in_use_by_clusters()
         ports = allocate_ports(self.topology.nodes, avoid=sorted(avoid))
@@ -632,6 +678,7 @@ class Cluster:
                 start_new_session=True,
                 preexec_fn=None if detach else _pdeathsig,
             )
+        self.timeline.mark("qemu", i)
         return NodeProcess(
             index=i,
             ssh_port=port,
@@ -654,7 +701,7 @@ class Cluster:
             console_log=self.logdir / f"node{i}.console.log",
             qmp_socket=self.rundir / f"node{i}.qmp",
             pidfile=self.rundir / f"node{i}.pid",
-            kernel=self.image.kernel,
+            kernel=self._boot_kernel(),
             initrd=self._initrd(),
             accel=self.accel,
             init=self.init,
@@ -664,12 +711,25 @@ class Cluster:
             fast_init_modules=self.image.fast_init_modules,
             extra_cmdline=self.image.extra_cmdline,
             tcg_cpu=self.image.tcg_cpu,
+            arch=self.image.arch,
         )
+
+    def _boot_kernel(self) -> Path:
+        """The fast boot's kernel as an ELF started at its PVH entry (no decompression under
+        TCG; obmm.testbed.vm.pvh), when it has one; else the image's bzImage."""
+        if self._kernel is None:
+            self._kernel = self.image.kernel
+            if self.init == qemu.INIT_FAST and self.image.arch.pvh_entry:
+                self._kernel = pvh.pvh_kernel(self.image.kernel, cache_dir() / "kernels") or (
+                    self.image.kernel
+                )
+        return self._kernel
 
     def _firmware(self) -> str | None:
         """qboot for the fast boot when QEMU ships it, else QEMU's default (SeaBIOS)."""
-        if self.init == qemu.INIT_FAST and Path(qemu.QBOOT).is_file():
-            return qemu.QBOOT
+        firmware = self.image.arch.fast_firmware
+        if self.init == qemu.INIT_FAST and firmware and Path(firmware).is_file():
+            return firmware
         return None
 
     def _initrd(self) -> Path:
@@ -684,16 +744,24 @@ class Cluster:
         return fast
 
     def _bound(self, node: NodeProcess, timeout: float = 10.0) -> bool:
-        """Wait until QEMU is past device setup (its QMP socket exists), or has exited."""
+        """Wait until QEMU is past device setup (its QMP socket exists and its SSH port
+        listens), or has exited (a port another process took meanwhile: QEMU exits)."""
         deadline = time.monotonic() + timeout
+        monitor: float | None = None
         while time.monotonic() < deadline:
             if not node.alive():
                 return False
-            if node.qmp_socket.exists():
-                # hostfwd is set up before the monitor; a bind failure would have exited.
-                time.sleep(0.2)
+            if monitor is None and node.qmp_socket.exists():
+                monitor = time.monotonic()
+            # hostfwd is set up before the monitor, so QEMU's port listens by now: no wait.
+            # A bind failure exits QEMU within BIND_GRACE_S (a stand-in that binds nothing
+            # counts as bound then).
+            if monitor is not None and (
+                _listening(node.ssh_port) or time.monotonic() - monitor > BIND_GRACE_S
+            ):
+                self.timeline.mark("bound", node.index)
                 return node.alive()
-            time.sleep(0.05)
+            time.sleep(0.01)
         return node.alive()
 
     # -- running ----------------------------------------------------------------------------
@@ -750,15 +818,19 @@ class Cluster:
 
     def _wait_node(self, node: NodeProcess, deadline: float) -> None:
         first_attempt: float | None = None
+        watch = ConsoleWatch(node.console_log, self.timeline, node.index)
         if self.restored_from is not None:
             first_attempt = READY_LOGIN_TIMEOUT_S  # saved with sshd listening
-        elif self.init == qemu.INIT_FAST and self._wait_console(node, READY_LINE, deadline):
+        elif self.init == qemu.INIT_FAST and self._wait_console(node, watch, deadline):
             # The fast init says when sshd listens: one login then, no timed-out probing.
             log.debug("%s: the console says sshd listens", node.name)
             first_attempt = READY_LOGIN_TIMEOUT_S
         conn = Connection(self.target(node.index), alive=node.alive, name=node.name)
         try:
             conn.connect(deadline, first_attempt=first_attempt)
+            self.timeline.mark("login", node.index)
+            if self.restored_from is None:
+                watch.poll(live=self.init == qemu.INIT_FAST)  # the systemd boot's, after the fact
         except GuestGone:
             conn.close()
             self.check_alive()
@@ -776,12 +848,15 @@ class Cluster:
                 result = conn.run(cmd, timeout=60)
                 if not result.ok:
                     raise ClusterError(f"{node.name}: after restore: {result.err.strip()}")
+                self.timeline.mark("configured", node.index)
             # The fast init brings the inter-node NIC up from the kernel command line.
             elif self.topology.nodes > 1 and self.init == qemu.INIT_SYSTEMD:
                 self._configure_fabric_net(conn, node)
+                self.timeline.mark("configured", node.index)
         except BaseException:
             conn.close()
             raise
+        self.timeline.mark_cpu(node.name, cpu_seconds(node.pid))
         # Kept for the first user of the node (take_connection): a login costs most of a
         # restore's second under TCG.
         self._ready[node.index] = conn
@@ -797,23 +872,14 @@ class Cluster:
         """The connection the boot's readiness check left open to node `index`, once."""
         return self._ready.pop(index, None)
 
-    def _wait_console(self, node: NodeProcess, line: str, deadline: float) -> bool:
-        """Until `line` appears on the node's console (True), or the deadline (False); a QEMU
-        that exits meanwhile raises NodeDied."""
-        wanted = line.encode()
-        offset = 0
-        carry = b""
+    def _wait_console(self, node: NodeProcess, watch: ConsoleWatch, deadline: float) -> bool:
+        """Until the fast init's READY_LINE appears on the node's console (True), or the
+        deadline (False), marking the console's steps on the way; a QEMU that exits meanwhile
+        raises NodeDied."""
         while time.monotonic() < deadline:
-            try:
-                with node.console_log.open("rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except FileNotFoundError:
-                data = b""
-            offset += len(data)
-            if wanted in carry + data:
+            watch.poll()
+            if watch.seen("sshd"):
                 return True
-            carry = (carry + data)[-len(wanted) :]
             if not node.alive():
                 self.check_alive()
             time.sleep(CONSOLE_POLL_S)
@@ -939,6 +1005,27 @@ async def _qmp_quit_async(node: NodeProcess) -> bool:
         with contextlib.suppress(Exception):
             await qmp.disconnect()
     return True
+
+
+#: The command's steps before the cluster's own (kept when a refused snapshot boots cold).
+_BEFORE = ("bring_up", "image", "kmod")
+_TCP_LISTEN = "0A"
+
+
+def _listening(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:`port` (/proc/net/tcp: no connection made, so
+    nothing reaches the guest)."""
+    want = f"0100007F:{port:04X}"
+    try:
+        with open("/proc/net/tcp") as f:
+            next(f, None)
+            for line in f:
+                fields = line.split()
+                if len(fields) > 3 and fields[1] == want and fields[3] == _TCP_LISTEN:
+                    return True
+    except OSError:
+        return True  # no /proc: QMP's socket alone says it (hostfwd comes first)
+    return False
 
 
 def _read_tail(path: Path, lines: int = 20) -> str:

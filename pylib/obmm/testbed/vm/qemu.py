@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from obmm.testbed.arch import X86_64, Arch
 from obmm.testbed.topology import FAST_INIT_MODULES, TCG_CPU, Topology, TopologyError
-from obmm.testbed.vm import acpi
+from obmm.testbed.vm import numa
 
 CONTROL_SIZE_MIB = 2
 CONTROL_SLOT = 0x0F
@@ -47,9 +48,9 @@ INIT_MODES = (INIT_FAST, INIT_SYSTEMD)
 FAST_INIT_ARGV = ("/usr/bin/tini", "/usr/local/sbin/obmm-init")
 # User-mode networking's fixed guest address (QEMU's default net 10.0.2.0/24, host 10.0.2.2).
 SSH_NIC_ADDR = "10.0.2.15/24"
-# The fast boot's firmware: qboot (shipped with QEMU) initialises PCI and jumps to the kernel
-# in a fraction of SeaBIOS's time under TCG; the systemd boot keeps SeaBIOS.
-QBOOT = "/usr/share/qemu/qboot.rom"
+# The fast boot's firmware on x86 (obmm.testbed.arch): qboot initialises PCI and jumps to the
+# kernel in a fraction of SeaBIOS's time under TCG; the systemd boot keeps SeaBIOS.
+QBOOT = X86_64.fast_firmware
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class NodeLaunch:
     tcg_cpu: str = TCG_CPU
     # What the fast init loads before sshd: none for a kernel with them built in.
     fast_init_modules: tuple[str, ...] = FAST_INIT_MODULES
+    # The guest architecture (machine, console, NUMA tables): the image's.
+    arch: Arch = X86_64
 
 
 def fabric_ip(index: int) -> str:
@@ -125,6 +128,7 @@ def kernel_cmdline(
     extra: Sequence[str] = (),
     init: str = INIT_FAST,
     modules: Sequence[str] = FAST_INIT_MODULES,
+    arch: Arch = X86_64,
 ) -> str:
     """The guest kernel command line.
 
@@ -137,7 +141,7 @@ def kernel_cmdline(
     if init not in INIT_MODES:
         raise TopologyError(f"init must be one of {', '.join(INIT_MODES)}, got {init!r}")
     parts = [
-        "console=ttyS0,115200",
+        f"console={arch.console}",
         "root=/dev/vda",
         "rw",
         "panic=-1",
@@ -153,11 +157,11 @@ def kernel_cmdline(
         "nokaslr",
         "mitigations=off",
         "audit=0",
-        # The TSC is QEMU's host-clock-based counter, so it is monotonic; but a starved vCPU
-        # thread between the watchdog's two reads looks like skew, and the kernel then
-        # switches to the HPET for good (seen on a node of an 8-node bench cluster), which
-        # makes every clock read a syscall.  So no clocksource watchdog.
-        "tsc=reliable",
+        # The crypto API's self-tests of every algorithm it registers (crypto_algapi_init):
+        # the longest initcall of a TCG boot; they check the kernel's own implementations.
+        "cryptomgr.notests",
+        # The architecture's own (x86: no TSC watchdog; obmm.testbed.arch).
+        *arch.cmdline,
         "net.ifnames=0",
         "systemd.show_status=0",
         # A stalled CPU or hung task is a kernel death too: end the VM instead of hanging.
@@ -219,7 +223,7 @@ def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
         "-name",
         f"obmm-node{node.index},debug-threads=on",
         "-machine",
-        "q35,memory-backend=ram",
+        numa.machine_arg(node.arch),
         "-accel",
         accel,
         "-cpu",
@@ -235,15 +239,22 @@ def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
         "-display",
         "none",
         "-no-reboot",
-        # The spare remote NUMA nodes borrowing hot-adds to (obmm.testbed.vm.acpi).
-        *[a for t in acpi.table_paths(node.rundir) for a in ("-acpitable", f"file={t}")],
+        # The spare remote NUMA nodes borrowing hot-adds to (obmm.testbed.vm.numa).
+        *numa.qemu_args(node.arch, node.rundir, smp),
         *(["-bios", node.firmware] if node.firmware else []),
         "-kernel",
         str(node.kernel),
         "-initrd",
         str(node.initrd),
         "-append",
-        kernel_cmdline(topology, node.index, node.extra_cmdline, node.init, node.fast_init_modules),
+        kernel_cmdline(
+            topology,
+            node.index,
+            node.extra_cmdline,
+            node.init,
+            node.fast_init_modules,
+            node.arch,
+        ),
         "-chardev",
         f"file,id=console,path={node.console_log}",
         "-serial",
@@ -290,3 +301,32 @@ def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
         ]
     argv += list(node.extra_args)
     return argv
+
+
+def dtb_dump_argv(topology: Topology, node: NodeLaunch, out: Path) -> list[str]:
+    """The QEMU command that writes node `node`'s machine device tree to `out` and exits
+    (obmm.testbed.vm.numa adds the remote NUMA nodes to it): the machine, CPU model, CPUs, RAM
+    and NUMA options of build_argv, none of its files or devices (the tree of `virt` does
+    not depend on them)."""
+    mem = f"{topology.memory_mib}M"
+    accel, cpu, smp = _accel_args(node.accel, topology.cpus)
+    numa_args = numa.qemu_args(node.arch, node.rundir, smp)[:2]  # -numa, without -dtb
+    return [
+        node.qemu_binary,
+        "-machine",
+        f"{numa.machine_arg(node.arch)},dumpdtb={out}",
+        "-accel",
+        accel,
+        "-cpu",
+        node.tcg_cpu if cpu == "tcg" else cpu,
+        "-smp",
+        smp,
+        "-m",
+        mem,
+        "-object",
+        f"memory-backend-ram,id=ram,size={mem}",
+        *numa_args,
+        "-nodefaults",
+        "-display",
+        "none",
+    ]
