@@ -25,6 +25,7 @@
 #include <linux/moduleparam.h>
 
 #include "access.h"
+#include "cache.h"
 #include "emu_sysfs.h"
 #include "export.h"
 #include "fabric.h"
@@ -165,10 +166,13 @@ static int __init obmm_emu_init(void)
 	ret = obmm_ubc_init();
 	if (ret)
 		goto err_sysfs;
+	ret = obmm_cache_init();
+	if (ret)
+		goto err_ubc;
 	/* Last: no ioctl may arrive before init is complete. */
 	ret = misc_register(&obmm_misc);
 	if (ret)
-		goto err_ubc;
+		goto err_cache;
 
 	pr_info("node %d ready (%s)\n", obmm_emu_node_id,
 		obmm_fabric_enabled() ? "fabric present" :
@@ -176,6 +180,8 @@ static int __init obmm_emu_init(void)
 	pr_info("obmm_module: init completed\n");
 	return 0;
 
+err_cache:
+	obmm_cache_exit();
 err_ubc:
 	obmm_ubc_exit();
 err_sysfs:
@@ -233,6 +239,7 @@ static void __exit obmm_emu_exit(void)
 	obmm_exports_exit(acked);
 	obmm_imports_exit();
 	obmm_regions_exit();
+	obmm_cache_exit();
 	pr_info("obmm_module: exit completed\n");
 }
 

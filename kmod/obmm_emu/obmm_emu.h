@@ -63,6 +63,7 @@ struct obmm_pid_quarantine;
 struct obmm_preimport;
 struct obmm_owner;
 struct obmm_vmap;
+struct obmm_cache;
 
 struct obmm_export_dep {
 	int node;
@@ -122,6 +123,8 @@ struct obmm_region {
 	 * gives the entries installed on touch their caching mode (shmdev.c).
 	 */
 	void __iomem *pmd_memtype;
+	/* coherence=strict: this node's cached copies of its pages (cache.c) */
+	struct obmm_cache *cache;
 	/* import only: access revoked, new mmaps fail and PTEs are zapped */
 	bool revoked;
 	/*

@@ -108,9 +108,37 @@ void obmm_ownership_free(struct obmm_region *r)
 	r->owners = NULL;
 }
 
-/* Move one entry's counts from @old to @new; nothing changes on error. */
+/* obmm_ownership.c:merge_cache_ops(): WB_ONLY + INVAL = WB_INVAL. */
+static u8 obmm_cache_ops_merge(u8 a, u8 b)
+{
+	if (a == OBMM_SHM_CACHE_NONE)
+		return b;
+	if (b == OBMM_SHM_CACHE_NONE || a == b)
+		return a;
+	return OBMM_SHM_CACHE_WB_INVAL;
+}
+
+/*
+ * The cache maintenance a move of counts asks for
+ * (obmm_ownership.c:update_page_ownership): the last writer gone, write
+ * back (and invalidate when no reader is left); the last reader gone,
+ * invalidate.
+ */
+static u8 obmm_owner_cache_op(u16 old_w, u16 old_r, u16 new_w, u16 new_r)
+{
+	if (old_w && !new_w)
+		return new_r ? OBMM_SHM_CACHE_WB_ONLY : OBMM_SHM_CACHE_WB_INVAL;
+	if (old_r && !new_r && !new_w)
+		return OBMM_SHM_CACHE_INVAL;
+	return OBMM_SHM_CACHE_NONE;
+}
+
+/*
+ * Move one entry's counts from @old to @new, merging the cache maintenance
+ * that asks for into *@ops; nothing changes on error.
+ */
 static int obmm_owner_move(struct obmm_owner *o, unsigned long entry,
-			   u8 old, u8 new)
+			   u8 old, u8 new, u8 *ops)
 {
 	u16 writers = o->writers, readers = o->readers;
 
@@ -134,6 +162,9 @@ static int obmm_owner_move(struct obmm_owner *o, unsigned long entry,
 		}
 		readers++;
 	}
+	*ops = obmm_cache_ops_merge(*ops, obmm_owner_cache_op(o->writers,
+							      o->readers,
+							      writers, readers));
 	o->writers = writers;
 	o->readers = readers;
 	return 0;
@@ -142,12 +173,14 @@ static int obmm_owner_move(struct obmm_owner *o, unsigned long entry,
 /*
  * Count vmap entries [from, to) (indexes into state[]) as @new instead of
  * their state, all or none; the states themselves are not changed
- * (obmm_vmap_commit()).  @undo takes back such a move.
+ * (obmm_vmap_commit()).  @undo takes back such a move.  The cache
+ * maintenance the move asks for is merged into *@ops.
  */
 static int obmm_vmap_count(struct obmm_vmap *vm, unsigned long from,
-			   unsigned long to, u8 new, bool undo)
+			   unsigned long to, u8 new, bool undo, u8 *ops)
 {
 	unsigned long i, entry;
+	u8 ignored = OBMM_SHM_CACHE_NONE;
 	int ret;
 
 	if (!vm->counted)
@@ -155,13 +188,13 @@ static int obmm_vmap_count(struct obmm_vmap *vm, unsigned long from,
 	for (i = from; i < to; i++) {
 		entry = vm->first + i;
 		ret = undo ? obmm_owner_move(&vm->r->owners[entry], entry, new,
-					     vm->state[i]) :
+					     vm->state[i], &ignored) :
 			     obmm_owner_move(&vm->r->owners[entry], entry,
-					     vm->state[i], new);
+					     vm->state[i], new, ops);
 		if (ret) {
 			WARN_ON(undo);
 			if (i > from)
-				obmm_vmap_count(vm, from, i, new, true);
+				obmm_vmap_count(vm, from, i, new, true, ops);
 			return ret;
 		}
 	}
@@ -172,6 +205,7 @@ struct obmm_vmap *obmm_vmap_new(struct obmm_region *r, unsigned long first,
 				unsigned long nr, unsigned int shift, u8 state,
 				bool counted)
 {
+	u8 ops = OBMM_SHM_CACHE_NONE;
 	struct obmm_vmap *vm;
 	int ret;
 
@@ -191,7 +225,7 @@ struct obmm_vmap *obmm_vmap_new(struct obmm_region *r, unsigned long first,
 	vm->nr = nr;
 	vm->counted = counted;
 	memset(vm->state, OBMM_SHM_MEM_NO_ACCESS, nr);
-	ret = obmm_vmap_count(vm, 0, nr, state, false);
+	ret = obmm_vmap_count(vm, 0, nr, state, false, &ops);
 	if (ret) {
 		kvfree(vm);
 		return ERR_PTR(ret);
@@ -241,34 +275,40 @@ void obmm_vmap_cover(struct obmm_vmap *vm, unsigned long from,
 
 /*
  * A VMA mapping region entries [from, to) closes: the entries no other
- * VMA maps are released.
+ * VMA maps are released, and the cache maintenance their release asks for
+ * is returned (OBMM_SHM_CACHE_*).
  */
-void obmm_vmap_release(struct obmm_vmap *vm, unsigned long from,
-		       unsigned long to)
+u8 obmm_vmap_release(struct obmm_vmap *vm, unsigned long from,
+		     unsigned long to)
 {
 	unsigned long i, end = obmm_vmap_index(vm, to);
+	u8 ops = OBMM_SHM_CACHE_NONE;
 
 	for (i = obmm_vmap_index(vm, from); i < end; i++) {
 		if (WARN_ON_ONCE(!vm->cover[i]) || --vm->cover[i])
 			continue;
 		WARN_ON(obmm_vmap_count(vm, i, i + 1, OBMM_SHM_MEM_NO_ACCESS,
-					false));
+					false, &ops));
 		vm->state[i] = OBMM_SHM_MEM_NO_ACCESS;
 	}
+	return ops;
 }
 
+/* The cache maintenance the move asks for is merged into *@ops. */
 int obmm_vmap_move(struct obmm_vmap *vm, unsigned long from, unsigned long to,
-		   u8 new)
+		   u8 new, u8 *ops)
 {
 	return obmm_vmap_count(vm, obmm_vmap_index(vm, from),
-			       obmm_vmap_index(vm, to), new, false);
+			       obmm_vmap_index(vm, to), new, false, ops);
 }
 
 void obmm_vmap_unmove(struct obmm_vmap *vm, unsigned long from,
 		      unsigned long to, u8 new)
 {
+	u8 ignored = OBMM_SHM_CACHE_NONE;
+
 	obmm_vmap_count(vm, obmm_vmap_index(vm, from), obmm_vmap_index(vm, to),
-			new, true);
+			new, true, &ignored);
 }
 
 void obmm_vmap_commit(struct obmm_vmap *vm, unsigned long from,

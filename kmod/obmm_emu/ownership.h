@@ -22,10 +22,10 @@ void obmm_vmap_put(struct obmm_vmap *vm);
 void obmm_vmap_cover(struct obmm_vmap *vm, unsigned long from,
 		     unsigned long to);
 u8 obmm_vmap_state(const struct obmm_vmap *vm, unsigned long entry);
-void obmm_vmap_release(struct obmm_vmap *vm, unsigned long from,
-		       unsigned long to);
+u8 obmm_vmap_release(struct obmm_vmap *vm, unsigned long from,
+		     unsigned long to);
 int obmm_vmap_move(struct obmm_vmap *vm, unsigned long from, unsigned long to,
-		   u8 new);
+		   u8 new, u8 *ops);
 void obmm_vmap_unmove(struct obmm_vmap *vm, unsigned long from,
 		      unsigned long to, u8 new);
 void obmm_vmap_commit(struct obmm_vmap *vm, unsigned long from,

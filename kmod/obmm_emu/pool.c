@@ -103,7 +103,7 @@ MODULE_PARM_DESC(mempool_allocator,
 static bool skip_cache_maintain;
 module_param(skip_cache_maintain, bool, 0444);
 MODULE_PARM_DESC(skip_cache_maintain,
-		 "Accepted as by the real driver; the emulated fabric is coherent, so there is no cache maintenance to skip");
+		 "Accepted as by the real driver; no effect (the emulator's cache model is the coherence parameter)");
 
 static char *mem_allocator_granu;
 module_param(mem_allocator_granu, charp, 0440);

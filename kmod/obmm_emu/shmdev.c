@@ -20,6 +20,7 @@
 #include <linux/pfn_t.h>
 #include <linux/uaccess.h>
 
+#include "cache.h"
 #include "ownership.h"
 #include "region.h"
 #include "shmdev.h"
@@ -136,6 +137,8 @@ void obmm_shmdev_revoke(struct obmm_region *r)
 {
 	mutex_lock(&r->mmap_lock);
 	r->revoked = true;
+	/* strict: the cached lines go with the memory, not written back */
+	obmm_cache_release(r, false);
 	mutex_unlock(&r->mmap_lock);
 	unmap_mapping_range(r->map_inode->i_mapping, 0, 0, 1);
 }
@@ -257,19 +260,26 @@ static void obmm_memtype_put(struct obmm_region *r)
 static void obmm_vm_close(struct vm_area_struct *vma)
 {
 	struct obmm_region *r = obmm_vma_region(vma);
+	u8 ops;
 
 	mutex_lock(&r->mmap_lock);
 	/*
 	 * A VMA emptied by a split that failed after .open (vm_start ==
 	 * vm_end, vm_pgoff 0: mm/mmap.c:__split_vma) maps nothing; its
 	 * entries stay the original VMA's.  Of a copy mremap() unmaps again,
-	 * the entries the original maps stay its (ownership.c: cover).
+	 * the entries the original maps stay its (ownership.c: cover).  The
+	 * last writer or reader of an entry gone, its cache maintenance
+	 * (obmm_shm_dev.c:obmm_vma_close).
 	 */
-	if (vma->vm_start < vma->vm_end)
-		obmm_vmap_release(vma->vm_private_data,
-				  obmm_vma_entry(vma, vma->vm_start),
-				  obmm_vma_entry(vma, vma->vm_end - 1) + 1);
+	if (vma->vm_start < vma->vm_end) {
+		ops = obmm_vmap_release(vma->vm_private_data,
+					obmm_vma_entry(vma, vma->vm_start),
+					obmm_vma_entry(vma, vma->vm_end - 1) + 1);
+		obmm_cache_maintain(r, obmm_vma_offset(vma, vma->vm_start),
+				    vma->vm_end - vma->vm_start, ops);
+	}
 	if (!--r->mmap_count) {
+		obmm_cache_release(r, !r->revoked);
 		r->mmap_mode = OBMM_MMAP_MODE_NONE;
 		obmm_memtype_put(r);
 	}
@@ -395,6 +405,12 @@ static vm_fault_t obmm_vm_fault(struct vm_fault *vmf)
 		ret = VM_FAULT_SIGSEGV;
 		goto out;
 	}
+	/* strict: this node's cached copy, page by page in either granule */
+	if (obmm_cache_on(r)) {
+		ret = obmm_cache_fault(r, vma, addr, obmm_vma_offset(vma, addr),
+				       obmm_state_prot(vma, state));
+		goto out;
+	}
 #if OBMM_PMD_LAZY
 	if (obmm_vma_lazy(r)) {
 		ret = obmm_pmd_fault(vmf, r, obmm_state_prot(vma, state));
@@ -504,9 +520,11 @@ static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 	/*
 	 * On arm64, generic_access_phys() maps with the user pgprot too (the
 	 * Oops of obmm_vm_access_prot()'s comment came from there): every
-	 * mapping goes the way of the lazy ones.
+	 * mapping goes the way of the lazy ones.  strict: a cacheable mapping
+	 * reads and writes this node's cached copy (cache.c).
 	 */
-	if (!obmm_vma_lazy(r) && !IS_ENABLED(CONFIG_ARM64)) {
+	if (!obmm_vma_lazy(r) && !IS_ENABLED(CONFIG_ARM64) &&
+	    !obmm_cache_on(r)) {
 		/* The page as a touch would install it (none yet if untouched). */
 		mutex_lock(&r->mmap_lock);
 		if (!r->revoked && obmm_state_reader(obmm_vma_state(vma, addr)))
@@ -528,6 +546,10 @@ static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 	if (r->revoked || !obmm_state_reader(obmm_vma_state(vma, addr)) ||
 	    (write && !obmm_state_writer(obmm_vma_state(vma, addr))))
 		goto out;
+	if (obmm_cache_on(r)) {
+		ret = obmm_cache_access(r, off, buf, len, write);
+		goto out;
+	}
 	maddr = ioremap_prot(r->pa + off - offset, PAGE_SIZE,
 			     obmm_vm_access_prot(vma));
 	if (!maddr) {
@@ -820,20 +842,32 @@ static int obmm_update_range_check(struct obmm_region *r, unsigned long start,
  * Count the entries of [start, end) as @state, all or none (-EOVERFLOW
  * when a count would pass U16_MAX).  mmap write lock and mmap_lock held.
  */
-static int obmm_update_range_count(unsigned long start, unsigned long end,
-				   u8 state)
+static int obmm_update_range_count(struct obmm_region *r, unsigned long start,
+				   unsigned long end, u8 state, u8 cache_ops)
 {
 	struct mm_struct *mm = current->mm;
 	struct vm_area_struct *vma, *done;
-	unsigned long from, to;
+	unsigned long from, to, first;
 	int ret = 0;
+	u8 ops;
 
 	for (vma = find_vma(mm, start); vma && vma->vm_start < end;
 	     vma = find_vma(mm, vma->vm_end)) {
 		obmm_update_piece(vma, start, end, &from, &to);
-		ret = obmm_vmap_move(vma->vm_private_data, from, to, state);
+		ops = OBMM_SHM_CACHE_NONE;
+		ret = obmm_vmap_move(vma->vm_private_data, from, to, state,
+				     &ops);
 		if (ret)
 			break;
+		/*
+		 * Each piece's maintenance, explicit or inferred from its
+		 * counts (obmm_shm_dev.c:obmm_shm_update_range).
+		 */
+		first = max(start, vma->vm_start);
+		obmm_cache_maintain(r, obmm_vma_offset(vma, first),
+				    min(end, vma->vm_end) - first,
+				    cache_ops == OBMM_SHM_CACHE_INFER ? ops :
+				    cache_ops);
 	}
 	if (!ret)
 		return 0;
@@ -849,9 +883,9 @@ static int obmm_update_range_count(unsigned long start, unsigned long end,
  * Give the entries of [start, end) @state: the VMAs get the union of
  * their entries' access, the range's page-table entries are zapped and
  * (page granule, unless revoked) made again with the new protection; PMD
- * entries come back at the next touch.  As the real update_range, no
- * cache maintenance: the emulated fabric is coherent.  mmap write lock
- * and mmap_lock held.
+ * entries, and strict mode's cached pages, come back at the next touch.
+ * The cache maintenance was done by obmm_update_range_count().  mmap write
+ * lock and mmap_lock held.
  */
 static void obmm_update_range_apply(struct obmm_region *r, unsigned long start,
 				    unsigned long end, u8 state)
@@ -885,7 +919,8 @@ static void obmm_update_range_apply(struct obmm_region *r, unsigned long start,
 		first = max(start, vma->vm_start);
 		last = min(end, vma->vm_end);
 		zap_vma_ptes(vma, first, last - first);
-		if (obmm_vma_lazy(r) || r->revoked || !obmm_state_reader(state))
+		if (obmm_vma_lazy(r) || r->revoked ||
+		    !obmm_state_reader(state) || obmm_cache_on(r))
 			continue;
 		prot = obmm_state_prot(vma, state);
 		for (addr = first; addr < last; addr += PAGE_SIZE)
@@ -943,7 +978,8 @@ static long obmm_update_range(struct file *file, void __user *uarg)
 	mutex_lock(&r->mmap_lock);
 	ret = obmm_update_range_check(r, cmd.start, cmd.end);
 	if (!ret)
-		ret = obmm_update_range_count(cmd.start, cmd.end, cmd.mem_state);
+		ret = obmm_update_range_count(r, cmd.start, cmd.end,
+					      cmd.mem_state, cmd.cache_ops);
 	if (!ret)
 		obmm_update_range_apply(r, cmd.start, cmd.end, cmd.mem_state);
 	mutex_unlock(&r->mmap_lock);

@@ -210,6 +210,15 @@ UBS_MEM = Var(
     "started; docs/ubs-mem.md); needs the driver loaded",
     default_text="none",
 )
+COHERENCE = Var(
+    "OBMM_TESTBED_COHERENCE",
+    "testbed",
+    "the emulator's coherence model: `coherent`, every node sees every store at once; `strict`, "
+    "each node caches what its cacheable mappings touch until the driver's maintenance "
+    "(docs/coherence.md; the driver parameter `coherence`)",
+    default="coherent",
+    choices=("coherent", "strict"),
+)
 
 # -- paths (obmm.testbed.paths) -----------------------------------------------------------------
 

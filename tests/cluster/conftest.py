@@ -123,7 +123,14 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Session | hwstage.HwClus
 
 
 #: Copied into every node's helper directory (``ClusterHarness.helpers``).
-GUEST_HELPERS = ("xnode.py", "ctlpoke.py", "atomics.c", "libobmm_xnode.c", "ubse_harness.c")
+GUEST_HELPERS = (
+    "xnode.py",
+    "ctlpoke.py",
+    "atomics.c",
+    "libobmm_xnode.c",
+    "ubse_harness.c",
+    "coherence_side.py",
+)
 
 
 @pytest.fixture(scope="session")

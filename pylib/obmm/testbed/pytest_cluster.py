@@ -21,7 +21,9 @@ knob of :mod:`obmm.testbed.settings`), the ini options ``obmm_nodes`` / ``obmm_m
 ``obmm_pool_mib``, or the ``OBMM_TESTBED_*`` environment (default: 2 nodes, the ``pair``
 topology's memory).  One cluster per session: booted (restored from a snapshot when one fits)
 for the first test that needs it and reused; a test asking for other settings replaces it.
-``params`` are module parameters of the driver (``["ubc_index=1", "ubc_dev=00002"]``).
+``params`` are module parameters of the driver (``["ubc_index=1", "ubc_dev=00002"]``);
+``coherence="strict"`` runs the emulator's strict coherence model (docs/coherence.md; else
+``--obmm-coherence`` / ``$OBMM_TESTBED_COHERENCE``).
 ``@pytest.mark.obmm_cluster(kernel_guard=False)`` / ``leak_check=False`` (or the ini options
 ``obmm_kernel_guard`` / ``obmm_leak_check``, ``--obmm-no-kernel-guard`` /
 ``--obmm-no-leak-check``) turn a check off.  ``--obmm-driver real`` (ini ``obmm_driver``,
@@ -47,7 +49,7 @@ if TYPE_CHECKING:  # imported when a test uses a fixture: loading the plugin sta
 
 MARKER = "obmm_cluster"
 DEFAULT_NODES = 2
-SHAPE_KEYS = ("nodes", "memory_mib", "pool_mib", "params")
+SHAPE_KEYS = ("nodes", "memory_mib", "pool_mib", "params", "coherence")
 CHECK_KEYS = ("kernel_guard", "leak_check")
 INI_SHAPE = {"nodes": "obmm_nodes", "memory_mib": "obmm_memory_mib", "pool_mib": "obmm_pool_mib"}
 
@@ -76,7 +78,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(nodes=2, memory_mib=None, pool_mib=None, params=(), kernel_guard=True, "
+        f"{MARKER}(nodes=2, memory_mib=None, pool_mib=None, params=(), coherence=None, "
+        "kernel_guard=True, "
         "leak_check=True): the obmm-testbed cluster this test needs",
     )
 
@@ -114,11 +117,12 @@ class Testbed:
         memory_mib: int | None = None,
         pool_mib: int | None = None,
         params: Sequence[str] | None = None,
+        coherence: str | None = None,
     ) -> UserCluster:
         """The cluster of these settings (the defaults for what is not given), booted if
         needed."""
         wanted = self.default_settings().replace(
-            nodes=nodes, memory_mib=memory_mib, pool_mib=pool_mib,
+            nodes=nodes, memory_mib=memory_mib, pool_mib=pool_mib, coherence=coherence,
             params=settings_mod.merge_params(params) if params is not None else None,
         )  # fmt: skip
         if self.current is not None and self.settings == wanted:

@@ -262,7 +262,7 @@ def bring_up(
     try:
         if load_modules:
             provision.prepare(
-                session.nodes, topology, kos, params=settings.params, driver=settings.driver
+                session.nodes, topology, kos, params=settings.driver_params, driver=settings.driver
             )
             _identify(session)  # the controller the driver made; plain `up` needs none
             for node in session.nodes:

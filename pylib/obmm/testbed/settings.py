@@ -62,6 +62,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("qemu", envvars.QEMU, "--qemu", "BINARY"),
     Knob("ubs_mem", envvars.UBS_MEM, "--ubs-mem", "PREFIX"),
     Knob("arch", envvars.ARCH, "--arch"),
+    Knob("coherence", envvars.COHERENCE, "--coherence"),
 )
 BY_FIELD: Mapping[str, Knob] = {k.field: k for k in KNOBS}
 
@@ -87,6 +88,7 @@ class Settings:
     qemu: str = envvars.QEMU.default
     ubs_mem: str | None = envvars.UBS_MEM.default
     arch: str = envvars.ARCH.default
+    coherence: str = envvars.COHERENCE.default
 
     def __post_init__(self) -> None:
         for knob in KNOBS:
@@ -108,6 +110,11 @@ class Settings:
             raise SettingsError(f"--timeout-scale / {envvars.TIMEOUT_SCALE.name}: must be >= 1")
         if self.name is not None and (not self.name or "/" in self.name or self.name[0] == "."):
             raise SettingsError(f"--name: invalid cluster name {self.name!r}")
+        if self.coherence != "coherent" and self.driver != "emu":
+            raise SettingsError(
+                f"--coherence / {envvars.COHERENCE.name}: {self.coherence!r} is the emulator's "
+                f"model; the {self.driver!r} driver has no such parameter"
+            )
         for param in self.params:
             if not PARAM_RE.match(param):
                 raise SettingsError(
@@ -142,6 +149,14 @@ class Settings:
     def qemu_binary(self) -> str:
         """The QEMU binary: the one given, else the architecture's."""
         return self.qemu or arch.get(self.arch).qemu_binary
+
+    @property
+    def driver_params(self) -> tuple[str, ...]:
+        """The driver's module parameters: the coherence model (when not the default, so a
+        coherent cluster loads exactly what it did before the setting), then `params`."""
+        if self.coherence == envvars.COHERENCE.default:
+            return self.params
+        return merge_params((f"coherence={self.coherence}",), self.params)
 
     @property
     def param_map(self) -> dict[str, str]:

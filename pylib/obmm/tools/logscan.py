@@ -51,6 +51,7 @@ class Kind:
     KMEMLEAK = "kmemleak"
     TAINT = "taint"
     LOST = "lost"
+    COHERENCE = "coherence"
     UNKNOWN = "unknown"
 
 
@@ -171,6 +172,10 @@ _HEADERS: tuple[_Header, ...] = (
     ),
     _Header(Kind.TAINT, re.compile(r"\bDisabling lock debugging due to kernel taint"), "taint"),
 )
+
+#: The emulator's `strict` coherence model found a node using an out-of-date line, or losing a
+#: write (kmod/obmm_emu/cache.c, docs/coherence.md): one line, which says what would fix it.
+_COHERENCE = re.compile(r"\bobmm: coherence: (stale read|lost write|discarded write): ")
 
 #: Trace-shaped lines that only ever appear inside a report; outside one they mean
 #: a report whose header we did not recognise.
@@ -311,6 +316,10 @@ def scan(
         if extra:
             open_block(i, _Header(Kind.TAINT, _TAINTED, "taint"), msg)
     close(len(lines) - 1)
+    for i, line in enumerate(lines):
+        msg = _message(line)
+        if _COHERENCE.search(msg):
+            reports.append(Report(Kind.COHERENCE, i + 1, line, msg.strip()))
     # Taint is evidence of a splat; once the splat itself is reported it adds nothing.
     if any(r.kind != Kind.TAINT for r in reports):
         reports = [r for r in reports if r.kind != Kind.TAINT]

@@ -136,3 +136,22 @@ def test_scaled_stretches_a_wait_by_the_timeout_scale() -> None:
     assert settings_mod.scaled(300, {envvars.TIMEOUT_SCALE.name: "2.5"}) == 750
     with pytest.raises(ValueError, match="OBMM_TESTBED_TIMEOUT_SCALE"):
         settings_mod.scaled(1, {envvars.TIMEOUT_SCALE.name: "slow"})
+
+
+def test_the_coherence_model_reaches_the_driver_parameters_only_when_strict() -> None:
+    # coherent (the default) loads exactly the parameters it loaded before the setting existed
+    assert Settings.from_env({"OBMM_TESTBED_PARAMS": "a=1"}).driver_params == ("a=1",)
+    s = Settings.from_env({"OBMM_TESTBED_COHERENCE": "strict", "OBMM_TESTBED_PARAMS": "a=1"})
+    assert s.driver_params == ("coherence=strict", "a=1")
+    args = _parser().parse_args(["--coherence", "strict"])
+    assert settings_mod.from_args(args, {}).driver_params == ("coherence=strict",)
+    # an explicit --param coherence=... wins, as any parameter given
+    s = Settings.from_env({"OBMM_TESTBED_COHERENCE": "strict"}, params=("coherence=coherent",))
+    assert s.driver_params == ("coherence=coherent",)
+
+
+def test_strict_coherence_is_the_emulators_and_refused_for_the_real_driver() -> None:
+    with pytest.raises(SettingsError, match="OBMM_TESTBED_COHERENCE: 'strict' is the emulator"):
+        Settings.from_env({"OBMM_TESTBED_COHERENCE": "strict", "OBMM_TESTBED_DRIVER": "real"})
+    with pytest.raises(SettingsError, match="must be one of coherent, strict"):
+        Settings.from_env({"OBMM_TESTBED_COHERENCE": "loose"})

@@ -581,3 +581,23 @@ def test_line_numbers_count_newlines_only() -> None:
     log = "[ 1.0] login: \r[ 1.1] prompt\r\n[ 1.2] BUG: bad thing\r\n"
     (report,) = logscan.scan(log)
     assert (report.line_no, report.excerpt) == (2, "[ 1.2] BUG: bad thing")
+
+
+COHERENCE = """\
+[   20.000000] obmm: coherence: strict, eviction 0/1000 per line per 20 ms, seed 34
+[   21.000000] obmm: coherence: stale read: node 1 mem_id 3 offset 0x40: this node's cached line has 0x0000000000000001 at byte 0, memory 0x0000000000000002; invalidate before reading: UPDATE_RANGE with cache_ops INVAL
+[   21.500000] obmm: ready
+[   22.000000] obmm: coherence: lost write: node 1 mem_id 3 offset 0x0: this node's cached line has 0x00000000000000bb at byte 0, memory 0x00000000000000aa; two nodes held this 64-byte line dirty
+"""
+
+
+def test_the_coherence_models_reports_are_one_line_each_and_the_load_line_is_not() -> None:
+    reports = logscan.scan(COHERENCE)
+    assert [(r.kind, r.line_no) for r in reports] == [(Kind.COHERENCE, 2), (Kind.COHERENCE, 4)]
+    assert reports[0].title.startswith("obmm: coherence: stale read: node 1 mem_id 3 offset 0x40")
+    assert reports[1].excerpt.endswith("two nodes held this 64-byte line dirty")
+
+
+def test_a_coherence_report_inside_a_warn_block_is_still_its_own() -> None:
+    reports = logscan.scan(WARN + COHERENCE.splitlines(keepends=True)[1])
+    assert {r.kind for r in reports} == {Kind.WARN, Kind.COHERENCE}

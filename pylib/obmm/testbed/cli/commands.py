@@ -194,8 +194,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     settings = settings_mod.from_args(args).with_defaults(topology="single", name=DEFAULT_NAME)
     if args.cold:
         settings = settings.replace(snapshot="off")
-    if settings.params and not args.kmod:
-        raise ClusterError("--param: module parameters need --kmod (the modules are not loaded)")
+    if settings.driver_params and not args.kmod:
+        raise ClusterError(
+            "--param / --coherence: module parameters need --kmod (the modules are not loaded)"
+        )
     session = bring_up(
         settings,
         purpose="up",

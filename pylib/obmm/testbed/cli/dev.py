@@ -76,7 +76,7 @@ def command(args: argparse.Namespace) -> int:
         # the guest suite's build: its tests may use the test-only parameters
         kos = session.refresh_payload(results_dir() / "kmod", test_hooks=True)
         t2 = time.monotonic()
-        reloaded = _reload_if_changed(session, kos, settings.params)
+        reloaded = _reload_if_changed(session, kos, settings.driver_params)
         t3 = time.monotonic()
         progress.line(
             f"build and payload {t2 - t0:.1f} s, "
@@ -105,7 +105,7 @@ def _session(settings: Settings, progress: Progress) -> Session:
         settings, purpose="dev", default_topology="single", detach=True, test_hooks=True
     )
     session.cluster.disown()
-    _record(session, session.modules, settings.params)
+    _record(session, session.modules, settings.driver_params)
     return session
 
 
