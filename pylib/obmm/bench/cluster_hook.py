@@ -419,8 +419,8 @@ def inner_loop_figures(
     import subprocess
     import sys
 
-    from obmm.testbed.ownership import scratch_dir
     from obmm.testbed.paths import repo_root
+    from obmm.testbed.vm.ownership import scratch_dir
 
     name = "bench-dev"
     with scratch_dir("inner-loop") as root:
@@ -471,10 +471,10 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     if getattr(args, "scheme7", False):
         return scheme7_bench(args, config)
     from obmm.testbed.builds.image import ensure_image, find_recipe
-    from obmm.testbed.ownership import scratch_dir
     from obmm.testbed.paths import cache_dir, repo_root, results_dir
     from obmm.testbed.progress import Progress
     from obmm.testbed.vm import accel as accel_mod
+    from obmm.testbed.vm.ownership import scratch_dir
 
     progress = Progress("bench")
     say = progress.line

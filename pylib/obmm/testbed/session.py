@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from obmm.testbed import arch, ownership, provision, ubsmem
+from obmm.testbed import arch, provision, ubsmem
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
 from obmm.testbed.progress import Progress
@@ -29,6 +29,7 @@ from obmm.testbed.remote import RemoteNode, node_env
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import Connection
 from obmm.testbed.topology import Topology
+from obmm.testbed.vm import ownership
 from obmm.testbed.vm.cluster import Cluster, default_logdir, load_topology
 from obmm.testbed.vm.kguard import KernelLogGuard
 from obmm.testbed.vm.reaping import reap_dead_owners
