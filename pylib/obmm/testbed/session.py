@@ -201,7 +201,8 @@ def bring_up(
     the session's :attr:`Session.timeline`.  On any failure, Ctrl-C included, everything
     started is stopped.
     """
-    from obmm.testbed.builds.image import ensure_image, find_recipe
+    from obmm.testbed.builds.image import find_recipe
+    from obmm.testbed.builds.kernels import guest_image
     from obmm.testbed.paths import cache_dir, results_dir
     from obmm.testbed.vm import accel as accel_mod
 
@@ -221,7 +222,7 @@ def bring_up(
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     topology = topology_for(settings, default_topology)
-    image = ensure_image(
+    image = guest_image(
         find_recipe(settings.recipe), kernel=settings.kernel, progress=progress, arch=settings.arch
     )
     t1 = time.monotonic()

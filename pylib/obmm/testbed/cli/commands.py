@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from obmm.testbed import settings as settings_mod
-from obmm.testbed.builds.image import DEFAULT_RECIPE, ensure_image, find_recipe, list_recipes
+from obmm.testbed.builds.image import DEFAULT_RECIPE, find_recipe, list_recipes
+from obmm.testbed.builds.kernels import guest_image
 from obmm.testbed.cli import dev, doctor, kmod, numaview, run
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.settings import Settings
@@ -427,7 +428,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_image(args: argparse.Namespace) -> int:
     settings = settings_mod.from_args(args)
-    image = ensure_image(
+    image = guest_image(
         find_recipe(settings.recipe),
         rebuild=args.rebuild,
         kernel=settings.kernel,
