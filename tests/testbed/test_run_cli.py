@@ -26,9 +26,9 @@ from obmm.testbed.paths import cache_dir, run_root
 from obmm.testbed.settings import scaled
 from obmm.testbed.vm.cluster import RUN_PREFIX
 
-# One worker (make testbed-test shards tests/testbed): the last check of the first test is that
-# no `obmm-testbed run` scratch directory is left in /tmp, which the third one makes.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("run_cli")]
+# One worker runs this module (conftest.group): the last check of the first test is that no
+# `obmm-testbed run` scratch directory is left in /tmp, which the third one makes.
+pytestmark = pytest.mark.slow
 PAIR = Path(__file__).resolve().parent / "run_pair"
 
 

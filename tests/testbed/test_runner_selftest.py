@@ -23,9 +23,6 @@ from obmm.testbed.suite.guest_suite import (
 )
 from obmm.testbed.vm.cluster import NodeDied
 
-# One worker (make testbed-test shards tests/testbed), so one booted node: guest_session.
-pytestmark = pytest.mark.xdist_group("guest_session")
-
 #: Bounds on how fast a failure is reported: seconds of this machine's pace, so `scaled`.
 PANIC_BUDGET_S = 60.0
 # The frozen-guest test's liveness timers: seconds, not the suite's 30 s + 20 s defaults.

@@ -315,18 +315,8 @@ CASES: dict[str, Case] = {
     ),
 }
 
-#: Entries whose cases name their clusters alike (`up`'s sig-up, the bench's bench-1 and
-#: bench-data), and so share a console-log directory: one xdist worker runs them in turn.
-SAME_NAMES = ("up", "bench")
-
 MATRIX = [
-    pytest.param(
-        entry,
-        pattern,
-        phase,
-        id=f"{entry}-{pattern}-{phase}",
-        marks=[pytest.mark.xdist_group(f"signals-{entry}")] if entry in SAME_NAMES else [],
-    )
+    pytest.param(entry, pattern, phase, id=f"{entry}-{pattern}-{phase}")
     for entry, case in CASES.items()
     for pattern in PATTERNS
     for phase in PHASES
