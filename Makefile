@@ -164,7 +164,11 @@ arm64-stage: setup-python
 
 # The testbed's own tests against QEMU nodes: the runner meeting guests that WARN, hang or
 # panic; snapshots saved, restored and refused; `obmm-testbed run` from an installed wheel.
-TESTBED_TEST = $(PYTEST) tests/testbed --junitxml=results/testbed-junit.xml -o junit_logging=all
+# Over two pytest-xdist workers: one case mostly waits on its guests and keeps a core idle;
+# tests that share a booted node, a cluster name or a scratch path run in one (tests/testbed/conftest.py).
+TESTBED_WORKERS ?= 2
+TESTBED_TEST = $(PYTEST) tests/testbed -n $(TESTBED_WORKERS) \
+	--junitxml=results/testbed-junit.xml -o junit_logging=all
 testbed-test: setup-python
 	@$(MAKE) --no-print-directory suite-build || exit 1
 	$(TESTBED_TEST)

@@ -9,6 +9,8 @@
 #include <linux/device.h>
 #include <linux/err.h>
 #include <linux/kernel.h>
+#include <linux/moduleparam.h>
+#include <linux/printk.h>
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/sysfs.h>
@@ -39,6 +41,21 @@ struct tb_ubc {
 	struct device dev;	/* its entity */
 	unsigned int k;
 };
+
+/*
+ * The module parameters naming the controllers, declared here once: both
+ * modules that link this file take them under the same names.
+ */
+static unsigned int ubc_index;
+module_param(ubc_index, uint, 0444);
+MODULE_PARM_DESC(ubc_index,
+		 "Index i of the first controller's /sys/devices/ub_bus_controller<i>/ (0..7, default 0)");
+
+static char *ubc_dev[TB_UBC_MAX] = { "00001" };
+static unsigned int ubc_count = 1;
+module_param_array(ubc_dev, charp, &ubc_count, 0444);
+MODULE_PARM_DESC(ubc_dev,
+		 "Device directory name of each controller under ub_bus_controller<ubc_index + k>/ (default \"00001\": one controller)");
 
 static const struct tb_ubc_source *tb_src;
 static struct tb_ubc *tb_ubcs[TB_UBC_MAX];
@@ -257,7 +274,7 @@ static void tb_ubc_release(struct device *dev)
 	kfree(to_tb_ubc(dev));
 }
 
-bool tb_ubc_devname_valid(const char *name)
+static bool tb_ubc_devname_valid(const char *name)
 {
 	size_t len = strnlen(name, TB_UBC_DEV_MAX + 1);
 
@@ -312,26 +329,40 @@ static int tb_ubc_add(unsigned int index, unsigned int k, const char *name)
 	return 0;
 }
 
+unsigned int tb_ubc_count(void)
+{
+	return ubc_count;
+}
+
 /*
- * The bus and controllers k = 0 .. count - 1, named names[k] under
- * ub_bus_controller<index + k>.  The caller has checked the names
- * (tb_ubc_devname_valid()) and that index + count <= TB_UBC_MAX.
+ * The bus and controllers k = 0 .. ubc_count - 1, named ubc_dev[k] under
+ * ub_bus_controller<ubc_index + k>; -EINVAL (and why, in the log) for
+ * parameters out of range.
  */
-int tb_ubc_init(const struct tb_ubc_source *src, unsigned int index,
-		char **names, unsigned int count)
+int tb_ubc_init(const struct tb_ubc_source *src)
 {
 	unsigned int k;
 	int ret;
 
-	if (index + count > TB_UBC_MAX)
+	if (ubc_index + ubc_count > TB_UBC_MAX) {
+		pr_err("ubc_index %u out of range (0..%u for %u controller(s))\n",
+		       ubc_index, TB_UBC_MAX - ubc_count, ubc_count);
 		return -EINVAL;
+	}
+	for (k = 0; k < ubc_count; k++) {
+		if (!tb_ubc_devname_valid(ubc_dev[k])) {
+			pr_err("ubc_dev \"%s\" is not a directory name (1..%d characters, no '/')\n",
+			       ubc_dev[k], TB_UBC_DEV_MAX);
+			return -EINVAL;
+		}
+	}
 	tb_src = src;
 	ret = bus_register(&tb_ub_bus);
 	if (ret)
 		return ret;
 	tb_ub_bus_registered = true;
-	for (k = 0; k < count; k++) {
-		ret = tb_ubc_add(index, k, names[k]);
+	for (k = 0; k < ubc_count; k++) {
+		ret = tb_ubc_add(ubc_index, k, ubc_dev[k]);
 		if (ret) {
 			tb_ubc_exit();
 			return ret;

@@ -31,9 +31,13 @@ struct tb_ubc_source {
 	u64 (*feature)(void);		/* the bus's feature bits */
 };
 
-bool tb_ubc_devname_valid(const char *name);
-int tb_ubc_init(const struct tb_ubc_source *src, unsigned int index,
-		char **names, unsigned int count);
+/*
+ * The controllers the module parameters ubc_index and ubc_dev (declared in
+ * ub_controller.c, for both modules) name, with @src's values.
+ */
+int tb_ubc_init(const struct tb_ubc_source *src);
+/* How many controllers ubc_dev names. */
+unsigned int tb_ubc_count(void);
 void tb_ubc_exit(void);
 
 #endif /* TESTBED_UB_CONTROLLER_H */

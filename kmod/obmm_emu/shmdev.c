@@ -508,6 +508,15 @@ static unsigned long obmm_vm_access_prot(struct vm_area_struct *vma)
 #endif
 }
 
+/*
+ * Whether generic_access_phys() may copy through a page mapping: arm64's
+ * maps with the user pgprot too, and takes the Oops above.
+ */
+static bool obmm_arch_generic_access_ok(void)
+{
+	return !IS_ENABLED(CONFIG_ARM64);
+}
+
 static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 			  void *buf, int len, int write)
 {
@@ -518,12 +527,11 @@ static int obmm_vm_access(struct vm_area_struct *vma, unsigned long addr,
 	int ret = -EINVAL;
 
 	/*
-	 * On arm64, generic_access_phys() maps with the user pgprot too (the
-	 * Oops of obmm_vm_access_prot()'s comment came from there): every
-	 * mapping goes the way of the lazy ones.  strict: a cacheable mapping
-	 * reads and writes this node's cached copy (cache.c).
+	 * Where generic_access_phys() may not be used, every mapping goes the
+	 * way of the lazy ones.  strict: a cacheable mapping reads and writes
+	 * this node's cached copy (cache.c).
 	 */
-	if (!obmm_vma_lazy(r) && !IS_ENABLED(CONFIG_ARM64) &&
+	if (!obmm_vma_lazy(r) && obmm_arch_generic_access_ok() &&
 	    !obmm_cache_on(r)) {
 		/* The page as a touch would install it (none yet if untouched). */
 		mutex_lock(&r->mmap_lock);

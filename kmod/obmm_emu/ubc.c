@@ -15,12 +15,8 @@
  * EID (the control region's); controller k the next ones out of the
  * fabric's use (obmm_ubc_cna()).  An IMPORT's scna may be any of them.
  */
-#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
-
-#include <linux/errno.h>
-#include <linux/kernel.h>
-#include <linux/moduleparam.h>
-#include <linux/printk.h>
+#include <linux/bits.h>
+#include <linux/types.h>
 
 #include "fabric.h"
 #include "pool.h"
@@ -39,18 +35,6 @@
 #define OBMM_UB_MEM_SHARE_NC	BIT_ULL(2)
 #define OBMM_UB_MEM_SHARE_CC	BIT_ULL(3)
 
-static unsigned int obmm_ubc_index;
-module_param_named(ubc_index, obmm_ubc_index, uint, 0444);
-MODULE_PARM_DESC(ubc_index,
-		 "Index i of the first controller's /sys/devices/ub_bus_controller<i>/ (0..7, default 0)");
-
-static char *obmm_ubc_devnames[TB_UBC_MAX] = { "00001" };
-static unsigned int obmm_ubc_count = 1;
-module_param_array_named(ubc_dev, obmm_ubc_devnames, charp, &obmm_ubc_count,
-			 0444);
-MODULE_PARM_DESC(ubc_dev,
-		 "Device directory name of each controller under ub_bus_controller<ubc_index + k>/ (default \"00001\": one controller)");
-
 static u32 obmm_ubc_cna(unsigned int k)
 {
 	return obmm_fabric_cna() + k * OBMM_UBC_ID_STRIDE;
@@ -66,7 +50,7 @@ bool obmm_ubc_known_cna(u32 cna)
 {
 	unsigned int k;
 
-	for (k = 0; k < obmm_ubc_count; k++)
+	for (k = 0; k < tb_ubc_count(); k++)
 		if (cna == obmm_ubc_cna(k))
 			return true;
 	return false;
@@ -100,23 +84,7 @@ static const struct tb_ubc_source obmm_ubc_source = {
 
 int obmm_ubc_init(void)
 {
-	unsigned int k;
-
-	if (obmm_ubc_index + obmm_ubc_count > TB_UBC_MAX) {
-		pr_err("ubc_index %u out of range (0..%u for %u controller(s))\n",
-		       obmm_ubc_index, TB_UBC_MAX - obmm_ubc_count,
-		       obmm_ubc_count);
-		return -EINVAL;
-	}
-	for (k = 0; k < obmm_ubc_count; k++) {
-		if (!tb_ubc_devname_valid(obmm_ubc_devnames[k])) {
-			pr_err("ubc_dev \"%s\" is not a directory name (1..%d characters, no '/')\n",
-			       obmm_ubc_devnames[k], TB_UBC_DEV_MAX);
-			return -EINVAL;
-		}
-	}
-	return tb_ubc_init(&obmm_ubc_source, obmm_ubc_index,
-			   obmm_ubc_devnames, obmm_ubc_count);
+	return tb_ubc_init(&obmm_ubc_source);
 }
 
 void obmm_ubc_exit(void)

@@ -15,6 +15,8 @@ from obmm.testbed.topology import Topology
 from obmm.testbed.vm import cluster as cl
 from obmm.testbed.vm import snapshot
 
+# One worker runs this module (conftest.group): each test starts from the snapshot of this
+# shape the one before it left.
 # A shape of its own (the suites use 1024/256), so this test never disturbs their snapshots.
 TOPOLOGY = Topology(nodes=1, memory_mib=512, pool_mib=128)
 CLOCK_SLACK_S = 5.0

@@ -419,8 +419,8 @@ def inner_loop_figures(
     import subprocess
     import sys
 
-    from obmm.testbed.ownership import scratch_dir
     from obmm.testbed.paths import repo_root
+    from obmm.testbed.vm.ownership import scratch_dir
 
     name = "bench-dev"
     with scratch_dir("inner-loop") as root:
@@ -471,10 +471,11 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     if getattr(args, "scheme7", False):
         return scheme7_bench(args, config)
     from obmm.testbed.builds.image import ensure_image, find_recipe
-    from obmm.testbed.ownership import scratch_dir
+    from obmm.testbed.builds.kernels import guest_image
     from obmm.testbed.paths import cache_dir, repo_root, results_dir
     from obmm.testbed.progress import Progress
     from obmm.testbed.vm import accel as accel_mod
+    from obmm.testbed.vm.ownership import scratch_dir
 
     progress = Progress("bench")
     say = progress.line
@@ -493,7 +494,7 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
                 make_testbed_figure("testbed.image_build.cold", [time.monotonic() - start])
             )
     start = time.monotonic()
-    image = ensure_image(recipe, progress=progress, kernel=settings.kernel)
+    image = guest_image(recipe, progress=progress, kernel=settings.kernel)
     cached = time.monotonic() - start
     testbed.append(
         make_testbed_figure(
@@ -591,14 +592,15 @@ def scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     (`--hw`) on the hardware stage's hosts."""
     if getattr(args, "hw", False):
         return hardware_scheme7_bench(args, config)
-    from obmm.testbed.builds.image import ensure_image, find_recipe
+    from obmm.testbed.builds.image import find_recipe
+    from obmm.testbed.builds.kernels import guest_image
     from obmm.testbed.paths import cache_dir
     from obmm.testbed.progress import Progress
     from obmm.testbed.vm import accel as accel_mod
 
     progress = Progress("bench")
     settings = settings_mod.Settings.from_env(**{f: getattr(args, f, None) for f in FIELDS})
-    image = ensure_image(find_recipe(settings.recipe), progress=progress, kernel=settings.kernel)
+    image = guest_image(find_recipe(settings.recipe), progress=progress, kernel=settings.kernel)
     accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
     env = Environment.collect_host(accelerator=accel, node_count=2)
     return on_bench_pair(settings.replace(accel=accel), env, config, run_scheme7_bench, progress)

@@ -41,8 +41,6 @@ from pathlib import Path
 
 from obmm import envvars
 
-KERNEL_DEBIAN = "debian"
-KERNEL_DEBUG = "debug"
 #: How a user gives each upstream input (the commits the project was checked against are facts in
 #: kmod/patches/urma-seg-mapped/BASE and docs/obmm-driver.md, never places to look).
 UB_UPSTREAM_HINT = (

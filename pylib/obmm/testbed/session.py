@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from obmm.testbed import arch, ownership, provision, ubsmem
+from obmm.testbed import arch, provision, ubsmem
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
 from obmm.testbed.progress import Progress
@@ -29,6 +29,7 @@ from obmm.testbed.remote import RemoteNode, node_env
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import Connection
 from obmm.testbed.topology import Topology
+from obmm.testbed.vm import ownership
 from obmm.testbed.vm.cluster import Cluster, default_logdir, load_topology
 from obmm.testbed.vm.kguard import KernelLogGuard
 from obmm.testbed.vm.reaping import reap_dead_owners
@@ -200,7 +201,8 @@ def bring_up(
     the session's :attr:`Session.timeline`.  On any failure, Ctrl-C included, everything
     started is stopped.
     """
-    from obmm.testbed.builds.image import ensure_image, find_recipe
+    from obmm.testbed.builds.image import find_recipe
+    from obmm.testbed.builds.kernels import guest_image
     from obmm.testbed.paths import cache_dir, results_dir
     from obmm.testbed.vm import accel as accel_mod
 
@@ -220,7 +222,7 @@ def bring_up(
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     topology = topology_for(settings, default_topology)
-    image = ensure_image(
+    image = guest_image(
         find_recipe(settings.recipe), kernel=settings.kernel, progress=progress, arch=settings.arch
     )
     t1 = time.monotonic()

@@ -27,7 +27,7 @@ PACKAGE = PYLIB / "obmm"
 #: The testbed's top-level modules at the bottom: what everything above may use.
 SPINE = (
     "paths", "errors", "settings", "topology", "ssh", "node", "remote", "parallel", "progress",
-    "ownership", "arch",
+    "arch",
 )  # fmt: skip
 #: The testbed's top-level modules that bring nodes up (over builds/ and vm/).
 BRING_UP = ("provision", "ubsmem", "session")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import obmm
 from obmm import decoder, identity
@@ -22,6 +22,8 @@ from obmm.handle import Handle
 from obmm.ubse.registry import AgentError
 
 NODE_SYSFS = Path("/sys/devices/system/node")
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def _agent_error(step: str, exc: Exception) -> AgentError:
@@ -29,62 +31,71 @@ def _agent_error(step: str, exc: Exception) -> AgentError:
     return AgentError(err, f"{step}: {exc}")
 
 
+def _all_or_none(
+    verb: str, items: Sequence[T], one: Callable[[T], tuple[int, R]], undo: Callable[[int], None]
+) -> list[R]:
+    """`one` of each item (its memid and its result), in order; if one fails, the memids done
+    so far are undone, newest first, and the error names which of how many failed."""
+    done: list[int] = []
+    results: list[R] = []
+    try:
+        for item in items:
+            mem_id, result = one(item)
+            done.append(mem_id)
+            results.append(result)
+    except (OSError, decoder.DecoderError) as exc:
+        for mem_id in reversed(done):
+            undo(mem_id)
+        raise _agent_error(f"{verb} {len(done) + 1} of {len(items)}", exc) from exc
+    return results
+
+
+def _each(verb: str, mem_ids: Sequence[int], release: Callable[[int], None]) -> None:
+    """`release` of every memid, in order; the first that fails stops it, named."""
+    for mem_id in mem_ids:
+        try:
+            release(mem_id)
+        except OSError as exc:
+            raise _agent_error(f"{verb} {mem_id}", exc) from exc
+
+
 def export(block: int, count: int) -> list[dict[str, Any]]:
     """`count` exports of `block` bytes, their handles; none left behind if one fails."""
     me = identity.NodeIdentity.local()
-    done: list[int] = []
-    handles = []
     with obmm.Obmm() as dev:
-        try:
-            for _ in range(count):
-                exp = dev.export(block)
-                done.append(exp.mem_id)
-                handles.append(Handle.from_export(exp, me).to_dict())
-        except (OSError, decoder.DecoderError) as exc:
-            for mem_id in reversed(done):
-                dev.unexport(mem_id)
-            raise _agent_error(f"export {len(done) + 1} of {count}", exc) from exc
-    return handles
+
+        def one(_: int) -> tuple[int, dict[str, Any]]:
+            exp = dev.export(block)
+            return exp.mem_id, Handle.from_export(exp, me).to_dict()
+
+        return _all_or_none("export", range(count), one, dev.unexport)
 
 
 def unexport(mem_ids: Sequence[int]) -> None:
     with obmm.Obmm() as dev:
-        for mem_id in mem_ids:
-            try:
-                dev.unexport(mem_id)
-            except OSError as exc:
-                raise _agent_error(f"unexport {mem_id}", exc) from exc
+        _each("unexport", mem_ids, dev.unexport)
 
 
 def import_(handles: Sequence[dict[str, Any]]) -> list[int]:
     """Import every handle at the decoder address its UBA resolves to; none left if one fails."""
-    done: list[int] = []
     dec = decoder.default_decoder()
     with obmm.Obmm() as dev:
-        try:
-            scna, seid = identity.local_cna(), identity.local_eid()
-            for doc in handles:
-                h = Handle.from_dict(doc)
-                addr = dec.resolve(h.node_id, h.uba, h.length)
-                imp = dev.import_(
-                    addr, h.length, scna=scna, dcna=h.scna, tokenid=h.tokenid, seid=seid,
-                    deid=h.seid,
-                )  # fmt: skip
-                done.append(imp.mem_id)
-        except (OSError, decoder.DecoderError) as exc:
-            for mem_id in reversed(done):
-                dev.unimport(mem_id)
-            raise _agent_error(f"import {len(done) + 1} of {len(handles)}", exc) from exc
-    return done
+
+        def one(doc: dict[str, Any]) -> tuple[int, int]:
+            h = Handle.from_dict(doc)
+            addr = dec.resolve(h.node_id, h.uba, h.length)
+            imp = dev.import_(
+                addr, h.length, scna=identity.local_cna(), dcna=h.scna, tokenid=h.tokenid,
+                seid=identity.local_eid(), deid=h.seid,
+            )  # fmt: skip
+            return imp.mem_id, imp.mem_id
+
+        return _all_or_none("import", handles, one, dev.unimport)
 
 
 def unimport(mem_ids: Sequence[int]) -> None:
     with obmm.Obmm() as dev:
-        for mem_id in mem_ids:
-            try:
-                dev.unimport(mem_id)
-            except OSError as exc:
-                raise _agent_error(f"unimport {mem_id}", exc) from exc
+        _each("unimport", mem_ids, dev.unimport)
 
 
 def hostname() -> str:

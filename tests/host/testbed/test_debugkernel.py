@@ -12,7 +12,7 @@ import pytest
 
 from obmm.bench.local import LocalNode
 from obmm.testbed import paths
-from obmm.testbed.builds import debugkernel, image, initramfs, kbuild
+from obmm.testbed.builds import debugkernel, image, initramfs, kbuild, kernels
 from obmm.testbed.settings import Settings, SettingsError
 from obmm.testbed.ssh import Result
 from obmm.testbed.topology import Topology
@@ -180,10 +180,12 @@ def test_kernel_knob_selects_the_variant_and_rejects_unknown_values(
     base_image: image.Image, tmp_path: Path
 ) -> None:
     _fake_kernel(tmp_path / "cache", "6.1.99-1")
-    assert image._with_guest_kernel(base_image, "debian") is base_image
-    assert image._with_guest_kernel(base_image, "debug").kernel_release == "6.1.99-obmm-debug"
+    assert kernels.provider("debian").boots(base_image) is base_image
+    assert kernels.provider("debug").boots(base_image).kernel_release == "6.1.99-obmm-debug"
     with pytest.raises(image.ImageError, match="kernel 'vanilla': expected debian or debug"):
-        image._with_guest_kernel(base_image, "vanilla")
+        kernels.provider("vanilla")
+    with pytest.raises(image.ImageError, match="kernel 'vanilla'"):
+        kernels.guest_image(kernel="vanilla")  # before any image is looked for
 
 
 def test_cmdline_of_a_kernel_with_its_modules_built_in_loads_none() -> None:

@@ -107,7 +107,8 @@ def _alive(pid: int) -> bool:
 
 def test_a_background_process_gets_ready_and_is_stopped(tmp_path: Path) -> None:
     node = _node(tmp_path)
-    proc = node.start("echo listening; trap 'echo bye; exit 0' TERM; while :; do sleep 0.1; done",
+    # The trap before the ready line: a stop right after it finds the trap set.
+    proc = node.start("trap 'echo bye; exit 0' TERM; echo listening; while :; do sleep 0.1; done",
                       name="svc", ready_line="listening")  # fmt: skip
     assert proc.running and "listening" in proc.stdout
     assert proc.stop() == 0 and "bye" in proc.stdout

@@ -37,7 +37,7 @@ from obmm.testbed.arch import X86_64, Arch
 from obmm.testbed.builds import aptlists, debugkernel, initramfs, kheaders
 from obmm.testbed.builds.filelock import locked
 from obmm.testbed.errors import TestbedError
-from obmm.testbed.paths import KERNEL_DEBIAN, KERNEL_DEBUG, cache_dir, qemu_dir
+from obmm.testbed.paths import cache_dir, qemu_dir
 from obmm.testbed.progress import Progress, StepFailed
 from obmm.testbed.topology import FAST_INIT_MODULES
 
@@ -296,11 +296,11 @@ def ensure_image(
     cache: Path | None = None,
     rebuild: bool = False,
     progress: Progress | None = None,
-    kernel: str = KERNEL_DEBIAN,
     arch: str = X86_64.name,
 ) -> Image:
     """Return the cached image for `recipe` and `arch`, building it first if nothing matches
-    its hash; with `kernel` ``debug`` its variant that boots the debug kernel."""
+    its hash (booting Debian's kernel: :func:`obmm.testbed.builds.kernels.guest_image` boots
+    the kernel the setting names)."""
     recipe = recipe or find_recipe()
     cache = cache or cache_dir()
     guest = arch_table.get(arch)
@@ -312,7 +312,7 @@ def ensure_image(
     with locked(images / ".lock"):
         if final.is_dir() and not rebuild:
             log.info("image %s: cached at %s", recipe.name, final)
-            return _with_guest_kernel(Image.open(final), kernel)
+            return Image.open(final)
         # Holding the lock, no other build is running: leftovers are from killed builds.
         for stale in images.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -346,7 +346,7 @@ def ensure_image(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         progress.line(f"image ready at {final} ({progress.elapsed():.0f} s)")
-        return _with_guest_kernel(Image.open(final), kernel)
+        return Image.open(final)
 
 
 def kernel_tree(image: Image) -> Path:
@@ -376,17 +376,6 @@ def _keep_failed_log(log: Path, cache: Path, name: str) -> Path | None:
     except OSError:
         return None
     return dest
-
-
-def _with_guest_kernel(image: Image, kernel: str) -> Image:
-    """`image`, or its variant booting the debug kernel (`kernel` ``debug``)."""
-    if kernel == KERNEL_DEBIAN:
-        return image
-    if kernel == KERNEL_DEBUG:
-        if image.arch.name != X86_64.name:
-            raise ImageError(f"the debug kernel is built for x86_64 only, not {image.arch.name}")
-        return debug_variant(image)
-    raise ImageError(f"kernel {kernel!r}: expected {KERNEL_DEBIAN} or {KERNEL_DEBUG}")
 
 
 def debug_variant(image: Image) -> Image:

@@ -18,15 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from obmm.testbed import ownership
 from obmm.testbed import settings as settings_mod
-from obmm.testbed.builds.image import DEFAULT_RECIPE, ensure_image, find_recipe, list_recipes
+from obmm.testbed.builds.image import DEFAULT_RECIPE, find_recipe, list_recipes
+from obmm.testbed.builds.kernels import guest_image
 from obmm.testbed.cli import dev, doctor, kmod, numaview, run
 from obmm.testbed.hw import stage as hwstage
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import EXIT_GUEST_GONE, CommandTimeout, SshError
 from obmm.testbed.stages import fuzzdiff, matrix, patchstage
-from obmm.testbed.vm import qemu, snapshot
+from obmm.testbed.vm import ownership, qemu, snapshot
 from obmm.testbed.vm.cluster import (
     DEFAULT_NAME,
     Cluster,
@@ -428,7 +428,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_image(args: argparse.Namespace) -> int:
     settings = settings_mod.from_args(args)
-    image = ensure_image(
+    image = guest_image(
         find_recipe(settings.recipe),
         rebuild=args.rebuild,
         kernel=settings.kernel,

@@ -210,7 +210,7 @@ def check_cache() -> Iterator[Check]:
 
 def check_leftovers() -> Check:
     """What dead owners left (run directories, RAM files, scratch): removed, and said."""
-    from obmm.testbed.ownership import reap_scratch
+    from obmm.testbed.vm.ownership import reap_scratch
     from obmm.testbed.vm.reaping import reap_dead_owners
 
     clusters = reap_dead_owners()

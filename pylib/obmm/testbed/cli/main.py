@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _reap() -> None:
     """What owners that died (SIGKILL, OOM) left behind goes first, whatever the command."""
-    from obmm.testbed.ownership import reap_scratch
+    from obmm.testbed.vm.ownership import reap_scratch
     from obmm.testbed.vm.reaping import reap_dead_owners
 
     for name in reap_dead_owners():

@@ -143,8 +143,11 @@ def _save_durations(results: Path, runs: dict[str, GuestRun]) -> None:
     done = [r.parser.results[n] for r in set(runs.values()) for n in r.parser.finished]
     known = _load_durations(results)
     known.update(durations_by_test(done))
+    # Whole or not at all: another run (make testbed-test's signal cases) may read it meanwhile.
+    tmp = results / f".{DURATIONS_FILE}.{os.getpid()}"
     with contextlib.suppress(OSError):
-        (results / DURATIONS_FILE).write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, results / DURATIONS_FILE)
 
 
 def _point_latest(link: Path, target: Path) -> None:

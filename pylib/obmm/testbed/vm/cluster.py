@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from obmm import envvars
-from obmm.testbed import ownership
 from obmm.testbed.builds.image import Image, create_overlay
 from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
@@ -39,7 +38,7 @@ from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
 from obmm.testbed.ssh import Connection, GuestGone, Target
 from obmm.testbed.topology import Topology
-from obmm.testbed.vm import kmemleak, numa, pvh, qemu
+from obmm.testbed.vm import kmemleak, numa, ownership, pvh, qemu
 from obmm.testbed.vm import snapshot as snapshot_mod
 from obmm.testbed.vm.timeline import READY_LINE, ConsoleWatch, Timeline, cpu_seconds
 from obmm.tools import interrupts

@@ -212,26 +212,26 @@ def _accel_args(accel: str, cpus: int) -> tuple[str, str, str]:
     return accel, "host", str(cpus)
 
 
+def _machine_args(topology: Topology, node: NodeLaunch, machine: str) -> tuple[list[str], str, str]:
+    """The argv head build_argv and dtb_dump_argv share (-machine, -accel, -cpu, -smp, -m), and
+    the -m and -smp values the rest of each needs: the dumped tree must be the booted one's."""
+    mem = f"{topology.memory_mib}M"
+    accel, cpu, smp = _accel_args(node.accel, topology.cpus)
+    cpu_model = node.tcg_cpu if cpu == "tcg" else cpu
+    head = ["-machine", machine, "-accel", accel, "-cpu", cpu_model, "-smp", smp, "-m", mem]
+    return head, mem, smp
+
+
 def build_argv(topology: Topology, node: NodeLaunch) -> list[str]:
     """QEMU argv for node `node.index` of a cluster shaped like `topology`."""
     if not 0 <= node.index < topology.nodes:
         raise TopologyError(f"node index {node.index} outside 0..{topology.nodes - 1}")
-    mem = f"{topology.memory_mib}M"
-    accel, cpu, smp = _accel_args(node.accel, topology.cpus)
+    machine, mem, smp = _machine_args(topology, node, numa.machine_arg(node.arch))
     argv = [
         node.qemu_binary,
         "-name",
         f"obmm-node{node.index},debug-threads=on",
-        "-machine",
-        numa.machine_arg(node.arch),
-        "-accel",
-        accel,
-        "-cpu",
-        node.tcg_cpu if cpu == "tcg" else cpu,
-        "-smp",
-        smp,
-        "-m",
-        mem,
+        *machine,
         "-object",
         f"memory-backend-file,id=ram,size={mem},mem-path={ram_file(node.rundir, node.index)},"
         "share=on",
@@ -308,21 +308,13 @@ def dtb_dump_argv(topology: Topology, node: NodeLaunch, out: Path) -> list[str]:
     (obmm.testbed.vm.numa adds the remote NUMA nodes to it): the machine, CPU model, CPUs, RAM
     and NUMA options of build_argv, none of its files or devices (the tree of `virt` does
     not depend on them)."""
-    mem = f"{topology.memory_mib}M"
-    accel, cpu, smp = _accel_args(node.accel, topology.cpus)
+    machine, mem, smp = _machine_args(
+        topology, node, f"{numa.machine_arg(node.arch)},dumpdtb={out}"
+    )
     numa_args = numa.qemu_args(node.arch, node.rundir, smp)[:2]  # -numa, without -dtb
     return [
         node.qemu_binary,
-        "-machine",
-        f"{numa.machine_arg(node.arch)},dumpdtb={out}",
-        "-accel",
-        accel,
-        "-cpu",
-        node.tcg_cpu if cpu == "tcg" else cpu,
-        "-smp",
-        smp,
-        "-m",
-        mem,
+        *machine,
         "-object",
         f"memory-backend-ram,id=ram,size={mem}",
         *numa_args,

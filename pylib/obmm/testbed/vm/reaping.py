@@ -2,7 +2,8 @@
 their run directories removed; the persistence of :mod:`obmm.testbed.vm.cluster` read back.
 
 Every ``obmm-testbed`` command, every bring-up and ``obmm-testbed gc`` run
-:func:`reap_dead_owners` first (scratch directories: :func:`obmm.testbed.ownership.reap_scratch`).
+:func:`reap_dead_owners` first (scratch directories:
+:func:`obmm.testbed.vm.ownership.reap_scratch`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
-from obmm.testbed import ownership
 from obmm.testbed.paths import run_root
+from obmm.testbed.vm import ownership
 from obmm.testbed.vm.cluster import (
     OWNER_FILE,
     RUN_PREFIX,
