@@ -361,8 +361,8 @@ def test_ping_pong(xc: ClusterHarness, guest_tmp: str, model: str, way: str) -> 
                 for side in (a, b, a, b):
                     (raw,) = side(["update", 0, PAGE, "READWRITE", take_ops], ["read", 0, 8])
                     value = struct.unpack("<Q", raw)[0]
-                    seen.append(value - start)
-                    side(["write", 0, _u64(value + 1)], give)
+                    seen.append((value - start) % 2**64)
+                    side(["write", 0, _u64((value + 1) % 2**64)], give)
         finally:
             unimport_on(xc, B, mem_id)
     _expect(model, way, _reports(xc), mem_id, seen == [0, 1, 2, 3])
