@@ -203,6 +203,7 @@ int main(int argc, char **argv)
 	n = size / sizeof(float);
 	for (i = 0; i < n; i++)
 		p[i] = (float)((double)i * 0.001);
+	/* Before the handle is published: on UB the unmap writes the stores back. */
 	munmap(p, size);
 
 	h.mem_id = exp.mem_id;

@@ -63,6 +63,8 @@ def main() -> int:
               f"size={size}", flush=True)  # fmt: skip
         try:
             start = time.monotonic()
+            # Unmapped before the handle is published: on UB the unmap writes the cacheable
+            # stores back (docs/coherence.md, read-mostly table).
             with obmm.ShmDev(exp.mem_id) as shm, shm.mmap(size) as m:
                 fill_floats(m.buf, size)
             print(f"filled {size // 4} floats in {time.monotonic() - start:.1f} s", flush=True)

@@ -49,13 +49,13 @@ static bool obmm_strict;
 
 static int obmm_coherence_set(const char *val, const struct kernel_param *kp)
 {
-	if (sysfs_streq(val, "coherent"))
-		obmm_strict = false;
-	else if (sysfs_streq(val, "strict"))
-		obmm_strict = true;
-	else
-		return -EINVAL;
-	return 0;
+	if (sysfs_streq(val, "coherent") || sysfs_streq(val, "strict")) {
+		obmm_strict = sysfs_streq(val, "strict");
+		return 0;
+	}
+	/* The kernel's own line names neither value the emulator takes. */
+	pr_err("emulator: coherence=%.32s: not coherent or strict\n", val);
+	return -EINVAL;
 }
 
 static int obmm_coherence_get(char *buf, const struct kernel_param *kp)
@@ -562,11 +562,19 @@ DEFINE_SHOW_ATTRIBUTE(obmm_stats);
 
 int obmm_cache_init(void)
 {
+	/* Checked under either model: a typo should not wait for strict. */
+	if (coherence_evict > 1000) {
+		pr_err("emulator: coherence_evict=%u out of range (0..1000, in 1/1000)\n",
+		       coherence_evict);
+		return -EINVAL;
+	}
+	if (coherence_scan_ms < 5 || coherence_scan_ms > 1000) {
+		pr_err("emulator: coherence_scan_ms=%u out of range (5..1000)\n",
+		       coherence_scan_ms);
+		return -EINVAL;
+	}
 	if (!obmm_strict)
 		return 0;
-	if (coherence_evict > 1000 || coherence_scan_ms < 5 ||
-	    coherence_scan_ms > 1000)
-		return -EINVAL;
 	if (!coherence_seed)
 		coherence_seed = get_random_u64() ?: 1;
 	prandom_seed_state(&obmm_rnd, coherence_seed);

@@ -18,6 +18,7 @@
 #include <linux/huge_mm.h>	/* after mm.h, which it needs */
 #include <linux/module.h>
 #include <linux/pfn_t.h>
+#include <linux/slab.h>
 #include <linux/uaccess.h>
 
 #include "cache.h"
@@ -848,43 +849,59 @@ static int obmm_update_range_check(struct obmm_region *r, unsigned long start,
 
 /*
  * Count the entries of [start, end) as @state, all or none (-EOVERFLOW
- * when a count would pass U16_MAX).  mmap write lock and mmap_lock held.
+ * when a count would pass U16_MAX), then do each VMA piece's cache
+ * maintenance: only once every count has moved, since a write-back cannot
+ * be taken back when a later piece overflows.  mmap write lock and
+ * mmap_lock held.
  */
 static int obmm_update_range_count(struct obmm_region *r, unsigned long start,
 				   unsigned long end, u8 state, u8 cache_ops)
 {
 	struct mm_struct *mm = current->mm;
 	struct vm_area_struct *vma, *done;
-	unsigned long from, to, first;
+	unsigned long from, to, first, n = 0, i = 0;
 	int ret = 0;
-	u8 ops;
+	u8 *ops;
 
 	for (vma = find_vma(mm, start); vma && vma->vm_start < end;
-	     vma = find_vma(mm, vma->vm_end)) {
+	     vma = find_vma(mm, vma->vm_end))
+		n++;
+	ops = kcalloc(n, sizeof(*ops), GFP_KERNEL);
+	if (!ops)
+		return -ENOMEM;
+	for (vma = find_vma(mm, start); vma && vma->vm_start < end;
+	     vma = find_vma(mm, vma->vm_end), i++) {
 		obmm_update_piece(vma, start, end, &from, &to);
-		ops = OBMM_SHM_CACHE_NONE;
+		ops[i] = OBMM_SHM_CACHE_NONE;
 		ret = obmm_vmap_move(vma->vm_private_data, from, to, state,
-				     &ops);
+				     &ops[i]);
 		if (ret)
 			break;
-		/*
-		 * Each piece's maintenance, explicit or inferred from its
-		 * counts (obmm_shm_dev.c:obmm_shm_update_range).
-		 */
+	}
+	if (ret) {
+		for (done = find_vma(mm, start); done != vma;
+		     done = find_vma(mm, done->vm_end)) {
+			obmm_update_piece(done, start, end, &from, &to);
+			obmm_vmap_unmove(done->vm_private_data, from, to,
+					 state);
+		}
+		kfree(ops);
+		return ret;
+	}
+	/*
+	 * Each piece's maintenance, explicit or inferred from its counts
+	 * (obmm_shm_dev.c:obmm_shm_update_range).
+	 */
+	for (vma = find_vma(mm, start), i = 0; vma && vma->vm_start < end;
+	     vma = find_vma(mm, vma->vm_end), i++) {
 		first = max(start, vma->vm_start);
 		obmm_cache_maintain(r, obmm_vma_offset(vma, first),
 				    min(end, vma->vm_end) - first,
-				    cache_ops == OBMM_SHM_CACHE_INFER ? ops :
+				    cache_ops == OBMM_SHM_CACHE_INFER ? ops[i] :
 				    cache_ops);
 	}
-	if (!ret)
-		return 0;
-	for (done = find_vma(mm, start); done != vma;
-	     done = find_vma(mm, done->vm_end)) {
-		obmm_update_piece(done, start, end, &from, &to);
-		obmm_vmap_unmove(done->vm_private_data, from, to, state);
-	}
-	return ret;
+	kfree(ops);
+	return 0;
 }
 
 /*

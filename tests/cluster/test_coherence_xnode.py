@@ -9,8 +9,11 @@ report; any other report fails it through the kernel-log guard.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+import shlex
+import struct
+from collections.abc import Callable, Iterator
 
 import pytest
 from test_xnode import A, B, exporter, import_on, unimport_on
@@ -221,3 +224,145 @@ def test_two_nodes_write_one_page_through_cacheable_mappings(
     else:
         assert got[a_off : a_off + 8] == a_data
         assert "coherence" not in reports, reports
+
+
+# ---- the access patterns of docs/coherence.md, each without and with its maintenance ----
+
+PAGE = 4096
+Steps = Callable[..., list[bytes]]
+
+
+@contextlib.contextmanager
+def _stepper(xc: ClusterHarness, node: int, mem_id: int, out: str, size: int) -> Iterator[Steps]:
+    """A `coherence_side steps` process holding a cacheable read-write mapping of `size`
+    bytes on `node`; calling the result does a list of steps there and returns its reads."""
+    xc.run(node, f"rm -rf {out}; mkdir -p {out}")
+    name = out.rsplit("/", 1)[-1]
+    pid = _spawn_side(xc, node, f"steps {mem_id} {out} --size {size}", name=name)
+    count = iter(range(1 << 30))
+
+    def steps(*todo: list[object]) -> list[bytes]:
+        k = next(count)
+        doc = shlex.quote(json.dumps(list(todo)))
+        xc.run(node, f"printf %s {doc} > {out}/{k}.tmp && mv {out}/{k}.tmp {out}/{k}.json")
+        return [bytes.fromhex(h) for h in json.loads(xc.wait_file(node, f"{out}/{k}.out"))]
+
+    try:
+        yield steps
+    finally:
+        _stop(xc, node, pid)
+
+
+@contextlib.contextmanager
+def _pair(
+    xc: ClusterHarness, out: str, a_mem_id: int, b_mem_id: int, size: int
+) -> Iterator[tuple[Steps, Steps]]:
+    """_stepper on A (the export) and on B (the import)."""
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(_stepper(xc, A, a_mem_id, f"{out}-a", size))
+        yield a, stack.enter_context(_stepper(xc, B, b_mem_id, f"{out}-b", size))
+
+
+def _u64(v: int) -> str:
+    return struct.pack("<Q", v).hex()
+
+
+def _expect(model: str, way: str, reports: str, mem_id: int, right: bool) -> None:
+    """Right under `coherent` or with the maintenance; under `strict` without it wrong, and the
+    reader's stale-read report names its mem_id."""
+    if model == "coherent" or way == "maintained":
+        assert right
+        assert "coherence" not in reports, reports
+    else:
+        assert not right
+        assert f"stale read: node {B} mem_id {mem_id} offset " in reports, reports
+
+
+WAYS = ["none", "maintained"]
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_ring_with_descriptors(xc: ClusterHarness, guest_tmp: str, model: str, way: str) -> None:
+    """A produces into a ring of one-page slots (payload, then the descriptor, then WB_ONLY of
+    the slot); B consumes, having looked at every slot once (so it caches them).  B must
+    invalidate a slot (UPDATE_RANGE INVAL) before it reads its descriptor: without it `strict`
+    shows B the old descriptors."""
+    if model == "strict-evict":
+        pytest.skip("`strict` is the contract; eviction only makes failures random")
+    slots = 3
+    with exporter(xc, guest_tmp, seed=44, name="ring") as exp:
+        mem_id = import_on(xc, B, exp)
+        try:
+            out = f"{guest_tmp}/ring-{way}"
+            with _pair(xc, out, exp.mem_id, mem_id, slots * PAGE) as (prod, cons):
+                cons(*[["read", s * PAGE, 8] for s in range(slots)])
+                got, want = [], []
+                for seq in range(1, slots + 1):
+                    slot, payload = (seq - 1) * PAGE, bytes([seq]) * 128
+                    prod(["write", slot + 64, payload.hex()], ["write", slot, _u64(seq)],
+                         ["update", slot, PAGE, "READWRITE", "WB_ONLY"])  # fmt: skip
+                    inval = [["update", slot, PAGE, "READWRITE", "INVAL"]]
+                    got.append(cons(*(inval if way == "maintained" else []),
+                                    ["read", slot, 8], ["read", slot + 64, 128]))  # fmt: skip
+                    want.append([bytes.fromhex(_u64(seq)), payload])
+        finally:
+            unimport_on(xc, B, mem_id)
+    _expect(model, way, _reports(xc), mem_id, got == want)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_read_mostly_table(xc: ClusterHarness, guest_tmp: str, model: str, way: str) -> None:
+    """An Engram-like table: A writes a generation of rows and writes the table back once
+    (UPDATE_RANGE WB_ONLY), then bumps the generation; B reads rows from its cache between
+    generations and must invalidate the table when the generation changes."""
+    if model == "strict-evict":
+        pytest.skip("`strict` is the contract; eviction only makes failures random")
+    pages = 4
+    size = pages * PAGE
+    with exporter(xc, guest_tmp, seed=45, name="table") as exp:
+        mem_id = import_on(xc, B, exp)
+        try:
+            with _pair(xc, f"{guest_tmp}/table-{way}", exp.mem_id, mem_id, size) as (
+                writer,
+                reader,
+            ):
+                rows = [["read", p * PAGE + 256, 64] for p in range(pages)]
+                reader(*rows)  # generation 0, cached
+                right = True
+                for gen in (1, 2):
+                    row = bytes([0xE0 + gen]) * 64
+                    writer(*[["write", p * PAGE + 256, row.hex()] for p in range(pages)],
+                           ["update", 0, size, "READWRITE", "WB_ONLY"])  # fmt: skip
+                    inval = [["update", 0, size, "READWRITE", "INVAL"]]
+                    got = reader(*(inval if way == "maintained" else []), *rows)
+                    right = right and got == [row] * pages
+        finally:
+            unimport_on(xc, B, mem_id)
+    _expect(model, way, _reports(xc), mem_id, right)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_ping_pong(xc: ClusterHarness, guest_tmp: str, model: str, way: str) -> None:
+    """A and B pass a counter back and forth: take over (UPDATE_RANGE to READWRITE), read,
+    add one, hand over (UPDATE_RANGE to READONLY, INFER: WB_ONLY).  The taker must
+    invalidate (cache_ops INVAL): with INFER instead `strict` shows each side its own old
+    copy."""
+    if model == "strict-evict":
+        pytest.skip("`strict` is the contract; eviction only makes failures random")
+    take_ops = "INVAL" if way == "maintained" else "INFER"
+    with exporter(xc, guest_tmp, seed=46, name="pingpong") as exp:
+        mem_id = import_on(xc, B, exp)
+        try:
+            with _pair(xc, f"{guest_tmp}/pp-{way}", exp.mem_id, mem_id, PAGE) as (a, b):
+                give = ["update", 0, PAGE, "READONLY", "INFER"]
+                start = struct.unpack("<Q", a(["read", 0, 8], give)[0])[0]
+                b(["read", 0, 8], give)  # B caches the page too
+                seen = []
+                for side in (a, b, a, b):
+                    (raw,) = side(["update", 0, PAGE, "READWRITE", take_ops], ["read", 0, 8])
+                    value = struct.unpack("<Q", raw)[0]
+                    seen.append((value - start) % 2**64)
+                    side(["write", 0, _u64((value + 1) % 2**64)], give)
+        finally:
+            unimport_on(xc, B, mem_id)
+    _expect(model, way, _reports(xc), mem_id, seen == [0, 1, 2, 3])

@@ -433,3 +433,28 @@ def test_bad_pool_parameters_fail_the_load_as_the_real_parser(
     assert message in log, log
     assert not Path("/dev/obmm").exists()
     assert not logscan.scan(log, allow=()), log
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["coherence=loose"], "obmm: emulator: coherence=loose: not coherent or strict"),
+        (
+            ["coherence=strict", "coherence_evict=1001"],
+            "obmm: emulator: coherence_evict=1001 out of range (0..1000, in 1/1000)",
+        ),
+        (["coherence_scan_ms=2"], "obmm: emulator: coherence_scan_ms=2 out of range (5..1000)"),
+    ],
+)
+def test_bad_coherence_parameters_fail_the_load_with_a_line(
+    reload_args: list[str], args: list[str], message: str, kernel_log: KernelLog
+) -> None:
+    """A coherence_* value the emulator does not take fails the load and says which."""
+    rmmod()
+    kernel_log.take()
+    res = subprocess.run(["insmod", str(KO), *reload_args, *args], capture_output=True, text=True)
+    assert res.returncode != 0
+    assert not loaded()
+    log = kernel_log.take()
+    assert message in log, log
+    assert not logscan.scan(log, allow=()), log

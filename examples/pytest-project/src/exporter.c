@@ -113,6 +113,7 @@ int main(int argc, char **argv)
 	}
 	for (i = 0; i < size / sizeof(*p); i++)
 		p[i] = PATTERN ^ (uint32_t)i;
+	/* Before the handle is published: on UB the unmap writes the stores back. */
 	munmap(p, size);
 	close(shm);
 

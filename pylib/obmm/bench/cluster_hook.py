@@ -29,12 +29,14 @@ from typing import TYPE_CHECKING, Any
 from obmm import envvars
 from obmm.bench.measure import (
     GUEST_PYTHON,
+    STRICT_SUFFIX,
     BenchConfig,
     BenchError,
     SayFn,
     make_testbed_figure,
     run_cluster_bench,
     run_scheme7_bench,
+    run_strict_figures,
 )
 from obmm.bench.results import HOST_PAGES_KEY, Environment, Figure, Run
 from obmm.bench.suite_timing import SUITES, run_once, suite_figures
@@ -44,6 +46,7 @@ from obmm.testbed.vm.timeline import CLUSTER_STEPS, NODE_STEPS, Timeline
 if TYPE_CHECKING:
     from obmm.testbed.node import Node
     from obmm.testbed.progress import Progress
+    from obmm.testbed.session import Session
     from obmm.testbed.settings import Settings
 
     BenchFn = Callable[[Sequence[Node], Environment, BenchConfig, SayFn], Run]
@@ -532,7 +535,7 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
         testbed += tcg_parallel_figures(settings, tcg_samples, say)
     if int(getattr(args, "inner_loop_samples", 3)) > 0:
         testbed += inner_loop_figures(settings, int(args.inner_loop_samples), say)
-    run = on_bench_pair(settings, env, config, run_cluster_bench, progress)
+    run = on_bench_pair(settings, env, config, run_cluster_bench, progress, then=strict_figures)
     measured = {f.name for f in testbed}
     recorded = [
         f
@@ -544,9 +547,15 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
 
 
 def on_bench_pair(
-    settings: Settings, env: Environment, config: BenchConfig, bench: BenchFn, progress: Progress
+    settings: Settings,
+    env: Environment,
+    config: BenchConfig,
+    bench: BenchFn,
+    progress: Progress,
+    then: Callable[[Session, Run, BenchConfig, Callable[[str], None]], None] | None = None,
 ) -> Run:
-    """`bench` on the benchmark pair, brought up (booted or restored, modules loaded) and down.
+    """`bench` on the benchmark pair, brought up (booted or restored, modules loaded) and down;
+    `then` adds to its run on the same pair.
 
     The measurements get their own pair with a 1 GiB export pool per node (the test topology
     has 256 MiB), so the control path reaches the 1 GiB size.
@@ -560,7 +569,36 @@ def on_bench_pair(
         config.python = GUEST_PYTHON
         run = bench(session.nodes, env, config, say)
         note_host_pages(run, [node.qemu_pid for node in session.nodes])
+        if then is not None:
+            then(session, run, config, say)
         return run
+
+
+def strict_figures(
+    session: Session, run: Run, config: BenchConfig, say: Callable[[str], None]
+) -> None:
+    """The Engram prefetch and the chase under the `strict` coherence model, beside the run's
+    `coherent` ones: the driver reloaded with coherence=strict, measured, and reloaded as it
+    was."""
+    settings = session.settings
+    if settings.driver != "emu" or settings.coherence != "coherent":
+        run.notes.append(
+            f"no {STRICT_SUFFIX} figures: the emulator in the coherent model is the baseline "
+            f"(this pair: --driver {settings.driver}, --coherence {settings.coherence})"
+        )
+        return
+    base = settings.driver_params
+    strict = settings_mod.merge_params(base, ("coherence=strict",))
+    say("reloading the driver with coherence=strict")
+    session.reload_modules(session.modules, strict)
+    try:
+        run.add(run_strict_figures(session.nodes, config, say))
+    finally:
+        session.reload_modules(session.modules, base)
+    run.notes.append(
+        f"sources ending {STRICT_SUFFIX}: the driver loaded with coherence=strict (no eviction), "
+        "each node caching what its cacheable mappings touch (docs/coherence.md)"
+    )
 
 
 def note_host_pages(run: Run, pids: list[int]) -> None:

@@ -502,6 +502,28 @@ def run_cluster_bench(
     return result
 
 
+#: The suffix of the sources measured with the driver in the `strict` coherence model.
+STRICT_SUFFIX = "-strict"
+
+
+def run_strict_figures(
+    node_list: Sequence[Node], config: BenchConfig, say: SayFn | None = None
+) -> list[Figure]:
+    """The Engram prefetch and the chase of a cacheable import again, with the driver loaded
+    in the `strict` coherence model (docs/coherence.md) by the caller, named `...-strict`:
+    beside run_cluster_bench's, the cost of each node caching what it maps.  memprobe must be
+    installed already (run_cluster_bench did)."""
+    n = Nodes(node_list, config, say or log.info)
+    importer = 1 if len(node_list) >= 2 else 0
+    name = ("cross-node" if importer else "loopback") + STRICT_SUFFIX
+    try:
+        free = n.python_json(0, "obmm.bench.regions", "pool").get("free")
+    except BenchError as exc:
+        return _latency_failure(interleaved_sources(name), str(exc))
+    pool = free if isinstance(free, int) else None
+    return _interleaved_figures(n, 0, importer, name, pool, sync=False)
+
+
 def _scheme7_failure(source: str, reason: str) -> Figure:
     """One skipped figure standing for a scheme-7 client run that could not be measured."""
     return Figure(

@@ -223,6 +223,8 @@ def mmap_length(size: int) -> int:
 
 
 def run_fill(mem_id: int, rows: int, dim: int) -> int:
+    """Fill and unmap: on UB the unmap writes the table back, and the client maps it only
+    afterwards (docs/coherence.md, read-mostly table)."""
     size = table_bytes(rows, dim)
     with obmm.ShmDev(mem_id) as shm, shm.mmap(length=mmap_length(size)) as m:
         fill(m.buf, rows, dim)

@@ -14,6 +14,11 @@ module): programs of the shapes docs/coherence.md describes, run under either co
         page (the node caches it), touch DIR/filled-NAME; on DIR/write-NAME store DATA at N,
         touch DIR/written-NAME; on DIR/release-NAME unmap (or hand ownership over: UPDATE_RANGE
         to READONLY, inferred cache ops), touch DIR/released-NAME, and wait to be killed.
+    python3 -m coherence_side steps MEM_ID DIR --size N
+        Map N bytes of the region cacheable read-write and hold the mapping; for K = 0, 1, ...
+        wait for DIR/K.json, a list of steps, do them and write DIR/K.out: the hex of each
+        read.  Steps: ["write", OFF, HEX], ["read", OFF, LEN], ["update", OFF, LEN, STATE,
+        CACHE_OPS] (names without OBMM_SHM_MEM_ / OBMM_SHM_CACHE_: READWRITE, INVAL, ...).
 """
 
 from __future__ import annotations
@@ -111,6 +116,24 @@ def hold(
         time.sleep(1)
 
 
+def steps(mem_id: int, out: Path, size: int) -> None:
+    shm = obmm.ShmDev(mem_id)
+    m = shm.mmap(size)
+    for k in range(1 << 30):
+        _wait(out / f"{k}.json")
+        reads = []
+        for kind, off, *args in json.loads((out / f"{k}.json").read_text()):
+            if kind == "write":
+                m.write(off, bytes.fromhex(args[0]))
+            elif kind == "read":
+                reads.append(m.read(off, args[0]).hex())
+            else:  # update
+                state = abi.OBMM_SHM_MEM_NORMAL | getattr(abi, f"OBMM_SHM_MEM_{args[1]}")
+                ops = getattr(abi, f"OBMM_SHM_CACHE_{args[2]}")
+                shm.update_range(m.addr + off, m.addr + off + args[0], state, ops)
+        _put(out / f"{k}.out", reads)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="coherence_side")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -131,8 +154,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--data", default="")
     p.add_argument("--release", choices=("unmap", "handover"), default="unmap")
     p.add_argument("--pmd", action="store_true", help="a PMD-granule (2 MiB) mapping")
+    p = sub.add_parser("steps")
+    p.add_argument("mem_id", type=int)
+    p.add_argument("dir", type=Path)
+    p.add_argument("--size", type=int, default=FRAME)
     args = ap.parse_args(argv)
-    if args.cmd == "publish":
+    if args.cmd == "steps":
+        steps(args.mem_id, args.dir, args.size)
+    elif args.cmd == "publish":
         publish(args.mem_id, args.gen)
     elif args.cmd == "consume":
         gens = [int(g) for g in args.gens.split(",")]

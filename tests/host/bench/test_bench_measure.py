@@ -358,3 +358,58 @@ def test_scheme7_unfilled_table_is_a_skipped_figure_with_the_reason(
     fig = run.figure("scheme7.cross-node")
     assert fig is not None and fig.skipped is not None and "row 42" in fig.skipped
     assert fake.exports == {} and fake.imports == {}
+
+
+class FakeSession:
+    """What cluster_hook.strict_figures uses of a Session: settings, modules, nodes, reloads."""
+
+    def __init__(self, nodes: Sequence[Any], coherence: str = "coherent") -> None:
+        from obmm.testbed.settings import Settings
+
+        self.settings = Settings(coherence=coherence)
+        self.modules = [Path("obmm.ko")]
+        self.nodes = nodes
+        self.reloads: list[tuple[str, ...]] = []
+
+    def reload_modules(self, kos: Sequence[Path], params: Sequence[str]) -> None:
+        assert list(kos) == self.modules
+        self.reloads.append(tuple(params))
+
+
+def test_strict_figures_beside_the_coherent_ones_in_one_run(
+    tmp_path: Path, config: BenchConfig
+) -> None:
+    """The Engram prefetch and the chase of the cross-node import measured again with the
+    driver reloaded in `strict` (and reloaded as it was after), each beside its own local
+    baselines, in the same run as the coherent ones."""
+    from obmm.bench.cluster_hook import strict_figures
+
+    fake = FakeCluster(tmp_path)
+    nodes = fake.nodes(2)
+    run = run_cluster_bench(nodes, env(), config, say=lambda _m: None)
+    session = FakeSession(nodes)
+    strict_figures(session, run, config, lambda _m: None)  # type: ignore[arg-type]
+    base = session.settings.driver_params
+    assert session.reloads == [(*base, "coherence=strict"), base]
+    for fmt in ("engram.prefetch.{}.128tok", "data.chase.{}.256KiB"):
+        for src in ("cross-node", "cross-node-strict"):
+            fig = run.figure(fmt.format(src))
+            assert fig is not None and fig.ok, fmt.format(src)
+            assert fig.baseline == fmt.format(f"{src}-local")
+            assert run.figure(fmt.format(f"{src}-pmd")) is not None
+    assert any("coherence=strict" in n for n in run.notes)
+    assert fake.exports == {} and fake.imports == {}
+    write_run(run, tmp_path / "out", name="r", plots=False)
+
+
+def test_strict_figures_only_beside_a_coherent_emulator_run(
+    tmp_path: Path, config: BenchConfig
+) -> None:
+    from obmm.bench.cluster_hook import strict_figures
+
+    fake = FakeCluster(tmp_path)
+    run = run_cluster_bench(fake.nodes(1), env(), config, say=lambda _m: None)
+    session = FakeSession(fake.nodes(1), coherence="strict")
+    strict_figures(session, run, config, lambda _m: None)  # type: ignore[arg-type]
+    assert session.reloads == []
+    assert any("no -strict figures" in n for n in run.notes)
