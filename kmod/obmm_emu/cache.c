@@ -195,7 +195,7 @@ static struct obmm_cache *obmm_cache_get(struct obmm_region *r)
 		return NULL;
 	c->r = r;
 	c->nr = r->size >> PAGE_SHIFT;
-	c->pages = kvcalloc(c->nr, sizeof(*c->pages), GFP_KERNEL);
+	c->pages = kvcalloc(c->nr, sizeof(*c->pages), OBMM_GFP_SIZED);
 	/* memremap() of memory that is not RAM is ioremap_cache(). */
 	c->mem = memremap(r->pa, r->size, MEMREMAP_WB);
 	if (!c->pages || !c->mem) {

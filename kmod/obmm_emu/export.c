@@ -643,7 +643,7 @@ static int obmm_pid_pin(struct obmm_region *r, unsigned long va)
 {
 	long pinned;
 
-	r->pages = kvcalloc(r->npages, sizeof(*r->pages), GFP_KERNEL);
+	r->pages = kvcalloc(r->npages, sizeof(*r->pages), OBMM_GFP_SIZED);
 	if (!r->pages)
 		return obmm_refuse_emu(OBMM_OP_EXPORT_PID, -ENOMEM,
 				   "no memory for a page list of %lu pages", r->npages);

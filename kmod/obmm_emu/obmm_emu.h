@@ -35,6 +35,13 @@
 #define OBMM_MIN_VALID_REGIONID		1
 #define OBMM_MAX_VALID_REGIONID		MINORMASK
 
+/*
+ * Allocations whose size a request sets (a region's pages, lines, owners):
+ * a failure is refused with the driver's own line, never a kernel warning
+ * (vmalloc's warn_alloc under fault injection failed the debug campaign).
+ */
+#define OBMM_GFP_SIZED			(GFP_KERNEL | __GFP_NOWARN)
+
 /* Import address/length granule of the real driver (PMD size, 4K pages). */
 #define OBMM_BASIC_GRANU		SZ_2M
 /* Default export memseg size (mem_allocator_granu). */

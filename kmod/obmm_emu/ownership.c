@@ -98,7 +98,7 @@ static int obmm_owners_get(struct obmm_region *r, unsigned int shift)
 	if (r->owners)
 		return 0;
 	r->nr_owners = r->size >> shift;
-	r->owners = kvcalloc(r->nr_owners, sizeof(*r->owners), GFP_KERNEL);
+	r->owners = kvcalloc(r->nr_owners, sizeof(*r->owners), OBMM_GFP_SIZED);
 	return r->owners ? 0 : -ENOMEM;
 }
 
@@ -214,7 +214,7 @@ struct obmm_vmap *obmm_vmap_new(struct obmm_region *r, unsigned long first,
 		if (ret)
 			return ERR_PTR(ret);
 	}
-	vm = kvzalloc(struct_size(vm, state, array_size(nr, 2)), GFP_KERNEL);
+	vm = kvzalloc(struct_size(vm, state, array_size(nr, 2)), OBMM_GFP_SIZED);
 	if (!vm)
 		return ERR_PTR(-ENOMEM);
 	vm->cover = vm->state + nr;
