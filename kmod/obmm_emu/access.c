@@ -207,6 +207,7 @@ bool obmm_access_find_export(phys_addr_t addr, u64 len,
 		dep->slot = slot;
 		dep->generation = le64_to_cpu(rec.generation);
 		dep->boot_id = peer.boot_id;
+		dep->flags = le32_to_cpu(rec.flags);
 		dep->unreadable = false;
 		return true;
 	}

@@ -445,6 +445,28 @@ u64 obmm_ctl_withdraw_export(struct obmm_region *r)
 	return epoch;
 }
 
+/*
+ * The export's first mmap: its record says so from now on (same
+ * generation: importers keep their imports; borrows are refused).
+ */
+void obmm_ctl_export_mark_mapped(struct obmm_region *r)
+{
+	struct obmm_emu_ctl_export own;
+	int slot;
+
+	if (!fab.ctl)
+		return;
+	mutex_lock(&fab.rec_lock);
+	slot = r->record_slot;
+	if (slot >= 0) {
+		own = fab.own_rec[slot];
+		own.flags = cpu_to_le32(le32_to_cpu(own.flags) |
+					OBMM_EMU_REC_FLAG_MAPPED);
+		obmm_ctl_record_write_locked(slot, &own);
+	}
+	mutex_unlock(&fab.rec_lock);
+}
+
 /* This node's count of withdrawn exports (what peers acknowledge). */
 u64 obmm_fabric_withdraw_epoch(void)
 {

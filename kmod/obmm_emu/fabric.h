@@ -26,6 +26,7 @@ struct tb_fabric *obmm_fabric_tb(void);
 u64 obmm_fabric_make_uba(phys_addr_t pa);
 int obmm_ctl_publish_export(struct obmm_region *r);
 u64 obmm_ctl_withdraw_export(struct obmm_region *r);
+void obmm_ctl_export_mark_mapped(struct obmm_region *r);
 u64 obmm_fabric_withdraw_epoch(void);
 void obmm_ctl_write_ack(int node, u64 boot_id, u64 epoch);
 int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset);

@@ -808,6 +808,16 @@ static int obmm_import_numa(struct obmm_region *r,
 		return obmm_refuse_emu(OBMM_OP_IMPORT, -EACCES,
 				   "no live export covers pa=%#llx size=%#llx: memory nobody exported is not hot-added",
 				   cmd->addr, cmd->length);
+	/*
+	 * Memory its exporter's processes map (EXPORT_PID pages, an export
+	 * mapped through its shmdev) is not hot-added: this kernel's pages
+	 * would land where those mappings read and write (FIDELITY.md).
+	 */
+	if (r->dep.flags & (OBMM_EMU_REC_FLAG_FROM_USER |
+			    OBMM_EMU_REC_FLAG_MAPPED))
+		return obmm_refuse_emu(OBMM_OP_IMPORT, -EACCES,
+				   "pa=%#llx size=%#llx: its exporter maps that memory (EXPORT_PID or mmapped export): not hot-added",
+				   cmd->addr, cmd->length);
 	ret = obmm_range_track(r);
 	if (ret)
 		return obmm_refuse_emu(OBMM_OP_IMPORT, ret,

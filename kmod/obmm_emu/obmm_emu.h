@@ -70,6 +70,7 @@ struct obmm_export_dep {
 	int slot;
 	u64 generation;
 	u64 boot_id;
+	u32 flags;		/* the record's, when it was found */
 	/* record unreadable (stuck or churning seq) since, when unreadable */
 	bool unreadable;
 	unsigned long unreadable_since;
@@ -148,6 +149,7 @@ struct obmm_region {
 	unsigned long npages;
 	struct mm_struct *mm;
 	int record_slot;
+	bool mapped;		/* mapped once: OBMM_EMU_REC_FLAG_MAPPED */
 	u64 withdrawn_epoch;	/* of a record withdrawn by a failed export */
 	bool phys_contig;	/* EXPORT_PID: pages physically contiguous */
 	/* EXPORT_PID: the entry that keeps the pages pinned after unexport */

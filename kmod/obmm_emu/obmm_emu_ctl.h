@@ -71,6 +71,12 @@
  * is not the export, so no import can be made of it.
  */
 #define OBMM_EMU_REC_FLAG_SCATTERED	BIT(17)
+/*
+ * The exporter has mapped the export (set at its first mmap, never
+ * cleared): its processes may read and write the memory, so no node
+ * borrows it (import.c).
+ */
+#define OBMM_EMU_REC_FLAG_MAPPED	BIT(18)
 
 /* The UBA encoding is the fabric's (kmod/common/testbed_fabric.h). */
 #define OBMM_EMU_UBA_VALID		TB_UBA_VALID

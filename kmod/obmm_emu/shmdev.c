@@ -21,6 +21,7 @@
 #include <linux/uaccess.h>
 
 #include "cache.h"
+#include "fabric.h"
 #include "ownership.h"
 #include "region.h"
 #include "shmdev.h"
@@ -732,6 +733,11 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	r->mmap_count++;
 	if (mode == OBMM_MMAP_MODE_CACHEABLE)
 		r->ownership_init = true;
+	/* Its processes use the memory now: no node may borrow it. */
+	if (r->type == OBMM_REGION_EXPORT && !r->mapped) {
+		r->mapped = true;
+		obmm_ctl_export_mark_mapped(r);
+	}
 out:
 	mutex_unlock(&r->mmap_lock);
 	if (!ret)
