@@ -29,6 +29,7 @@ u64 obmm_ctl_withdraw_export(struct obmm_region *r);
 void obmm_ctl_export_mark_mapped(struct obmm_region *r);
 u64 obmm_fabric_withdraw_epoch(void);
 void obmm_ctl_write_ack(int node, u64 boot_id, u64 epoch);
+void obmm_ctl_write_held(int node, u64 start, u64 end);
 int obmm_fabric_window_node(phys_addr_t start, u64 len, u64 *offset);
 bool obmm_fabric_window_nc_only(int node);
 u64 obmm_fabric_boot_id(void);
