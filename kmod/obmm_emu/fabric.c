@@ -454,12 +454,14 @@ u64 obmm_ctl_withdraw_export(struct obmm_region *r)
 }
 
 /*
- * The export's first mmap: its record says so from now on (same
- * generation: importers keep their imports; borrows are refused).
+ * The export's first mapping came or its last one went: its record says
+ * so (same generation: importers keep their imports; borrows are refused
+ * while it is mapped).
  */
-void obmm_ctl_export_mark_mapped(struct obmm_region *r)
+void obmm_ctl_export_set_mapped(struct obmm_region *r, bool mapped)
 {
 	struct obmm_emu_ctl_export own;
+	u32 flags;
 	int slot;
 
 	if (!fab.ctl)
@@ -468,8 +470,9 @@ void obmm_ctl_export_mark_mapped(struct obmm_region *r)
 	slot = r->record_slot;
 	if (slot >= 0) {
 		own = fab.own_rec[slot];
-		own.flags = cpu_to_le32(le32_to_cpu(own.flags) |
-					OBMM_EMU_REC_FLAG_MAPPED);
+		flags = le32_to_cpu(own.flags) & ~OBMM_EMU_REC_FLAG_MAPPED;
+		own.flags = cpu_to_le32(flags |
+					(mapped ? OBMM_EMU_REC_FLAG_MAPPED : 0));
 		obmm_ctl_record_write_locked(slot, &own);
 	}
 	mutex_unlock(&fab.rec_lock);

@@ -26,7 +26,7 @@ struct tb_fabric *obmm_fabric_tb(void);
 u64 obmm_fabric_make_uba(phys_addr_t pa);
 int obmm_ctl_publish_export(struct obmm_region *r);
 u64 obmm_ctl_withdraw_export(struct obmm_region *r);
-void obmm_ctl_export_mark_mapped(struct obmm_region *r);
+void obmm_ctl_export_set_mapped(struct obmm_region *r, bool mapped);
 u64 obmm_fabric_withdraw_epoch(void);
 void obmm_ctl_write_ack(int node, u64 boot_id, u64 epoch);
 void obmm_ctl_write_held(int node, u64 start, u64 end);

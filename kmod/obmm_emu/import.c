@@ -874,7 +874,7 @@ static int obmm_import_numa(struct obmm_region *r,
 	if (r->dep.flags & (OBMM_EMU_REC_FLAG_FROM_USER |
 			    OBMM_EMU_REC_FLAG_MAPPED))
 		return obmm_refuse_emu(OBMM_OP_IMPORT, -EACCES,
-				   "pa=%#llx size=%#llx: its exporter maps that memory (EXPORT_PID or mmapped export): not hot-added",
+				   "pa=%#llx size=%#llx: its exporter maps that memory (EXPORT_PID or mapped export): not hot-added",
 				   cmd->addr, cmd->length);
 	ret = obmm_range_track(r);
 	if (ret)

@@ -149,7 +149,6 @@ struct obmm_region {
 	unsigned long npages;
 	struct mm_struct *mm;
 	int record_slot;
-	bool mapped;		/* mapped once: OBMM_EMU_REC_FLAG_MAPPED */
 	u64 withdrawn_epoch;	/* of a record withdrawn by a failed export */
 	bool phys_contig;	/* EXPORT_PID: pages physically contiguous */
 	/* EXPORT_PID: the entry that keeps the pages pinned after unexport */

@@ -73,8 +73,8 @@
  */
 #define OBMM_EMU_REC_FLAG_SCATTERED	BIT(17)
 /*
- * The exporter has mapped the export (set at its first mmap, never
- * cleared): its processes may read and write the memory, so no node
+ * The exporter maps the export (from its first mmap until its last
+ * mapping goes): its processes read and write the memory, so no node
  * borrows it (import.c).
  */
 #define OBMM_EMU_REC_FLAG_MAPPED	BIT(18)

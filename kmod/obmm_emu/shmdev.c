@@ -280,6 +280,8 @@ static void obmm_vm_close(struct vm_area_struct *vma)
 				    vma->vm_end - vma->vm_start, ops);
 	}
 	if (!--r->mmap_count) {
+		if (r->type == OBMM_REGION_EXPORT)
+			obmm_ctl_export_set_mapped(r, false);
 		obmm_cache_release(r, !r->revoked);
 		r->mmap_mode = OBMM_MMAP_MODE_NONE;
 		obmm_memtype_put(r);
@@ -734,10 +736,8 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	if (mode == OBMM_MMAP_MODE_CACHEABLE)
 		r->ownership_init = true;
 	/* Its processes use the memory now: no node may borrow it. */
-	if (r->type == OBMM_REGION_EXPORT && !r->mapped) {
-		r->mapped = true;
-		obmm_ctl_export_mark_mapped(r);
-	}
+	if (r->type == OBMM_REGION_EXPORT && r->mmap_count == 1)
+		obmm_ctl_export_set_mapped(r, true);
 out:
 	mutex_unlock(&r->mmap_lock);
 	if (!ret)

@@ -623,34 +623,39 @@ def _block_export(rd: Round) -> tuple[obmm.Export, int] | None:
 
 
 def borrow_of_mapped_export(rd: Round) -> None:
-    """Issue 36, finding 4: a borrow (NUMA_REMOTE) of a block export its exporter mapped, in
-    page or PMD granule and even unmapped again, is EACCES (nothing hot-added); one never
-    mapped is made.  Another thread maps the export while a borrow of it is made: whichever
-    comes first, nothing breaks (the mapping after the borrow is FIDELITY's open case)."""
+    """Issue 36, finding 4: a borrow (NUMA_REMOTE) of a block export its exporter maps, in
+    page or PMD granule, is EACCES (nothing hot-added); one never mapped, or unmapped again, is
+    made.  Another thread maps the export while a borrow of it is made: whichever comes first,
+    nothing breaks (the mapping after the borrow is FIDELITY's open case)."""
     got = _block_export(rd)
     if got is None:
         return
     exp, addr = got
     fab = rd.engine.fabric
-    how = rd.rng.choice(("never", "page", "pmd", "racing"))
+    how = rd.rng.choice(("never", "page", "pmd", "racing", "unmapped"))
     imported: list[int] = []
-
-    def mapper() -> None:
-        # reads only: a borrow that won the race has this kernel's pages there
-        rd.delay(20)
-        with obmm.ShmDev(exp.mem_id) as shm, shm.mmap(SZ_2M, pmd=how == "pmd") as m:
-            m.read(0, 8)
 
     def borrower() -> None:
         rd.delay(20)
         err = rd.errno_of(lambda: imported.append(
             rd.dev.import_(addr, BLOCK, scna=fab.cna, tokenid=exp.tokenid, flags=NUMA).mem_id
         ))  # fmt: skip
-        want = {0, errno.EACCES} if how == "racing" else {0} if how == "never" else {errno.EACCES}
+        want = {0, errno.EACCES} if how == "racing" else {errno.EACCES} if held else {0}
         rd.allow(f"borrow of a block export mapped: {how}", err, want)
 
+    def mapper(then: Callable[[], None] | None = None) -> None:
+        # reads only: a borrow that won the race has this kernel's pages there
+        rd.delay(20)
+        with obmm.ShmDev(exp.mem_id) as shm, shm.mmap(SZ_2M, pmd=how == "pmd") as m:
+            m.read(0, 8)
+            if then is not None:
+                then()
+
+    held = how in ("page", "pmd")
     try:
-        if how in ("page", "pmd"):
+        if held:
+            mapper(borrower)
+        elif how == "unmapped":
             mapper()
             borrower()
         elif how == "racing":
