@@ -25,7 +25,10 @@
  * revokes, then writes ack[peer] = (peer's boot id, that epoch) in this
  * node's own entry; a peer any of whose records could not be read this
  * time is not acknowledged.  An exporter reuses withdrawn memory only
- * once every live peer acknowledged its epoch (obmm_access_acked_epoch()).
+ * once every live peer acknowledged its epoch (obmm_access_acks()).  A
+ * borrow the importer cannot unplug yet (a pinned page may keep it for
+ * good) does not hold back the ack: the importer names the range it still
+ * uses in its entry (held_*), and only that range stays withdrawn.
  *
  * This file is a leaf over the fabric: the imports it revokes and the
  * borrows it waits for are reached through the obmm_access_ops that core.c
@@ -77,6 +80,9 @@ struct obmm_peer {
 	u64 epoch;		/* its withdraw_epoch, as last read */
 	u64 ack_boot;		/* its ack of this node's withdrawals */
 	u64 ack_epoch;
+	bool held;		/* it may still use [held_start, held_end) */
+	u64 held_start;		/* of this node's RAM */
+	u64 held_end;
 };
 
 static struct obmm_peer peers[OBMM_EMU_MAX_NODES];
@@ -155,6 +161,15 @@ static void obmm_peers_update(void)
 			p->epoch = le64_to_cpu(n.withdraw_epoch);
 			p->ack_boot = le64_to_cpu(n.ack[obmm_emu_node_id].boot_id);
 			p->ack_epoch = le64_to_cpu(n.ack[obmm_emu_node_id].epoch);
+			p->held = le32_to_cpu(n.held_node) ==
+				  obmm_emu_node_id + 1;
+			p->held_start = le64_to_cpu(n.held_start);
+			p->held_end = le64_to_cpu(n.held_end);
+			/* An empty or inverted range holds everything. */
+			if (p->held && p->held_start >= p->held_end) {
+				p->held_start = 0;
+				p->held_end = U64_MAX;
+			}
 		}
 		/* An unreadable or invalid entry is judged by its last change. */
 		p->alive = p->seen &&
@@ -207,6 +222,7 @@ bool obmm_access_find_export(phys_addr_t addr, u64 len,
 		dep->slot = slot;
 		dep->generation = le64_to_cpu(rec.generation);
 		dep->boot_id = peer.boot_id;
+		dep->flags = le32_to_cpu(rec.flags);
 		dep->unreadable = false;
 		return true;
 	}
@@ -264,21 +280,27 @@ const char *obmm_access_dep_lost(struct obmm_export_dep *dep, bool *unsure)
 }
 
 /*
- * The lowest epoch of this node's withdrawals that every live peer has
- * acknowledged (U64_MAX when no peer is alive).  An ack of another boot
- * of this node, or beyond what this node withdrew (a peer's bytes are not
+ * What every live peer acknowledged of this node's withdrawals: the lowest
+ * epoch any of them acknowledged (U64_MAX when no peer is alive), and the
+ * ranges of this node's RAM some borrower (a peer, or this node) may still
+ * use: those stay withdrawn whatever the epoch.  An ack of another boot of
+ * this node, or beyond what this node withdrew (a peer's bytes are not
  * trusted), acknowledges nothing.  Dead, offline and absent peers do not
  * hold memory back: their importers were revoked by their own death.
  */
-u64 obmm_access_acked_epoch(void)
+void obmm_access_acks(struct obmm_access_acks *acks)
 {
-	u64 own_boot = obmm_fabric_boot_id(), top, acked = U64_MAX;
+	u64 own_boot = obmm_fabric_boot_id(), top, start, end;
 	const struct obmm_peer *p;
 	int j;
 
-	/* A loopback borrow of withdrawn memory is still being unplugged. */
-	if (access_ops->own_borrow_pending())
-		return 0;
+	acks->epoch = U64_MAX;
+	acks->nr_held = 0;
+	/* A loopback borrow not unplugged yet (a revoked one is withdrawn). */
+	if (access_ops->own_borrow_held(&start, &end)) {
+		acks->held[acks->nr_held].start = start;
+		acks->held[acks->nr_held++].end = end;
+	}
 	top = obmm_fabric_withdraw_epoch();
 	mutex_lock(&peer_lock);
 	obmm_peers_update();
@@ -287,12 +309,43 @@ u64 obmm_access_acked_epoch(void)
 		if (j == obmm_emu_node_id || !p->alive)
 			continue;
 		if (p->ack_boot != own_boot || p->ack_epoch > top)
-			acked = 0;
+			acks->epoch = 0;
 		else
-			acked = min(acked, p->ack_epoch);
+			acks->epoch = min(acks->epoch, p->ack_epoch);
+		if (p->held && acks->nr_held < ARRAY_SIZE(acks->held)) {
+			acks->held[acks->nr_held].start = p->held_start;
+			acks->held[acks->nr_held++].end = p->held_end;
+		}
 	}
 	mutex_unlock(&peer_lock);
-	return acked;
+}
+
+/* Whether memory [start, start + len) withdrawn at @epoch may be reused. */
+bool obmm_access_acked(const struct obmm_access_acks *acks, u64 epoch,
+		       u64 start, u64 len)
+{
+	unsigned int i;
+
+	if (epoch > acks->epoch)
+		return false;
+	for (i = 0; i < acks->nr_held; i++)
+		if (start < acks->held[i].end &&
+		    acks->held[i].start < start + len)
+			return false;
+	return true;
+}
+
+/*
+ * The lowest epoch of this node's withdrawals that every live peer has
+ * acknowledged, for memory that may be anywhere (EXPORT_PID pages): 0
+ * while any borrower holds some of this node's memory.
+ */
+u64 obmm_access_acked_epoch(void)
+{
+	struct obmm_access_acks acks;
+
+	obmm_access_acks(&acks);
+	return acks.nr_held ? 0 : acks.epoch;
 }
 
 static void obmm_access_scan_fn(struct work_struct *work)

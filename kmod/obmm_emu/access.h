@@ -12,14 +12,33 @@
 struct obmm_access_ops {
 	/* revoke what lost its export; bit j: node j's records unsure */
 	unsigned long (*revoke_scan)(void);
-	/* a loopback borrow of withdrawn memory is still being unplugged */
-	bool (*own_borrow_pending)(void);
+	/* [*start, *end) of this node's RAM its own borrows may use */
+	bool (*own_borrow_held)(u64 *start, u64 *end);
+};
+
+/* A range of this node's RAM a borrower may still use (end exclusive). */
+struct obmm_access_held {
+	u64 start;
+	u64 end;
+};
+
+/*
+ * What the live peers acknowledged: every withdrawal up to @epoch, except
+ * memory in one of the @nr_held ranges (this node's own borrows included).
+ */
+struct obmm_access_acks {
+	u64 epoch;
+	unsigned int nr_held;
+	struct obmm_access_held held[OBMM_EMU_MAX_NODES];
 };
 
 void obmm_access_register(const struct obmm_access_ops *ops);
 void obmm_access_start(void);
 void obmm_access_stop(void);
 u64 obmm_access_acked_epoch(void);
+void obmm_access_acks(struct obmm_access_acks *acks);
+bool obmm_access_acked(const struct obmm_access_acks *acks, u64 epoch,
+		       u64 start, u64 len);
 /* The longest revocation scan period a node may run with (ms). */
 #define OBMM_ACCESS_MAX_SCAN_MS		1000
 

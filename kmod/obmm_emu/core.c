@@ -127,7 +127,7 @@ static void obmm_emu_fabric_down(void)
 /* The emulated UMMU revokes imports and waits for borrows through these. */
 static const struct obmm_access_ops obmm_emu_access_ops = {
 	.revoke_scan = obmm_imports_revoke_scan,
-	.own_borrow_pending = obmm_imports_own_borrow_pending,
+	.own_borrow_held = obmm_imports_own_borrow_held,
 };
 
 static int __init obmm_emu_init(void)

@@ -70,6 +70,10 @@ struct obmm_fabric {
 	u32 node_state;
 	u64 withdraw_epoch;
 	struct obmm_emu_ctl_ack acks[OBMM_EMU_MAX_NODES];
+	/* what this node holds of a peer's memory (held_node: node + 1) */
+	u32 held_node;
+	u64 held_start;
+	u64 held_end;
 	/*
 	 * Between obmm_fabric_init() and obmm_fabric_exit(): the locks exist.
 	 * Module exit cancels every work that reads the fabric before it goes;
@@ -332,6 +336,10 @@ static void obmm_ctl_node_write_locked(void)
 	n->heartbeat = cpu_to_le64(fab.heartbeat);
 	n->withdraw_epoch = cpu_to_le64(fab.withdraw_epoch);
 	memcpy(n->ack, fab.acks, sizeof(n->ack));
+	n->held_node = cpu_to_le32(fab.held_node);
+	n->held_reserved = 0;
+	n->held_start = cpu_to_le64(fab.held_start);
+	n->held_end = cpu_to_le64(fab.held_end);
 	obmm_ctl_write_end(&n->seq, &fab.node_seq);
 }
 
@@ -445,6 +453,31 @@ u64 obmm_ctl_withdraw_export(struct obmm_region *r)
 	return epoch;
 }
 
+/*
+ * The export's first mapping came or its last one went: its record says
+ * so (same generation: importers keep their imports; borrows are refused
+ * while it is mapped).
+ */
+void obmm_ctl_export_set_mapped(struct obmm_region *r, bool mapped)
+{
+	struct obmm_emu_ctl_export own;
+	u32 flags;
+	int slot;
+
+	if (!fab.ctl)
+		return;
+	mutex_lock(&fab.rec_lock);
+	slot = r->record_slot;
+	if (slot >= 0) {
+		own = fab.own_rec[slot];
+		flags = le32_to_cpu(own.flags) & ~OBMM_EMU_REC_FLAG_MAPPED;
+		own.flags = cpu_to_le32(flags |
+					(mapped ? OBMM_EMU_REC_FLAG_MAPPED : 0));
+		obmm_ctl_record_write_locked(slot, &own);
+	}
+	mutex_unlock(&fab.rec_lock);
+}
+
 /* This node's count of withdrawn exports (what peers acknowledge). */
 u64 obmm_fabric_withdraw_epoch(void)
 {
@@ -475,6 +508,30 @@ void obmm_ctl_write_ack(int node, u64 boot_id, u64 epoch)
 	mutex_lock(&fab.node_lock);
 	if (memcmp(&fab.acks[node], &ack, sizeof(ack))) {
 		fab.acks[node] = ack;
+		obmm_ctl_node_write_locked();
+	}
+	mutex_unlock(&fab.node_lock);
+}
+
+/*
+ * Say in this node's entry that its kernel may still use [start, end) of
+ * node @node's RAM (@node < 0: nothing).  Written before the ack that
+ * relies on it.
+ */
+void obmm_ctl_write_held(int node, u64 start, u64 end)
+{
+	u32 held = node >= 0 && node < OBMM_EMU_MAX_NODES ? node + 1 : 0;
+
+	if (WARN_ON_ONCE(!fab.up) || !fab.ctl)
+		return;
+	if (!held)
+		start = end = 0;
+	mutex_lock(&fab.node_lock);
+	if (fab.held_node != held || fab.held_start != start ||
+	    fab.held_end != end) {
+		fab.held_node = held;
+		fab.held_start = start;
+		fab.held_end = end;
 		obmm_ctl_node_write_locked();
 	}
 	mutex_unlock(&fab.node_lock);

@@ -37,6 +37,7 @@
 #include <linux/seq_file.h>
 #include <linux/signal.h>
 #include <linux/slab.h>
+#include <linux/spinlock.h>
 #include <linux/stringify.h>
 #include <linux/sysfs.h>
 #include <linux/timer.h>
@@ -83,8 +84,21 @@ struct obmm_preimport {
 /* Lock order: the borrow mutex (borrow.c) before this one. */
 static DEFINE_MUTEX(obmm_import_mutex);
 static LIST_HEAD(obmm_import_ranges);
-/* The revocation scan saw a loopback borrow not yet unplugged. */
-static bool obmm_own_borrow_pending;
+/*
+ * The span of a node's RAM this kernel's borrows of it may use (plugged
+ * or being plugged), as the last revocation scan saw them; end 0: none.
+ */
+struct obmm_held_span {
+	u64 start;
+	u64 end;
+};
+
+/*
+ * This node's own memory, borrowed through loopback; a spinlock, not the
+ * import mutex, which a scan may hold long: the pool asks under its lock.
+ */
+static struct obmm_held_span obmm_own_held;
+static DEFINE_SPINLOCK(obmm_own_held_lock);
 
 /*
  * The unplug thread: one try to offline a revoked borrow holds the borrow
@@ -412,6 +426,24 @@ static void obmm_unplug_kick(void)
 		wake_up_process(obmm_unplug_task);
 }
 
+/* Widen @span to cover the borrow @r (its range in the exporter's RAM). */
+static void obmm_held_add(struct obmm_held_span *span,
+			  const struct obmm_region *r)
+{
+	u64 off;
+
+	/* Outside every window cannot be: the import checked it. */
+	if (obmm_fabric_window_node(r->pa, r->size, &off) < 0) {
+		span->start = 0;
+		span->end = U64_MAX;
+		return;
+	}
+	if (!span->end || off < span->start)
+		span->start = off;
+	if (off + r->size > span->end)
+		span->end = off + r->size;
+}
+
 /*
  * The revocation scan: revoke every import whose export is gone.  A
  * revoked import that is still mapped is zapped again on every scan, so a
@@ -422,12 +454,14 @@ static void obmm_unplug_kick(void)
  */
 unsigned long obmm_imports_revoke_scan(void)
 {
+	struct obmm_held_span held[OBMM_EMU_MAX_NODES] = {};
 	struct obmm_import_range *ir;
 	unsigned long unsure_mask = 0, borrowed = 0;
 	struct obmm_region *r;
 	const char *why;
 	unsigned int mapped;
 	bool revoked, unsure;
+	int published;
 
 	mutex_lock(&obmm_import_mutex);
 	list_for_each_entry(ir, &obmm_import_ranges, link) {
@@ -453,21 +487,45 @@ unsigned long obmm_imports_revoke_scan(void)
 		}
 		if (mapped)
 			obmm_shmdev_revoke(r);
-		/* Not acknowledged while this kernel may use the memory. */
-		if (READ_ONCE(r->plugged) || READ_ONCE(r->plugging))
+		/* Held back from reuse while this kernel may use the memory. */
+		if (READ_ONCE(r->plugged) || READ_ONCE(r->plugging)) {
 			borrowed |= BIT(r->dep.node);
+			obmm_held_add(&held[r->dep.node], r);
+		}
 	}
-	WRITE_ONCE(obmm_own_borrow_pending,
-		   !!(borrowed & BIT(obmm_emu_node_id)));
+	spin_lock(&obmm_own_held_lock);
+	obmm_own_held = held[obmm_emu_node_id];
+	spin_unlock(&obmm_own_held_lock);
+	borrowed &= ~BIT(obmm_emu_node_id);
+	/*
+	 * The node entry names one peer's held span: that peer's other
+	 * withdrawals are acknowledged.  Borrows of further peers at once
+	 * hold back their acknowledgment as a whole.
+	 */
+	published = borrowed ? __ffs(borrowed) : -1;
+	if (published >= 0) {
+		obmm_ctl_write_held(published, held[published].start,
+				    held[published].end);
+		borrowed &= ~BIT(published);
+	} else {
+		obmm_ctl_write_held(-1, 0, 0);
+	}
 	mutex_unlock(&obmm_import_mutex);
-	if (borrowed)
+	if (published >= 0 || held[obmm_emu_node_id].end)
 		obmm_unplug_kick();
 	return unsure_mask | borrowed;
 }
 
-bool obmm_imports_own_borrow_pending(void)
+bool obmm_imports_own_borrow_held(u64 *start, u64 *end)
 {
-	return READ_ONCE(obmm_own_borrow_pending);
+	bool held;
+
+	spin_lock(&obmm_own_held_lock);
+	*start = obmm_own_held.start;
+	*end = obmm_own_held.end;
+	held = obmm_own_held.end;
+	spin_unlock(&obmm_own_held_lock);
+	return held;
 }
 
 static void obmm_import_destroy(struct obmm_region *r);
@@ -807,6 +865,16 @@ static int obmm_import_numa(struct obmm_region *r,
 	if (!obmm_access_find_export(cmd->addr, cmd->length, &r->dep))
 		return obmm_refuse_emu(OBMM_OP_IMPORT, -EACCES,
 				   "no live export covers pa=%#llx size=%#llx: memory nobody exported is not hot-added",
+				   cmd->addr, cmd->length);
+	/*
+	 * Memory its exporter's processes map (EXPORT_PID pages, an export
+	 * mapped through its shmdev) is not hot-added: this kernel's pages
+	 * would land where those mappings read and write (FIDELITY.md).
+	 */
+	if (r->dep.flags & (OBMM_EMU_REC_FLAG_FROM_USER |
+			    OBMM_EMU_REC_FLAG_MAPPED))
+		return obmm_refuse_emu(OBMM_OP_IMPORT, -EACCES,
+				   "pa=%#llx size=%#llx: its exporter maps that memory (EXPORT_PID or mapped export): not hot-added",
 				   cmd->addr, cmd->length);
 	ret = obmm_range_track(r);
 	if (ret)

@@ -15,7 +15,7 @@ long obmm_undeclare_preimport_ioctl(void __user *uarg);
 int obmm_imports_init(void);
 void obmm_imports_exit(void);
 unsigned long obmm_imports_revoke_scan(void);
-bool obmm_imports_own_borrow_pending(void);
+bool obmm_imports_own_borrow_held(u64 *start, u64 *end);
 ssize_t obmm_imports_show_revoked(char *buf);
 
 #endif /* OBMM_EMU_IMPORT_H */

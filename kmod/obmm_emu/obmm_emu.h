@@ -77,6 +77,7 @@ struct obmm_export_dep {
 	int slot;
 	u64 generation;
 	u64 boot_id;
+	u32 flags;		/* the record's, when it was found */
 	/* record unreadable (stuck or churning seq) since, when unreadable */
 	bool unreadable;
 	unsigned long unreadable_since;

@@ -22,7 +22,8 @@
  * writes in its own entry ack[j] = (node j's boot id, the withdraw_epoch of
  * node j it read before that scan).  Node j reuses memory withdrawn at
  * epoch E only when every live peer's ack[j] carries its boot id and an
- * epoch >= E (no greater than its own), or the peer was declared dead.
+ * epoch >= E (no greater than its own), or the peer was declared dead,
+ * and the memory is outside the range the peer says it holds (held_*).
  *
  *   0x000000  struct obmm_emu_ctl_header (constant content; any node may
  *             write it when the magic is absent, all write the same bytes)
@@ -71,6 +72,12 @@
  * is not the export, so no import can be made of it.
  */
 #define OBMM_EMU_REC_FLAG_SCATTERED	BIT(17)
+/*
+ * The exporter maps the export (from its first mmap until its last
+ * mapping goes): its processes read and write the memory, so no node
+ * borrows it (import.c).
+ */
+#define OBMM_EMU_REC_FLAG_MAPPED	BIT(18)
 
 /* The UBA encoding is the fabric's (kmod/common/testbed_fabric.h). */
 #define OBMM_EMU_UBA_VALID		TB_UBA_VALID
@@ -111,6 +118,16 @@ struct obmm_emu_ctl_node {
 	__le32 reserved;
 	__le64 withdraw_epoch;
 	struct obmm_emu_ctl_ack ack[OBMM_EMU_MAX_NODES];
+	/*
+	 * Memory of node held_node - 1 (0: none) that this node's kernel may
+	 * still use, [held_start, held_end) in that node's RAM: borrows not
+	 * unplugged yet (one stuck on a pinned page may stay for good).  Its
+	 * ack[] covers every other withdrawal of that node (access.c).
+	 */
+	__le32 held_node;
+	__le32 held_reserved;
+	__le64 held_start;
+	__le64 held_end;
 };
 
 struct obmm_emu_ctl_export {

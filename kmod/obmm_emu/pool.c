@@ -445,15 +445,18 @@ static unsigned long obmm_pool_release_quarantine(void)
 {
 	unsigned long i, now = jiffies, next = 0, left;
 	unsigned long poll = msecs_to_jiffies(obmm_access_scan_ms());
+	struct obmm_access_acks acks;
 	bool released = false;
-	u64 acked;
 
 	if (!the_pool.nr_quarantined)
 		return 0;
-	acked = obmm_access_acked_epoch();
+	obmm_access_acks(&acks);
 	for_each_set_bit(i, the_pool.quarantine_map, the_pool.nr) {
+		/* A borrower's held range stays out, the rest is released. */
 		if (time_after_eq(now, the_pool.release_at[i]) &&
-		    the_pool.epoch[i] <= acked) {
+		    obmm_access_acked(&acks, the_pool.epoch[i],
+				      the_pool.base + i * the_pool.granu,
+				      the_pool.granu)) {
 			clear_bit(i, the_pool.quarantine_map);
 			clear_bit(i, the_pool.used_map);
 			the_pool.nr_quarantined--;

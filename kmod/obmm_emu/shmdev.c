@@ -22,6 +22,7 @@
 #include <linux/uaccess.h>
 
 #include "cache.h"
+#include "fabric.h"
 #include "ownership.h"
 #include "region.h"
 #include "shmdev.h"
@@ -280,6 +281,8 @@ static void obmm_vm_close(struct vm_area_struct *vma)
 				    vma->vm_end - vma->vm_start, ops);
 	}
 	if (!--r->mmap_count) {
+		if (r->type == OBMM_REGION_EXPORT)
+			obmm_ctl_export_set_mapped(r, false);
 		obmm_cache_release(r, !r->revoked);
 		r->mmap_mode = OBMM_MMAP_MODE_NONE;
 		obmm_memtype_put(r);
@@ -741,6 +744,9 @@ static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)
 	r->mmap_count++;
 	if (mode == OBMM_MMAP_MODE_CACHEABLE)
 		r->ownership_init = true;
+	/* Its processes use the memory now: no node may borrow it. */
+	if (r->type == OBMM_REGION_EXPORT && r->mmap_count == 1)
+		obmm_ctl_export_set_mapped(r, true);
 out:
 	mutex_unlock(&r->mmap_lock);
 	if (!ret)

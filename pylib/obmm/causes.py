@@ -109,6 +109,8 @@ CAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("IMPORT", "EACCES"): (
         "obmm_emu only: NUMA_REMOTE of a range no live export covers (the emulator never "
         "hot-adds memory nobody exported; the real driver does not check the tokenid)",
+        "obmm_emu only: NUMA_REMOTE of an EXPORT_PID export or of an export its exporter "
+        "maps (its processes read and write that memory)",
     ),
     ("IMPORT", "ENOTRECOVERABLE"): ("a step failed and undoing the steps before it failed too",),
     ("IMPORT", "EEXIST"): (

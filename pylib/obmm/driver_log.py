@@ -369,6 +369,8 @@ EMULATOR_OWN: dict[str, str] = {
     + " (refused before the page array is sized)",
     "no live export covers pa=%#llx size=%#llx: memory nobody exported is not hot-added": _EMULATOR
     + " (the emulated UMMU)",
+    "pa=%#llx size=%#llx: its exporter maps that memory (EXPORT_PID or mapped export): "
+    "not hot-added": _EMULATOR + " (the emulated UMMU: FIDELITY.md, a borrow of mapped memory)",
     "emulated UMMU: the export covering pa=%#llx was withdrawn during the import": _EMULATOR
     + " (the emulated UMMU)",
     "emulated UMMU: the export covering pa=%#llx was withdrawn while the import waited for a "

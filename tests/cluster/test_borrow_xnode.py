@@ -206,6 +206,72 @@ def test_revocation_unplugs_the_borrowed_memory_before_a_reuses_it(
         assert borrowed_iomem(xc, B) == ""
 
 
+def pool_total(xc: ClusterHarness, node: int) -> int:
+    out = xc.run(node, "cat /sys/kernel/obmm_mempool/obmm-*/total").out
+    return sum(int(v, 0) for v in out.split())
+
+
+def export_unexport(xc: ClusterHarness, node: int, size: int) -> None:
+    xc.py(
+        node,
+        f"import obmm\nwith obmm.Obmm() as dev:\n    dev.unexport(dev.export({size}).mem_id)\n",
+        timeout=120,
+    )
+
+
+@pytest.mark.emulator_only  # the emulator's acknowledgment protocol: FIDELITY.md
+def test_a_borrow_stuck_on_a_pinned_page_holds_back_only_its_own_memory(
+    xc: ClusterHarness, guest_tmp: str
+) -> None:
+    """Issue 36, finding 5.  A process on B bound to the borrowed node keeps a page of it in a
+    pipe it never reads; A unexports.  B cannot unplug the borrow: that 128 MiB stays withdrawn
+    for good.  A's later exports must still come back: B used to hold back its whole
+    acknowledgment of A, so everything A unexported after it stayed quarantined and an EXPORT
+    needing that memory ended EBUSY."""
+    with exporter(xc, guest_tmp, size=SZ_128M, seed=25, name="stuck") as exp:
+        mem_id, nid = borrow_on(xc, exp)
+        pid = 0
+        try:
+            doc = fill_bound_on_b(xc, guest_tmp, nid, "--hold --pin", "stuck")
+            pid = int(doc["pid"])
+            xc.kill(A, exp.pid, "USR1")  # A unexports while B borrows
+            xc.wait_file(A, exp.ready + ".unexported")
+            assert wait_until(
+                lambda: str(mem_id) in xc.run(B, "cat /sys/kernel/obmm_emu/revoked").out.split(),
+                30,
+            )
+            time.sleep(HELD_CHECK_S)
+            assert node_memory(xc, B, nid) == SZ_128M
+            assert quarantined(xc, A) == SZ_128M
+            # A exports and unexports other memory: it leaves quarantine as before the borrow.
+            for _ in range(2):
+                export_unexport(xc, A, SZ_2M)
+            assert wait_until(lambda: quarantined(xc, A) == SZ_128M, 30), quarantined(xc, A)
+            # All of A's pool but the stuck borrow's memory can be exported again.
+            free = pool_total(xc, A) - SZ_128M - pool_used(xc, A)
+            export_unexport(xc, A, free)
+            assert wait_until(lambda: quarantined(xc, A) == SZ_128M, 30), quarantined(xc, A)
+            assert node_memory(xc, B, nid) == SZ_128M  # still stuck
+        finally:
+            if pid:
+                xc.kill(B, pid, "USR2")  # unpin
+                xc.kill(B, pid, "TERM")
+            xc.py(
+                B,
+                "import time, xnode\n"
+                "for _ in range(60):\n"
+                "    try:\n"
+                f"        xnode.unimport({mem_id})\n"
+                "        break\n"
+                "    except OSError:\n"
+                "        time.sleep(1)\n",
+                timeout=300,
+            )
+        assert borrowed_iomem(xc, B) == ""
+    assert wait_until(lambda: quarantined(xc, A) == 0, REVOKE_UNPLUG_S)
+    assert wait_pool_empty(xc, A, 30) == 0
+
+
 @pytest.mark.emulator_only
 def test_stalled_exporter_is_dead_and_the_borrow_is_unplugged(
     xc: ClusterHarness, guest_tmp: str

@@ -599,6 +599,25 @@ def test_the_memid_resource_moves_under_the_hot_plug_lock(
     assert not logscan.scan(log, allow=()), log
 
 
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("pmd", [False, True], ids=["page", "pmd"])
+def test_a_borrow_of_an_export_its_exporter_maps_is_eacces_and_leaves_nothing(
+    dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, pmd: bool
+) -> None:
+    """Issue 36, finding 4: while the exporter maps its export its processes read and write
+    that memory; a borrow of it would put this kernel's pages there.  The emulated UMMU refuses
+    it (EACCES, nothing added); once the last mapping is gone the borrow is made.  The real
+    driver cannot see the exporter's mappings and hot-adds (FIDELITY.md)."""
+    blocks, ram = memory_blocks(), iomem().count("System RAM (Remote)")
+    with obmm.ShmDev(blk_export.mem_id) as shm, shm.mmap(SZ_2M, pmd=pmd) as m:
+        m.write(0, b"MINE")
+        expect_errno(errno.EACCES, borrow, dev, fabric, blk_export)
+        assert memory_blocks() == blocks
+        assert iomem().count("System RAM (Remote)") == ram
+    imp = borrow(dev, fabric, blk_export)
+    dev.unimport(imp.mem_id)
+
+
 def test_failed_numa_import_leaves_the_range_free(
     dev: obmm.Obmm, fabric: Fabric, blk_export: obmm.Export, block: int
 ) -> None:

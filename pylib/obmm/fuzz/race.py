@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import json
 import os
 import random
@@ -597,6 +598,112 @@ def signal_vs_borrow_lock(rd: Round) -> None:
         raise rd.fail(failure)
 
 
+BLOCK = 128 << 20
+NUMA = obmm.abi.OBMM_IMPORT_FLAG_NUMA_REMOTE
+#: How long memory unexported beside a stuck borrow may stay quarantined (quarantine_ms is 1 s).
+REUSE_S = 15.0
+
+
+def _block_export(rd: Round) -> tuple[obmm.Export, int] | None:
+    """A memory block export of this node and its window address, or None (rd.skipped): the
+    pool has no free block, or gave an unaligned one."""
+    deadline = time.monotonic() + 10
+    while target.quarantined() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if target.pool_total() - target.pool_used() - target.quarantined() < BLOCK:
+        rd.skipped = True
+        return None
+    exp = rd.dev.export(BLOCK)
+    addr = rd.engine.fabric.own_base + rd.dev.query_pa_by_memid(exp.mem_id)
+    if addr % BLOCK:
+        rd.dev.unexport(exp.mem_id)
+        rd.skipped = True
+        return None
+    return exp, addr
+
+
+def borrow_of_mapped_export(rd: Round) -> None:
+    """Issue 36, finding 4: a borrow (NUMA_REMOTE) of a block export its exporter maps, in
+    page or PMD granule, is EACCES (nothing hot-added); one never mapped, or unmapped again, is
+    made.  Another thread maps the export while a borrow of it is made: whichever comes first,
+    nothing breaks (the mapping after the borrow is FIDELITY's open case)."""
+    got = _block_export(rd)
+    if got is None:
+        return
+    exp, addr = got
+    fab = rd.engine.fabric
+    how = rd.rng.choice(("never", "page", "pmd", "racing", "unmapped"))
+    imported: list[int] = []
+
+    def borrower() -> None:
+        rd.delay(20)
+        err = rd.errno_of(lambda: imported.append(
+            rd.dev.import_(addr, BLOCK, scna=fab.cna, tokenid=exp.tokenid, flags=NUMA).mem_id
+        ))  # fmt: skip
+        want = {0, errno.EACCES} if how == "racing" else {errno.EACCES} if held else {0}
+        rd.allow(f"borrow of a block export mapped: {how}", err, want)
+
+    def mapper(then: Callable[[], None] | None = None) -> None:
+        # reads only: a borrow that won the race has this kernel's pages there
+        rd.delay(20)
+        with obmm.ShmDev(exp.mem_id) as shm, shm.mmap(SZ_2M, pmd=how == "pmd") as m:
+            m.read(0, 8)
+            if then is not None:
+                then()
+
+    held = how in ("page", "pmd")
+    try:
+        if held:
+            mapper(borrower)
+        elif how == "unmapped":
+            mapper()
+            borrower()
+        elif how == "racing":
+            _run_threads(mapper, borrower)
+        else:
+            borrower()
+    finally:
+        for mem_id in imported:
+            rd.until_ok("UNIMPORT of the borrow", functools.partial(rd.dev.unimport, mem_id), 60)
+        rd.until_ok("UNEXPORT", lambda: rd.dev.unexport(exp.mem_id))
+
+
+def pinned_borrow_vs_reuse(rd: Round) -> None:
+    """Issue 36, finding 5: a loopback borrow whose page a process holds in a pipe it never
+    reads cannot be unplugged once its export goes; only that block may stay quarantined.
+    Memory the node unexports afterwards comes back as before (it stayed quarantined for good,
+    and EXPORTs that needed it ended EBUSY)."""
+    got = _block_export(rd)
+    if got is None:
+        return
+    exp, addr = got
+    fab = rd.engine.fabric
+    imp = rd.dev.import_(addr, BLOCK, scna=fab.cna, tokenid=exp.tokenid, flags=NUMA)
+    pinner = subprocess.Popen([sys.executable, "-c", _PINNER, str(imp.numa_id)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert pinner.stdout is not None and pinner.stdin is not None
+    failure = None
+    try:
+        pinner.stdout.readline()
+        rd.allow("UNEXPORT under a borrow", rd.errno_of(lambda: rd.dev.unexport(exp.mem_id)), {0})
+        for _ in range(rd.rng.randint(1, 3)):
+            later = rd.dev.export(SZ_2M)
+            rd.delay(50)
+            rd.dev.unexport(later.mem_id)
+        deadline = time.monotonic() + REUSE_S
+        while target.quarantined() > BLOCK and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if target.quarantined() > BLOCK:
+            failure = (f"{target.quarantined():#x} bytes quarantined {REUSE_S} s after, with "
+                       f"only the stuck borrow's {BLOCK:#x} held")  # fmt: skip
+    finally:
+        pinner.stdin.close()
+        pinner.wait(timeout=60)
+        rd.until_ok("UNIMPORT once the page is let go", lambda: rd.dev.unimport(imp.mem_id), 60)
+    if failure:
+        raise rd.fail(failure)
+
+
 def scrub(dev: obmm.Obmm) -> None:
     """After a failed round: remove whatever regions it left (imports first)."""
     for kind in ("import", "export"):
@@ -615,6 +722,8 @@ SCENARIOS: dict[str, Callable[[Round], None]] = {
     "update_range_vs_mmap": update_range_vs_mmap,
     "signal_vs_export_wait": signal_vs_export_wait,
     "signal_vs_borrow_lock": signal_vs_borrow_lock,
+    "borrow_of_mapped_export": borrow_of_mapped_export,
+    "pinned_borrow_vs_reuse": pinned_borrow_vs_reuse,
     "unexport_vs_mmap": unexport_vs_mmap,
     "unimport_vs_mmap": unimport_vs_mmap,
     "close_vs_revocation": close_vs_revocation,

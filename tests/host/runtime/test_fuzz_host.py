@@ -305,3 +305,134 @@ def test_record_mode_makes_a_valid_update_range(monkeypatch: pytest.MonkeyPatch)
     assert calls == [(m.addr, m.addr + (4 << 10), 0x9, 4)]
     assert "skipped" not in engine._outcome and engine._outcome["errnos"] == ["ok"]
     assert m.access == [0x8, 0]
+
+
+class _FakeDev:
+    """A /dev/obmm for the race scenarios of the borrow vocabulary: EXPORT, a block-aligned
+    PA, borrows that answer `borrow_errno`, UNEXPORT and UNIMPORT that succeed."""
+
+    def __init__(self, borrow_errno: int) -> None:
+        self.borrow_errno = borrow_errno
+        self.calls: list[str] = []
+
+    def export(self, length: int) -> SimpleNamespace:
+        self.calls.append(f"export {length:#x}")
+        return SimpleNamespace(mem_id=len(self.calls), length=length, tokenid=1)
+
+    def query_pa_by_memid(self, mem_id: int) -> int:
+        return 128 << 20
+
+    def import_(self, addr: int, length: int, **kw: object) -> SimpleNamespace:
+        self.calls.append(f"borrow {addr:#x}")
+        if self.borrow_errno:
+            raise OSError(self.borrow_errno, "refused")
+        return SimpleNamespace(mem_id=99, numa_id=1)
+
+    def unexport(self, mem_id: int) -> None:
+        self.calls.append(f"unexport {mem_id}")
+
+    def unimport(self, mem_id: int) -> None:
+        self.calls.append(f"unimport {mem_id}")
+
+
+def _race_round(monkeypatch: pytest.MonkeyPatch, dev: _FakeDev, seed: int, quarantined: int):  # type: ignore[no-untyped-def]
+    import random
+
+    from obmm.fuzz import race
+
+    monkeypatch.setattr(race.target, "quarantined", lambda: quarantined)
+    monkeypatch.setattr(race.target, "pool_total", lambda: 256 << 20)
+    monkeypatch.setattr(race.target, "pool_used", lambda: 0)
+    monkeypatch.setattr(race, "REUSE_S", 0.0)
+    monkeypatch.setattr(race.time, "sleep", lambda s: None)
+    engine = SimpleNamespace(dev=dev, fabric=SimpleNamespace(own_base=0, cna=1))
+    return race, race.Round(0, "borrow", random.Random(seed), engine)  # type: ignore[arg-type]
+
+
+def test_the_borrow_vocabulary_is_in_the_concurrent_mode() -> None:
+    """Issue 36: borrows of mapped exports and a pipe holding a page of borrowed memory."""
+    from obmm.fuzz import race
+
+    assert {"borrow_of_mapped_export", "pinned_borrow_vs_reuse"} <= set(race.SCENARIOS)
+
+
+def test_a_borrow_of_a_mapped_export_must_be_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 4's property: while the export is mapped (page or PMD) the borrow is EACCES;
+    never mapped, or unmapped again, it is made.  A driver that borrows mapped memory is
+    reported, and so is one that refuses memory nobody maps."""
+    import errno
+
+    from obmm.fuzz.engine import Failure
+
+    monkeypatch.setattr("obmm.ShmDev", _FakeShm)
+    for borrow_errno in (0, errno.EACCES):
+        outcomes = set()
+        for seed in range(40):
+            race, rd = _race_round(monkeypatch, _FakeDev(borrow_errno), seed, 0)
+            how = random_choice(seed)
+            try:
+                race.borrow_of_mapped_export(rd)
+                outcomes.add((how, "ok"))
+            except Failure:
+                outcomes.add((how, "failure"))
+        if borrow_errno:  # the fixed driver
+            assert outcomes == {("never", "failure"), ("unmapped", "failure"), ("page", "ok"),
+                                ("pmd", "ok"), ("racing", "ok")}  # fmt: skip
+        else:  # finding 4 unfixed
+            assert outcomes == {("never", "ok"), ("unmapped", "ok"), ("page", "failure"),
+                                ("pmd", "failure"), ("racing", "ok")}  # fmt: skip
+
+
+def random_choice(seed: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    return rng.choice(("never", "page", "pmd", "racing", "unmapped"))
+
+
+class _FakeShm:
+    def __init__(self, mem_id: int) -> None:
+        pass
+
+    def __enter__(self) -> _FakeShm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def mmap(self, length: int, *, pmd: bool = False) -> _FakeShm:
+        return self
+
+    def read(self, offset: int, size: int) -> bytes:
+        return b"\0" * size
+
+
+def test_memory_unexported_beside_a_stuck_borrow_must_come_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Finding 5's property: with a borrow stuck on a pinned page, more than its block still
+    quarantined after the later unexports is reported; only its block is not."""
+    import subprocess
+
+    from obmm.fuzz.engine import Failure
+
+    class _Pinner:
+        def __init__(self, *a: object, **kw: object) -> None:
+            self.stdout = SimpleNamespace(readline=lambda: "pinned\n")
+            self.stdin = SimpleNamespace(close=lambda: None)
+
+        def wait(self, timeout: float) -> int:
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", _Pinner)
+    # _block_export first finds the quarantine empty (two reads), then the borrow's block stays
+    for held, fails in ((128 << 20, False), ((128 << 20) + (2 << 20), True)):
+        race, rd = _race_round(monkeypatch, _FakeDev(0), 1, 0)
+        values = iter([0, 0] + [held] * 1000)
+        monkeypatch.setattr(race.target, "quarantined", lambda v=values: next(v))
+        if fails:
+            with pytest.raises(Failure, match="quarantined"):
+                race.pinned_borrow_vs_reuse(rd)
+        else:
+            race.pinned_borrow_vs_reuse(rd)
+        assert rd.engine.dev.calls[-1] == "unimport 99"
