@@ -280,6 +280,7 @@ def boot_figures(
                     name=f"bench-{nodes}",
                 )  # fmt: skip
                 runs[arch, init].append(up_sample(shape))
+                say(f"  {runs[arch, init][-1].wall:.1f} s")
         for base_settings, init in variants:
             found: list[Figure] = []
             sample_list = runs[base_settings.arch, init]
@@ -344,6 +345,7 @@ def restore_figures(
                 if sample.restored_from is None:
                     raise RuntimeError(f"{nodes} node(s): booted cold, no snapshot restored")
                 runs[shape.arch].append(sample)
+                say(f"  {sample.wall:.1f} s")
         for shape in shapes:
             note = f"{shape.topology} topology; {_loads(runs[shape.arch])}"
             found = [
