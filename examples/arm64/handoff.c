@@ -16,7 +16,8 @@
  * The region: two flags (one per direction, each on a page of its own) and two payload areas
  * (one per direction: every cache line has one writer).  For ROUNDS rounds the importer
  * publishes a payload and raises its flag, the exporter waits for the flag, checks every word
- * and publishes its answer the same way; the importer checks the answer.  Publishing:
+ * and publishes its answer the same way; the importer checks the answer.  Then each raises its
+ * flag once more (done, acknowledged) and lets go of the region.  Publishing:
  *
  *   write the payload words; dmb ishst; write its header (round, words, checksum)
  *   dc civac over header and payload       the lines to the point of coherency
@@ -38,6 +39,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +77,13 @@ struct payload {
 };
 
 static size_t line; /* the smallest data cache line, from CTR_EL0 */
+static volatile sig_atomic_t stop; /* SIGTERM/SIGINT: stop waiting, clean up */
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
 
 #define DMB_OSH() __asm__ volatile("dmb osh" ::: "memory")
 #define DMB_ISHST() __asm__ volatile("dmb ishst" ::: "memory")
@@ -133,7 +142,7 @@ static void publish(volatile uint64_t *flag, struct payload *out, uint64_t round
 	DMB_OSH();
 }
 
-/* Wait for the flag to reach `round`; 0, or -1 after WAIT_S. */
+/* Wait for the flag to reach `round`; 0, or -1 after WAIT_S or on a signal. */
 static int wait_flag(volatile uint64_t *flag, uint64_t round)
 {
 	double deadline = now_s() + WAIT_S;
@@ -143,7 +152,7 @@ static int wait_flag(volatile uint64_t *flag, uint64_t round)
 		DMB_OSH();
 		if (*flag >= round)
 			break;
-		if (now_s() > deadline)
+		if (now_s() > deadline || stop)
 			return -1;
 		usleep(20);
 	}
@@ -307,6 +316,10 @@ static int exporter(int port)
 	}
 	printf(PROG ": answered %d rounds, %zu wrong words received\n", ROUNDS, bad);
 	rc = bad ? 1 : 0;
+	/* The importer leaves once it sees this: nothing of ours is left to wait for. */
+	*(volatile uint64_t *)(base + FLAG_TO_IMPORTER) = DONE;
+	civac(base + FLAG_TO_IMPORTER, sizeof(uint64_t));
+	DMB_OSH();
 out:
 	if (srv >= 0)
 		close(srv);
@@ -375,6 +388,8 @@ static int importer(const char *host, const char *port)
 	*(volatile uint64_t *)(base + FLAG_TO_EXPORTER) = DONE;
 	civac(base + FLAG_TO_EXPORTER, sizeof(uint64_t));
 	DMB_OSH();
+	if (wait_flag((uint64_t *)(base + FLAG_TO_IMPORTER), DONE))
+		fprintf(stderr, PROG ": the exporter never acknowledged done\n");
 	printf(PROG ": %d rounds of %zu bytes each way (dmb osh, dmb ishst, dc civac), "
 	       "%zu wrong words, %.0f us a round trip\n",
 	       ROUNDS, sizeof(struct payload), bad, (now_s() - t0) / ROUNDS * 1e6);
@@ -392,11 +407,14 @@ out:
 
 int main(int argc, char **argv)
 {
-	char host[64] = "", port[16];
+	struct sigaction act = { .sa_handler = on_signal }; /* no SA_RESTART: waits end */
 	const char *addrs = getenv("OBMM_NODE_ADDRS");
+	char host[64] = "", port[16];
 
 	line = dcache_line();
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	sigaction(SIGTERM, &act, NULL);
+	sigaction(SIGINT, &act, NULL);
 	if (argc >= 2 && !strcmp(argv[1], "export") && argc <= 3)
 		return exporter(argc == 3 ? atoi(argv[2]) : OBMM_EXCHANGE_DEFAULT_PORT);
 	if (argc >= 2 && !strcmp(argv[1], "import") && argc <= 4) {
