@@ -16,8 +16,11 @@
  * The region: two flags (one per direction, each on a page of its own) and two payload areas
  * (one per direction: every cache line has one writer).  For ROUNDS rounds the importer
  * publishes a payload and raises its flag, the exporter waits for the flag, checks every word
- * and publishes its answer the same way; the importer checks the answer.  Then each raises its
- * flag once more (done, acknowledged) and lets go of the region.  Publishing:
+ * and publishes its answer the same way; the importer checks the answer.  Then the importer
+ * raises its flag once more (done), the exporter answers with its count of wrong words, the
+ * importer unimports and exits; the exporter unexports when stopped (SIGTERM: `run` stops a
+ * service once the others have ended), never before: unexporting revokes the importer's
+ * mapping.  Publishing:
  *
  *   write the payload words; dmb ishst; write its header (round, words, checksum)
  *   dc civac over header and payload       the lines to the point of coherency
@@ -316,10 +319,17 @@ static int exporter(int port)
 	}
 	printf(PROG ": answered %d rounds, %zu wrong words received\n", ROUNDS, bad);
 	rc = bad ? 1 : 0;
-	/* The importer leaves once it sees this: nothing of ours is left to wait for. */
+	/* Our verdict, then the acknowledgment the importer leaves on. */
+	((struct payload *)(base + AREA_TO_IMPORTER))->sum = bad;
+	civac(base + AREA_TO_IMPORTER, sizeof(uint64_t) * 3);
+	DMB_OSH();
 	*(volatile uint64_t *)(base + FLAG_TO_IMPORTER) = DONE;
 	civac(base + FLAG_TO_IMPORTER, sizeof(uint64_t));
 	DMB_OSH();
+	/* Unexporting revokes the importer's mapping (its next access faults): keep the region
+	 * until we are stopped, which `run` does once the importer has unimported and ended. */
+	while (!stop)
+		pause();
 out:
 	if (srv >= 0)
 		close(srv);
@@ -388,8 +398,14 @@ static int importer(const char *host, const char *port)
 	*(volatile uint64_t *)(base + FLAG_TO_EXPORTER) = DONE;
 	civac(base + FLAG_TO_EXPORTER, sizeof(uint64_t));
 	DMB_OSH();
-	if (wait_flag((uint64_t *)(base + FLAG_TO_IMPORTER), DONE))
+	if (wait_flag((uint64_t *)(base + FLAG_TO_IMPORTER), DONE)) {
 		fprintf(stderr, PROG ": the exporter never acknowledged done\n");
+		bad++;
+	} else {
+		civac(base + AREA_TO_IMPORTER, sizeof(uint64_t) * 3);
+		DMB_OSH();
+		bad += ((struct payload *)(base + AREA_TO_IMPORTER))->sum; /* the exporter's */
+	}
 	printf(PROG ": %d rounds of %zu bytes each way (dmb osh, dmb ishst, dc civac), "
 	       "%zu wrong words, %.0f us a round trip\n",
 	       ROUNDS, sizeof(struct payload), bad, (now_s() - t0) / ROUNDS * 1e6);
