@@ -141,15 +141,16 @@ qemu-test: setup-python
 # cluster suites side by side on aarch64 guests; what differs by architecture is marked in the
 # tests with its reason.  arm64-stage is the part sized for make test: the plumbing, the
 # data path and every ioctl's refusals with their log lines, shmdev page and PMD mappings, a
-# borrow, then a cross-node read and the kernel-log guard on a pair.
+# borrow, then a user's arm64 C program through `obmm-testbed run --arch arm64` (its own pair,
+# first, so two pairs never run at once), a cross-node read and the kernel-log guard on a pair.
 ARM64 := OBMM_TESTBED_ARCH=arm64
 ARM64_STAGE_GUEST := tests/guest/test_plumbing.py tests/guest/test_data.py tests/guest/test_klog.py \
 	tests/guest/test_addr_query.py tests/guest/test_shmdev.py::test_pmd_mapping_is_pmd_aligned \
 	tests/guest/test_shmdev.py::test_two_cacheable_mappings_share_bytes \
 	tests/guest/test_shmdev.py::test_open_both_modes_on_pool_export \
 	tests/guest/test_borrow.py::test_numa_remote_import_hot_adds_a_remote_node
-ARM64_STAGE_CLUSTER := tests/cluster/test_xnode.py -m "$(CLUSTER_MARKS)" \
-	-k "a_exports_and_fills_b_imports_and_reads or kernel_log_guard"
+ARM64_STAGE_CLUSTER := tests/cluster/test_arm64_handoff.py tests/cluster/test_xnode.py \
+	-m "$(CLUSTER_MARKS)" -k "handoff or a_exports_and_fills_b_imports_and_reads or kernel_log_guard"
 arm64-test: setup-python
 	$(ARM64) $(VENV)/bin/obmm-testbed image
 	$(ARM64) $(SIDE_BY_SIDE) $(RECORD_TIMES) --stage arm64-test \

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from obmm import envvars
+from obmm.bench import archs as archs_mod
 from obmm.bench.measure import (
     GUEST_PYTHON,
     STRICT_SUFFIX,
@@ -254,6 +255,7 @@ def boot_figures(
     inits: list[str],
     samples: int,
     say: Callable[[str], None],
+    others: Sequence[Settings] = (),
 ) -> list[Figure]:
     """Boot-to-SSH of each cluster size with each init, `samples` times, interleaved: the wall
     time of ``obmm-testbed up --snapshot off`` from its start to its return (:func:`up_sample`),
@@ -261,36 +263,50 @@ def boot_figures(
 
     The boots of one size alternate between the inits (fast, systemd, fast, ...) so that a
     drift of the machine's speed hits both alike; the fast boot's baseline is the systemd boot
-    of the same size, so the summary shows their ratio.
+    of the same size, so the summary shows their ratio.  `others` (settings of further guest
+    architectures) boot with the fast init in the same rotation; their figures are named and
+    baselined by :func:`obmm.bench.archs.beside`.
     """
-    figures = []
+    figures: list[Figure] = []
     for nodes in sizes:
         topology = BOOT_SIZES.get(nodes, "pair")
-        runs: dict[str, list[UpSample]] = {init: [] for init in inits}
+        variants = [(settings, init) for init in inits]
+        variants += [(other, "fast") for other in others]
+        runs: dict[tuple[str, str], list[UpSample]] = {(s.arch, i): [] for s, i in variants}
         for k in range(samples):
-            for init in inits:
-                say(f"boot {nodes} node(s), init {init}, sample {k + 1}/{samples}")
+            for base_settings, init in variants:
+                arch = base_settings.arch
+                say(f"boot {nodes} {arch} node(s), init {init}, sample {k + 1}/{samples}")
                 # snapshot off: a cold boot is what this figure is.
-                shape = settings.replace(
+                shape = base_settings.replace(
                     topology=topology, nodes=nodes, init=init, snapshot="off",
                     name=f"bench-{nodes}",
                 )  # fmt: skip
-                runs[init].append(up_sample(shape))
-        for init in inits:
+                runs[arch, init].append(up_sample(shape))
+                say(f"  {runs[arch, init][-1].wall:.1f} s")
+        for base_settings, init in variants:
+            found: list[Figure] = []
+            sample_list = runs[base_settings.arch, init]
             base = "systemd" if init != "systemd" and "systemd" in inits else None
+            if base_settings is not settings:
+                base = None
             note = (
-                f"{topology} topology, {settings.accel} accelerator setting; {_loads(runs[init])}"
+                f"{topology} topology, {base_settings.accel} accelerator setting; "
+                f"{_loads(sample_list)}"
             )
-            figures.append(
+            found.append(
                 make_testbed_figure(
                     boot_figure_name(init, nodes),
-                    [s.wall for s in runs[init]],
+                    [s.wall for s in sample_list],
                     baseline=boot_figure_name(base, nodes) if base else None,
                     note=note,
                 )
             )
             if init == "fast":
-                figures += timeline_figures(boot_figure_name(init, nodes), runs[init], note)
+                found += timeline_figures(boot_figure_name(init, nodes), sample_list, note)
+            if base_settings is not settings:
+                found = archs_mod.beside(found, base_settings.arch, [f.name for f in figures])
+            figures += found
     return figures
 
 
@@ -299,38 +315,54 @@ def restore_figure_name(nodes: int) -> str:
 
 
 def restore_figures(
-    settings: Settings, sizes: list[int], samples: int, say: Callable[[str], None]
+    settings: Settings,
+    sizes: list[int],
+    samples: int,
+    say: Callable[[str], None],
+    others: Sequence[Settings] = (),
 ) -> list[Figure]:
     """Snapshot restore to SSH of each cluster size (fast init), `samples` times: the wall time
     of ``obmm-testbed up`` when a snapshot fits (:func:`up_sample`), and its timeline's phases.
 
     The first start of a size makes sure a snapshot exists (a cold boot that saves one, not
-    counted); its baseline is the cold fast boot of the same size.
+    counted); its baseline is the cold fast boot of the same size.  `others` (further guest
+    architectures) restore in the same rotation, named by :func:`obmm.bench.archs.beside`.
     """
-    figures = []
+    figures: list[Figure] = []
     for nodes in sizes:
-        shape = settings.replace(
-            topology=BOOT_SIZES.get(nodes, "pair"), nodes=nodes, init="fast", snapshot="auto",
-            name=f"bench-{nodes}",
-        )  # fmt: skip
-        up_sample(shape)
-        runs = []
-        for k in range(samples):
-            say(f"restore {nodes} node(s) from a snapshot, sample {k + 1}/{samples}")
-            sample = up_sample(shape)
-            if sample.restored_from is None:
-                raise RuntimeError(f"{nodes} node(s): booted cold, no snapshot restored")
-            runs.append(sample)
-        note = f"{shape.topology} topology; {_loads(runs)}"
-        figures.append(
-            make_testbed_figure(
-                restore_figure_name(nodes),
-                [s.wall for s in runs],
-                baseline=boot_figure_name("fast", nodes),
-                note=note,
+        shapes = [
+            s.replace(
+                topology=BOOT_SIZES.get(nodes, "pair"), nodes=nodes, init="fast",
+                snapshot="auto", name=f"bench-{nodes}",
             )
-        )
-        figures += timeline_figures(restore_figure_name(nodes), runs, note)
+            for s in (settings, *others)
+        ]  # fmt: skip
+        for shape in shapes:
+            up_sample(shape)
+        runs: dict[str, list[UpSample]] = {shape.arch: [] for shape in shapes}
+        for k in range(samples):
+            for shape in shapes:
+                say(f"restore {nodes} {shape.arch} node(s) from a snapshot, "
+                    f"sample {k + 1}/{samples}")  # fmt: skip
+                sample = up_sample(shape)
+                if sample.restored_from is None:
+                    raise RuntimeError(f"{nodes} node(s): booted cold, no snapshot restored")
+                runs[shape.arch].append(sample)
+                say(f"  {sample.wall:.1f} s")
+        for shape in shapes:
+            note = f"{shape.topology} topology; {_loads(runs[shape.arch])}"
+            found = [
+                make_testbed_figure(
+                    restore_figure_name(nodes),
+                    [s.wall for s in runs[shape.arch]],
+                    baseline=boot_figure_name("fast", nodes),
+                    note=note,
+                ),
+                *timeline_figures(restore_figure_name(nodes), runs[shape.arch], note),
+            ]
+            if shape.arch != settings.arch:
+                found = archs_mod.beside(found, shape.arch, [f.name for f in figures])
+            figures += found
     return figures
 
 
@@ -433,7 +465,8 @@ def inner_loop_figures(
                 shutil.copytree(src, root / rel, ignore=shutil.ignore_patterns("__pycache__"))
             elif src.is_file():
                 shutil.copy2(src, root / rel)
-        env = {**os.environ, envvars.ROOT.name: str(root), envvars.ACCEL.name: settings.accel}
+        env = {**os.environ, envvars.ROOT.name: str(root), envvars.ACCEL.name: settings.accel,
+               envvars.ARCH.name: settings.arch}  # fmt: skip
         env.pop(envvars.RESULTS.name, None)
         argv = [sys.executable, "-m", "obmm.testbed.cli.main", "dev", "--name", name, "--",
                 INNER_LOOP_TEST, "-q"]  # fmt: skip
@@ -486,18 +519,21 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     # The bench's own --nodes and --name mean other things: only its testbed flags count.
     settings = settings_mod.Settings.from_env(**{f: getattr(args, f, None) for f in FIELDS})
     recipe = find_recipe(settings.recipe)
+    arch_names = [a for a in str(getattr(args, "archs", "") or "").split(",") if a]
+    if arch_names:
+        settings = settings.replace(arch=arch_names[0])
 
     if not getattr(args, "skip_cold_image", False):
         # Named after this process: if it is killed, the next testbed command removes it.
         with scratch_dir("bench-cache") as scratch:
             say("cold image build into a throw-away cache")
             start = time.monotonic()
-            ensure_image(recipe, cache=scratch, progress=progress)
+            ensure_image(recipe, cache=scratch, progress=progress, arch=settings.arch)
             testbed.append(
                 make_testbed_figure("testbed.image_build.cold", [time.monotonic() - start])
             )
     start = time.monotonic()
-    image = guest_image(recipe, progress=progress, kernel=settings.kernel)
+    image = guest_image(recipe, progress=progress, kernel=settings.kernel, arch=settings.arch)
     cached = time.monotonic() - start
     testbed.append(
         make_testbed_figure(
@@ -506,6 +542,14 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
             baseline="testbed.image_build.cold" if testbed else None,
         )
     )
+    others = []
+    for name in arch_names[1:]:
+        other = settings.replace(arch=name)
+        other_image = guest_image(recipe, progress=progress, kernel=other.kernel, arch=name)
+        other_accel = accel_mod.choose(
+            other.accel, other_image.kernel, cache_dir(), qemu=other.qemu_binary
+        )
+        others.append(other.replace(accel=other_accel))
     accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
     settings = settings.replace(accel=accel)
     env = Environment.collect_host(accelerator=accel, node_count=2)
@@ -528,14 +572,29 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     boot_nodes = [int(n) for n in str(getattr(args, "boot_nodes", "1,2,4,8")).split(",") if n]
     inits = [i for i in str(getattr(args, "boot_inits", "fast,systemd")).split(",") if i]
     samples = int(getattr(args, "boot_samples", 3))
-    testbed += boot_figures(settings, sorted(set(boot_nodes)), inits, samples, say)
-    testbed += restore_figures(settings, sorted(set(boot_nodes)), samples, say)
+    testbed += boot_figures(settings, sorted(set(boot_nodes)), inits, samples, say, others)
+    testbed += restore_figures(settings, sorted(set(boot_nodes)), samples, say, others)
     tcg_samples = int(getattr(args, "tcg_samples", 3))
     if accel == "tcg" and tcg_samples:
         testbed += tcg_parallel_figures(settings, tcg_samples, say)
     if int(getattr(args, "inner_loop_samples", 3)) > 0:
         testbed += inner_loop_figures(settings, int(args.inner_loop_samples), say)
+        for other in others:
+            found = inner_loop_figures(other, int(args.inner_loop_samples), say)
+            testbed += archs_mod.beside(found, other.arch, [f.name for f in testbed])
     run = on_bench_pair(settings, env, config, run_cluster_bench, progress, then=strict_figures)
+    for other in others:
+        other_env = Environment.collect_host(accelerator=other.accel, node_count=2)
+        other_run = on_bench_pair(other, other_env, config, run_cluster_bench, progress)
+        run.add(archs_mod.beside(other_run.figures, other.arch, [f.name for f in run.figures]))
+        run.notes.append(
+            f"{other.arch} nodes: kernel {other_run.env.kernel}, CPU {other_run.env.cpu_model}, "
+            f"accelerator {other.accel}"
+        )
+        run.notes += [f"{other.arch}: {n}" for n in other_run.notes]
+        run.warnings += [f"{other.arch}: {w}" for w in other_run.warnings]
+    if others:
+        run.notes += archs_mod.beside_notes(run, settings.arch, [o.arch for o in others])
     measured = {f.name for f in testbed}
     recorded = [
         f
@@ -638,7 +697,9 @@ def scheme7_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
 
     progress = Progress("bench")
     settings = settings_mod.Settings.from_env(**{f: getattr(args, f, None) for f in FIELDS})
-    image = guest_image(find_recipe(settings.recipe), progress=progress, kernel=settings.kernel)
+    image = guest_image(
+        find_recipe(settings.recipe), progress=progress, kernel=settings.kernel, arch=settings.arch
+    )
     accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
     env = Environment.collect_host(accelerator=accel, node_count=2)
     return on_bench_pair(settings.replace(accel=accel), env, config, run_scheme7_bench, progress)
@@ -755,6 +816,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="runs of the parallel-TCG cost workload per variant under TCG (default 3; 0: skip)",
     )
     settings_mod.add_arguments(p, FIELDS)
+    p.add_argument(
+        "--archs",
+        default="",
+        metavar="A,B",
+        help="guest architectures side by side, e.g. x86_64,arm64 (default: the arch setting "
+        "alone): each after the first gets cold boots (fast init), restores, the inner loop and "
+        "the benchmark pair's figures, named <figure>.<arch>; its testbed figures' baseline is "
+        "the first's",
+    )
     p.add_argument(
         "--scheme7",
         action="store_true",

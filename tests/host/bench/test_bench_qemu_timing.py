@@ -215,3 +215,45 @@ def test_make_test_s_stage_summary_becomes_wall_against_floor_figures(tmp_path: 
     assert figures["testbed.make_test.host_build.floor"].samples == [200.0]
     summary.write_text("{")  # cut short: no figures, no error
     assert cluster_hook._stage_figures(summary) == []
+
+
+def test_a_second_architecture_boots_and_restores_in_the_same_rotation_against_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bench --archs x86_64,arm64: arm64's cold boots (fast init) and restores interleave with
+    x86_64's, and each arm64 figure's baseline is x86_64's same figure (the ratio column)."""
+    started: list[tuple[str, str, str]] = []
+
+    def fake_up(settings: Settings) -> cluster_hook.UpSample:
+        started.append((settings.arch, settings.init, settings.snapshot))
+        wall = 12.0 if settings.arch == "arm64" else 8.0
+        return _sample(wall, "abc" if settings.snapshot == "auto" else None)
+
+    monkeypatch.setattr(cluster_hook, "up_sample", fake_up)
+    x86 = Settings(accel="tcg")
+    arm = Settings(accel="tcg", arch="arm64")
+    say = lambda _m: None  # noqa: E731
+    boots = cluster_hook.boot_figures(x86, [2], ["fast", "systemd"], 2, say, [arm])
+    assert started == [("x86_64", "fast", "off"), ("x86_64", "systemd", "off"),
+                       ("arm64", "fast", "off")] * 2  # fmt: skip
+    by_name = {f.name: f for f in boots}
+    cold = by_name["testbed.boot_to_ssh.fast.2nodes.arm64"]
+    assert cold.samples == [12.0, 12.0] and cold.baseline == "testbed.boot_to_ssh.fast.2nodes"
+    assert "testbed.boot_to_ssh.systemd.2nodes.arm64" not in by_name
+    assert by_name["testbed.boot_to_ssh.fast.2nodes.at.sshd.arm64"].baseline == (
+        "testbed.boot_to_ssh.fast.2nodes.at.sshd"
+    )
+    assert by_name["testbed.boot_to_ssh.fast.2nodes"].baseline == (
+        "testbed.boot_to_ssh.systemd.2nodes"
+    )
+
+    started.clear()
+    restores = cluster_hook.restore_figures(x86, [2], 2, say, [arm])
+    assert started == [("x86_64", "fast", "auto"), ("arm64", "fast", "auto")] * 3
+    by_name = {f.name: f for f in restores}
+    assert by_name["testbed.restore_to_ssh.2nodes"].baseline == "testbed.boot_to_ssh.fast.2nodes"
+    again = by_name["testbed.restore_to_ssh.2nodes.arm64"]
+    assert again.baseline == "testbed.restore_to_ssh.2nodes" and again.samples == [12.0, 12.0]
+    run = Run(env=Environment.collect_host())
+    run.add(boots + restores)
+    assert run.ratio(cold) == pytest.approx(1.5) and run.ratio(again) == pytest.approx(1.5)
