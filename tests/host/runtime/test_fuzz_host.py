@@ -305,3 +305,60 @@ def test_record_mode_makes_a_valid_update_range(monkeypatch: pytest.MonkeyPatch)
     assert calls == [(m.addr, m.addr + (4 << 10), 0x9, 4)]
     assert "skipped" not in engine._outcome and engine._outcome["errnos"] == ["ok"]
     assert m.access == [0x8, 0]
+
+
+class _NoIoctl:
+    """A /dev/obmm the test holds every call to: the call's name, then ENOENT."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def ioctl(self, name: str, _cmd: object) -> None:
+        import errno
+
+        self.calls.append(name)
+        raise OSError(errno.ENOENT, name)
+
+
+def _recording_engine():  # type: ignore[no-untyped-def]
+    from obmm.fuzz import engine as engine_mod
+    from obmm.fuzz.model import Model
+    from obmm.fuzz.target import Fabric
+
+    engine = engine_mod.Engine.__new__(engine_mod.Engine)
+    engine.trace, engine.log, engine.record, engine.faults = [], False, True, None
+    engine.model = Model()
+    engine.fabric = Fabric(0, 1, {0: (1 << 32, 1 << 30)}, 3 << 28, 1 << 28, 2 << 20)
+    engine.dev = _NoIoctl()
+    return engine
+
+
+def test_record_mode_leaves_out_a_declaration_whose_bitmap_the_real_driver_warns_on() -> None:
+    """fuzz-diff op 1457: the real driver's bitmap_zalloc() of a huge DECLARE_PREIMPORT trips
+    the page allocator's WARN (no __GFP_NOWARN); left out on both, not called."""
+    engine = _recording_engine()
+    engine._outcome = {"op": 0, "kind": "declare_big", "errnos": []}
+    engine._op_declare_big(Op(0, "declare_big", (0,) * 6))  # 1 << 57 at the window's base
+    assert "KMALLOC_MAX_SIZE" in str(engine._outcome["skipped"]) and engine.dev.calls == []
+    engine._outcome = {"op": 1, "kind": "declare_big", "errnos": []}
+    engine._op_declare_big(Op(1, "declare_big", (5,) * 6))  # 1 << 45: a bitmap kmalloc gives
+    assert "skipped" not in engine._outcome
+    assert engine.dev.calls == ["OBMM_CMD_DECLARE_PREIMPORT"]
+
+
+def test_record_mode_keeps_an_export_under_a_numa_import() -> None:
+    """fuzz-diff op 194: a NUMA_REMOTE import has no dep, yet keeps its PA range; an UNEXPORT
+    under it is left out too, so no later export lands under a live import on one driver only."""
+    from obmm.fuzz.model import Region
+
+    engine = _recording_engine()
+    base = engine.fabric.own_base
+    engine.model.regions[1] = Region(mem_id=1, kind="export", size=4 << 20, pa=3 << 28)
+    engine.model.regions[2] = Region(
+        mem_id=2, kind="import", size=4 << 20, pa=base + (3 << 28), numa=True, allow_mmap=False
+    )
+    engine._outcome = {"op": 0, "kind": "unexport", "errnos": []}
+    # passes no chance (99 of 100): export 1, the only one, with flags 0
+    engine._op_unexport(Op(0, "unexport", (99 << 32,) * 6))
+    assert engine._outcome.get("skipped") == "UNEXPORT under an import: revokes"
+    assert engine.dev.calls == []
