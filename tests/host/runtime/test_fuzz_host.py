@@ -330,6 +330,7 @@ def _recording_engine():  # type: ignore[no-untyped-def]
     engine.model = Model()
     engine.fabric = Fabric(0, 1, {0: (1 << 32, 1 << 30)}, 3 << 28, 1 << 28, 2 << 20)
     engine.dev = _NoIoctl()
+    engine.peers, engine.skip_exports = [], set()
     return engine
 
 
@@ -362,3 +363,39 @@ def test_record_mode_keeps_an_export_under_a_numa_import() -> None:
     engine._op_unexport(Op(0, "unexport", (99 << 32,) * 6))
     assert engine._outcome.get("skipped") == "UNEXPORT under an import: revokes"
     assert engine.dev.calls == []
+
+
+def test_record_mode_unexports_and_leaves_out_an_export_not_in_one_physical_run() -> None:
+    """An export whose granules the pool did not place in one ascending run (the real driver's
+    pool can): unexported again, its outcome marked scattered; one run kept; an operation the
+    other driver's run found scattered is left out without a call."""
+    from obmm.fuzz.engine import SCATTERED
+
+    engine = _recording_engine()
+    g = engine.fabric.granu
+    placed = {7: [0, 2 * g], 8: [0, g]}  # mem_id -> the PA of each granule
+
+    class Dev(_NoIoctl):
+        def ioctl(self, name: str, cmd: object) -> None:
+            self.calls.append(name)
+            if name == "OBMM_CMD_EXPORT":
+                cmd.mem_id = 7 if len(self.calls) == 1 else 8  # type: ignore[attr-defined]
+
+        def query_pa_by_memid(self, mem_id: int, offset: int = 0) -> int:
+            return (3 << 28) + placed[mem_id][offset // g]
+
+    engine.dev = Dev()
+    engine.pool_total = 1 << 28
+    op = Op(0, "export", (99 << 32 | 2,) * 6)  # 2 granules, flags 1, no chance taken
+    engine._outcome = {"op": 0, "kind": "export", "errnos": []}
+    engine._op_export(op)
+    assert engine._outcome == {"op": 0, "kind": "export", "errnos": [], "skipped": SCATTERED,
+                               "scattered": True}  # fmt: skip
+    assert engine.dev.calls == ["OBMM_CMD_EXPORT", "OBMM_CMD_UNEXPORT"] and not engine.model.regions
+    engine._outcome = {"op": 0, "kind": "export", "errnos": []}
+    engine._op_export(op)
+    assert engine._outcome["mem_id"] == 8 and 8 in engine.model.regions
+    engine.skip_exports = {3}
+    engine._outcome = {"op": 3, "kind": "export", "errnos": []}
+    engine._op_export(Op(3, "export", op.words))
+    assert engine._outcome["skipped"] == SCATTERED and len(engine.dev.calls) == 3
