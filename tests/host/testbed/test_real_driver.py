@@ -256,6 +256,18 @@ def test_a_move_of_a_mapping_the_real_driver_split_at_update_range_bounds_is_exp
     assert result.first_unexplained is not None and result.first_unexplained[0] == 1
 
 
+def test_a_declaration_past_every_window_is_explained() -> None:
+    """fuzz-diff op 384 (seed 1, 4,000 operations): DECLARE_PREIMPORT of 4 PiB at the window's
+    base, EINVAL on obmm_emu (window first), EBUSY on the real driver (iomem first)."""
+    emu = [outcome(0, "declare_big", errnos=["EINVAL"])]
+    real = [outcome(0, "declare_big", errnos=["EBUSY"])]
+    result = fuzzdiff.compare(emu, real)
+    assert result.first_unexplained is None
+    assert list(result.per_kind["declare_big"]["differs"]) == [
+        "DECLARE_PREIMPORT outside every window: EINVAL before iomem, real EBUSY"
+    ]
+
+
 def test_the_emulators_run_leaves_out_the_exports_the_real_pool_scattered() -> None:
     """fuzz-diff op 46 of one run: the real driver's pool gave an export granules that are not
     one physical run, which no import reaches on the testbed (EINVAL) while obmm_emu's import

@@ -88,6 +88,18 @@ EXPLAINED: tuple[Explained, ...] = (
         "VMA split at UPDATE_RANGE bounds (real driver only): move EFAULT, not EOPNOTSUPP",
         lambda e, r: _errnos(e) == ["EOPNOTSUPP"] and _errnos(r) == ["EFAULT"],
     ),
+    # A declaration past every fabric window: obmm_emu refuses it as not UB memory before
+    # probing iomem (FIDELITY, "DECLARE_PREIMPORT of a range outside every fabric window"); the
+    # real driver inserts PREIMPORT_UBMEM first (obmm_resource.c:setup_ubmem_resource), EBUSY
+    # where the range partly overlaps a resource.
+    *(
+        Explained(
+            kind,
+            "DECLARE_PREIMPORT outside every window: EINVAL before iomem, real EBUSY",
+            lambda e, r: _errnos(e) == ["EINVAL"] and _errnos(r) == ["EBUSY"],
+        )
+        for kind in ("declare_big", "preimport")
+    ),
 )
 
 
