@@ -399,3 +399,21 @@ def test_record_mode_unexports_and_leaves_out_an_export_not_in_one_physical_run(
     engine._outcome = {"op": 3, "kind": "export", "errnos": []}
     engine._op_export(Op(3, "export", op.words))
     assert engine._outcome["skipped"] == SCATTERED and len(engine.dev.calls) == 3
+
+
+def test_record_mode_leaves_out_an_import_past_its_export() -> None:
+    """fuzz-diff op 1180 (seed 1): an import at an export's address but 1 GiB long overlaps
+    another import on one driver and nothing on the other (where the pools put the exports):
+    left out on both, not called."""
+    from obmm.fuzz.model import Region
+
+    engine = _recording_engine()
+    engine.model.regions[1] = Region(mem_id=1, kind="export", size=2 << 20, pa=3 << 28)
+    engine._outcome = {"op": 0, "kind": "import", "errnos": []}
+    # no chance taken (99 of 100) but word 3's chance(3, 20): a length from the list, its
+    # choice 4 of 7 (the window's size), at the export's address
+    length = 15 << 32
+    length += (4 - length % 7) % 7
+    engine._op_import(Op(0, "import", (99 << 32,) * 3 + (length,) + (99 << 32,) * 2))
+    assert engine._outcome.get("skipped") == "IMPORT past its export: overlap depends on placement"
+    assert engine.dev.calls == []
