@@ -946,9 +946,10 @@ long obmm_import_ioctl(void __user *uarg)
 	if (!pre) {
 		ret = obmm_range_insert(r, cmd.addr, cmd.length);
 		if (ret == -EEXIST)
-			obmm_refuse_emu(OBMM_OP_IMPORT, ret,
-					"PA range [%#llx, %#llx] overlaps another import or preimport range",
-					cmd.addr, cmd.addr + cmd.length - 1);
+			/* obmm_addr_check.c:occupy_pa_range(), its pr_fmt's sub-prefix */
+			obmm_refuse(OBMM_OP_IMPORT, ret,
+				    "addr_check:failed to occupy PA range: ret=%pe",
+				    ERR_PTR(ret));
 		else if (ret)
 			obmm_refuse_emu(OBMM_OP_IMPORT, ret, "no memory for the PA range");
 		if (ret)
@@ -1215,9 +1216,10 @@ static int obmm_preimport_declare(struct obmm_cmd_preimport *cmd)
 		list_add_tail(&pre->range.link, &obmm_import_ranges);
 	mutex_unlock(&obmm_import_mutex);
 	if (ret) {
-		obmm_refuse_emu(OBMM_OP_DECLARE_PREIMPORT, ret,
-			    "PA range [%pa, %pa] overlaps another import or preimport range",
-			    &pre->range.start, &pre->range.end);
+		/* occupy_pa_range()'s line (obmm_addr_check.c) */
+		obmm_refuse(OBMM_OP_DECLARE_PREIMPORT, ret,
+			    "addr_check:failed to occupy PA range: ret=%pe",
+			    ERR_PTR(ret));
 		goto err_free;
 	}
 	ret = obmm_preimport_alloc_blocks(pre, cmd->length);

@@ -3,11 +3,13 @@
 Each :class:`Line` is one format string of openeuler-mirror/kernel ``drivers/ub/obmm``, as its
 ``pr_err()`` writes it (without the trailing ``\\n``; ``EID_FMT64`` expanded), with the places
 (``<file>.c:<function>``) that log it.  Every line has the prefix of ``obmm_core.h``'s
-``pr_fmt`` (:data:`PREFIX`).  The commits the facts were read at are those FIDELITY.md names
-(``obmm_import.c@bf00953``, ``obmm_core.c@53eaf2b``, ``obmm_export.c@d4f4936``,
-``obmm_export_from_pool.c@d4f4936``, ``obmm_export_from_user.c@80a7753``,
-``obmm_preimport.c@7863d54``, ``obmm_preimport_prefilled.c@7863d54``, ``obmm_shm_dev.c@753ece1``,
-``ubmempool_allocator.c``).
+``pr_fmt`` (:data:`PREFIX`); a file whose own ``pr_fmt`` adds a sub-prefix after it
+(``obmm_addr_check.c``'s ``addr_check:``) has it in :attr:`Line.sub`.  The commits the facts
+were read at are those FIDELITY.md names (``obmm_import.c@bf00953``, ``obmm_core.c@53eaf2b``,
+``obmm_export.c@d4f4936``, ``obmm_export_from_pool.c@d4f4936``,
+``obmm_export_from_user.c@80a7753``, ``obmm_preimport.c@7863d54``,
+``obmm_preimport_prefilled.c@7863d54``, ``obmm_shm_dev.c@753ece1``, ``ubmempool_allocator.c``;
+``obmm_addr_check.c`` as in the dkms tree at 65ba333).
 
 The emulated driver logs these lines at the same checks (``kmod/obmm_emu``: ``obmm_refuse()``
 and ``obmm_klog()``); where the real driver refuses without a line, or the check is the
@@ -29,19 +31,34 @@ MACROS = {"EID_FMT64": "%#llx:%#llx"}
 
 @dataclass(frozen=True)
 class Line:
-    """One log line of the real driver: its level, its format, where it is logged."""
+    """One log line of the real driver: its level, its format, where it is logged, and the
+    sub-prefix its file's ``pr_fmt`` puts between :data:`PREFIX` and the format (``sub``)."""
 
     level: str
     fmt: str
     where: tuple[str, ...]
+    sub: str = ""
 
     @property
     def files(self) -> set[str]:
         return {w.split(":", 1)[0] for w in self.where}
 
+    @property
+    def text(self) -> str:
+        """What follows :data:`PREFIX` in the log: the sub-prefix, then the format."""
+        return self.sub + self.fmt
+
 
 def _err(fmt: str, *where: str) -> Line:
     return Line("err", fmt, where)
+
+
+#: ``obmm_addr_check.c``: ``#define pr_fmt(fmt) "OBMM: addr_check:" fmt`` (no space after it).
+ADDR_CHECK = "addr_check:"
+
+
+def _addr_check(fmt: str, *where: str) -> Line:
+    return Line("err", fmt, where, ADDR_CHECK)
 
 
 #: The real driver's lines at the checks the emulator makes, by operation.
@@ -203,6 +220,8 @@ REAL: tuple[Line, ...] = (
         "obmm_import.c:prepare_import_memory",
     ),
     _err("Failed to prepare import memory: ret=%pe", "obmm_import.c:obmm_import"),
+    # the PA-range tree of direct imports and preimport declarations (IMPORT, DECLARE_PREIMPORT)
+    _addr_check("failed to occupy PA range: ret=%pe", "obmm_addr_check.c:occupy_pa_range"),
     _err("Failed to create import device. ret=%pe", "obmm_import.c:obmm_import"),
     _err(
         "PA range invalid. Cacheable memory cannot be managed with numa.remote",
@@ -351,10 +370,6 @@ EMULATOR_OWN: dict[str, str] = {
     "mem_id=%llu: invalid offset %#llx (size exceeded)": _UNREAD
     + " (an export's offset: obmm_export_region_ops.c:get_offset_detail_export_region)",
     "invalid cache_ops %u": _UNREAD + " (obmm_cache.c:obmm_is_valid_cache_ops)",
-    "PA range [%#llx, %#llx] overlaps another import or preimport range": _UNREAD
-    + " (obmm_addr_check.c:occupy_pa_range, not in the reference index)",
-    "PA range [%pa, %pa] overlaps another import or preimport range": _UNREAD
-    + " (obmm_addr_check.c:occupy_pa_range, not in the reference index)",
     "cannot allocate %#llx bytes%s from the pool of node %d": _EMULATOR
     + " (an allocation that failed otherwise than ENOMEM: a wait for quarantined memory)",
     "no free export record slot in the control region (%d per node)": _EMULATOR
@@ -384,5 +399,5 @@ EMULATOR_OWN: dict[str, str] = {
 
 
 def real_formats() -> dict[str, Line]:
-    """The table by format."""
-    return {line.fmt: line for line in REAL}
+    """The table by the text after :data:`PREFIX` (sub-prefix and format)."""
+    return {line.text: line for line in REAL}

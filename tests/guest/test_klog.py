@@ -167,6 +167,40 @@ def test_import_unknown_scna(
     )
 
 
+def test_import_over_an_import(
+    dev: obmm.Obmm,
+    fabric: Fabric,
+    live: tuple[int, obmm.Export],
+    kmsg: KmsgWatcher,
+    kernel_log: KernelLog,
+) -> None:
+    """An import whose PA range overlaps a live one: occupy_pa_range()'s line, with
+    obmm_addr_check.c's sub-prefix (``addr_check:``, no space), then obmm_import()'s; a
+    declaration over it: occupy_pa_range()'s line alone (preimport_prepare_prefilled())."""
+    addr, _ = live
+    fmt_is_a_fact(driver_log.ADDR_CHECK + "failed to occupy PA range: ret=%pe")
+    first = dev.import_(addr, 2 * SZ_2M, scna=fabric.cna)
+    try:
+        refuse(
+            kmsg,
+            kernel_log,
+            errno.EEXIST,
+            lambda: dev.import_(addr + SZ_2M, SZ_2M, scna=fabric.cna),
+            rf"addr_check:failed to occupy PA range: ret={err(errno.EEXIST)}",
+            rf"Failed to prepare import memory: ret={err(errno.EEXIST)}",
+        )
+        block = int(Path("/sys/devices/system/memory/block_size_bytes").read_text().strip(), 16)
+        refuse(
+            kmsg,
+            kernel_log,
+            errno.EEXIST,
+            lambda: dev.declare_preimport(addr - addr % block, block, scna=fabric.cna),
+            rf"addr_check:failed to occupy PA range: ret={err(errno.EEXIST)}",
+        )
+    finally:
+        dev.unimport(first.mem_id)
+
+
 @pytest.mark.emulator_only
 def test_borrow_of_an_unexported_range(
     dev: obmm.Obmm, fabric: Fabric, kmsg: KmsgWatcher, kernel_log: KernelLog

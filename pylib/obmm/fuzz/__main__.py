@@ -42,6 +42,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="hold nothing against the model: write each operation's outcome to FILE (JSON "
         "lines), for comparing two drivers; no reload, no fault injection",
     )
+    p.add_argument("--skip-exports", default="", metavar="OPS",
+                   help="record mode: comma-separated EXPORT operations to leave out (those "
+                   "another driver's run found scattered: make fuzz-diff)")  # fmt: skip
     p.add_argument("--seconds", type=float, default=0.0,
                    help="start no operation (concurrent: round) after this many seconds; "
                    "0: no limit (a campaign sized to end by a given time)")  # fmt: skip
@@ -53,7 +56,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def record(args: argparse.Namespace) -> int:
     """One run in record mode; status 1 only for a kernel report (or a failed cleanup)."""
-    engine = Engine(reload=False, faults_on=False, log=args.verbose, record=True)
+    skip = [int(i) for i in args.skip_exports.split(",") if i]
+    engine = Engine(reload=False, faults_on=False, log=args.verbose, record=True,
+                    skip_exports=skip)  # fmt: skip
     ops = generate(args.seed, args.ops)
     if args.only:
         ops = select(ops, [int(i) for i in args.only.split(",") if i])

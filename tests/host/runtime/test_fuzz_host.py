@@ -436,3 +436,115 @@ def test_memory_unexported_beside_a_stuck_borrow_must_come_back(
         else:
             race.pinned_borrow_vs_reuse(rd)
         assert rd.engine.dev.calls[-1] == "unimport 99"
+
+
+class _NoIoctl:
+    """A /dev/obmm the test holds every call to: the call's name, then ENOENT."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def ioctl(self, name: str, _cmd: object) -> None:
+        import errno
+
+        self.calls.append(name)
+        raise OSError(errno.ENOENT, name)
+
+
+def _recording_engine():  # type: ignore[no-untyped-def]
+    from obmm.fuzz import engine as engine_mod
+    from obmm.fuzz.model import Model
+    from obmm.fuzz.target import Fabric
+
+    engine = engine_mod.Engine.__new__(engine_mod.Engine)
+    engine.trace, engine.log, engine.record, engine.faults = [], False, True, None
+    engine.model = Model()
+    engine.fabric = Fabric(0, 1, {0: (1 << 32, 1 << 30)}, 3 << 28, 1 << 28, 2 << 20)
+    engine.dev = _NoIoctl()
+    engine.peers, engine.skip_exports = [], set()
+    return engine
+
+
+def test_record_mode_leaves_out_a_declaration_whose_bitmap_the_real_driver_warns_on() -> None:
+    """fuzz-diff op 1457: the real driver's bitmap_zalloc() of a huge DECLARE_PREIMPORT trips
+    the page allocator's WARN (no __GFP_NOWARN); left out on both, not called."""
+    engine = _recording_engine()
+    engine._outcome = {"op": 0, "kind": "declare_big", "errnos": []}
+    engine._op_declare_big(Op(0, "declare_big", (0,) * 6))  # 1 << 57 at the window's base
+    assert "KMALLOC_MAX_SIZE" in str(engine._outcome["skipped"]) and engine.dev.calls == []
+    engine._outcome = {"op": 1, "kind": "declare_big", "errnos": []}
+    engine._op_declare_big(Op(1, "declare_big", (5,) * 6))  # 1 << 45: a bitmap kmalloc gives
+    assert "skipped" not in engine._outcome
+    assert engine.dev.calls == ["OBMM_CMD_DECLARE_PREIMPORT"]
+
+
+def test_record_mode_keeps_an_export_under_a_numa_import() -> None:
+    """fuzz-diff op 194: a NUMA_REMOTE import has no dep, yet keeps its PA range; an UNEXPORT
+    under it is left out too, so no later export lands under a live import on one driver only."""
+    from obmm.fuzz.model import Region
+
+    engine = _recording_engine()
+    base = engine.fabric.own_base
+    engine.model.regions[1] = Region(mem_id=1, kind="export", size=4 << 20, pa=3 << 28)
+    engine.model.regions[2] = Region(
+        mem_id=2, kind="import", size=4 << 20, pa=base + (3 << 28), numa=True, allow_mmap=False
+    )
+    engine._outcome = {"op": 0, "kind": "unexport", "errnos": []}
+    # passes no chance (99 of 100): export 1, the only one, with flags 0
+    engine._op_unexport(Op(0, "unexport", (99 << 32,) * 6))
+    assert engine._outcome.get("skipped") == "UNEXPORT under an import: revokes"
+    assert engine.dev.calls == []
+
+
+def test_record_mode_unexports_and_leaves_out_an_export_not_in_one_physical_run() -> None:
+    """An export whose granules the pool did not place in one ascending run (the real driver's
+    pool can): unexported again, its outcome marked scattered; one run kept; an operation the
+    other driver's run found scattered is left out without a call."""
+    from obmm.fuzz.engine import SCATTERED
+
+    engine = _recording_engine()
+    g = engine.fabric.granu
+    placed = {7: [0, 2 * g], 8: [0, g]}  # mem_id -> the PA of each granule
+
+    class Dev(_NoIoctl):
+        def ioctl(self, name: str, cmd: object) -> None:
+            self.calls.append(name)
+            if name == "OBMM_CMD_EXPORT":
+                cmd.mem_id = 7 if len(self.calls) == 1 else 8  # type: ignore[attr-defined]
+
+        def query_pa_by_memid(self, mem_id: int, offset: int = 0) -> int:
+            return (3 << 28) + placed[mem_id][offset // g]
+
+    engine.dev = Dev()
+    engine.pool_total = 1 << 28
+    op = Op(0, "export", (99 << 32 | 2,) * 6)  # 2 granules, flags 1, no chance taken
+    engine._outcome = {"op": 0, "kind": "export", "errnos": []}
+    engine._op_export(op)
+    assert engine._outcome == {"op": 0, "kind": "export", "errnos": [], "skipped": SCATTERED,
+                               "scattered": True}  # fmt: skip
+    assert engine.dev.calls == ["OBMM_CMD_EXPORT", "OBMM_CMD_UNEXPORT"] and not engine.model.regions
+    engine._outcome = {"op": 0, "kind": "export", "errnos": []}
+    engine._op_export(op)
+    assert engine._outcome["mem_id"] == 8 and 8 in engine.model.regions
+    engine.skip_exports = {3}
+    engine._outcome = {"op": 3, "kind": "export", "errnos": []}
+    engine._op_export(Op(3, "export", op.words))
+    assert engine._outcome["skipped"] == SCATTERED and len(engine.dev.calls) == 3
+
+
+def test_record_mode_leaves_out_an_import_past_its_export() -> None:
+    """fuzz-diff op 1180 (seed 1): an import at an export's address but 1 GiB long overlaps
+    another import on one driver and nothing on the other (where the pools put the exports):
+    left out on both, not called."""
+    from obmm.fuzz.model import Region
+
+    engine = _recording_engine()
+    engine.model.regions[1] = Region(mem_id=1, kind="export", size=2 << 20, pa=3 << 28)
+    engine._outcome = {"op": 0, "kind": "import", "errnos": []}
+    # no chance taken (99 of 100) but word 3's chance(3, 20): a length from the list, its
+    # choice 4 of 7 (the window's size), at the export's address
+    length = 15 << 32
+    length += (4 - length % 7) % 7
+    engine._op_import(Op(0, "import", (99 << 32,) * 3 + (length,) + (99 << 32,) * 2))
+    assert engine._outcome.get("skipped") == "IMPORT past its export: overlap depends on placement"
+    assert engine.dev.calls == []

@@ -101,3 +101,26 @@ def test_the_pinned_prefix_is_the_real_drivers() -> None:
         f'#define pr_fmt(fmt) "{driver_log.PREFIX}" fmt'
         in (UPSTREAM_OBMM / "obmm_core.h").read_text()
     )
+
+
+def test_a_sub_prefix_is_its_files() -> None:
+    """The addr_check: lines are obmm_addr_check.c's, and the emulator logs them whole."""
+    subbed = [line for line in driver_log.REAL if line.sub]
+    assert subbed
+    for line in subbed:
+        assert line.sub == driver_log.ADDR_CHECK and line.files == {"obmm_addr_check.c"}, line
+        assert line.text == line.sub + line.fmt
+    used = {c.text for c in refusal_calls() if c.level == "real"}
+    assert "addr_check:failed to occupy PA range: ret=%pe" in used
+
+
+@NEEDS_TREE
+def test_the_sub_prefixes_are_the_real_files_pr_fmt() -> None:
+    for line in driver_log.REAL:
+        for file in line.files:
+            text = (UPSTREAM_OBMM / file).read_text()
+            has_own = re.search(r"#define pr_fmt\(fmt\)", text)
+            if line.sub:
+                assert f'#define pr_fmt(fmt) "{driver_log.PREFIX}{line.sub}" fmt' in text, line
+            else:
+                assert not has_own or f'"{driver_log.PREFIX}" fmt' in text, (file, line)
