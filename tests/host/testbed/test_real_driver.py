@@ -344,8 +344,10 @@ class FakeItem:
     def get_closest_marker(self, name: str) -> pytest.Mark | None:
         return self.marks.get(name)
 
-    def add_marker(self, marker: pytest.MarkDecorator) -> None:
+    def add_marker(self, marker: pytest.MarkDecorator, append: bool = True) -> None:
         self.added.append(marker.mark)
+        # a driver's skip goes first, so a test's own skipif cannot win over its reason
+        assert not append or marker.mark.name != "skipif", marker
 
 
 def _added(item: FakeItem) -> list[tuple[str, str, bool]]:
@@ -369,10 +371,10 @@ def test_the_driver_markers_under_each_driver(driver: str) -> None:
     if driver == "emu":
         assert _added(emu_only) == _added(fabric) == _added(differs) == []
     elif driver == "real":
-        assert _added(emu_only) == [("skip", emulator_only_reason("real"), False)]
+        assert _added(emu_only) == [("skipif", emulator_only_reason("real"), False)]
         assert _added(fabric) == []  # the testbed's fabric is there under either driver
         assert _added(differs) == [("xfail", "real_driver_differs: 4 KiB PTEs", True)]
     else:
-        assert _added(emu_only) == [("skip", emulator_only_reason("hardware"), False)]
-        assert _added(fabric) == [("skip", TESTBED_FABRIC_SKIP, False)]
+        assert _added(emu_only) == [("skipif", emulator_only_reason("hardware"), False)]
+        assert _added(fabric) == [("skipif", TESTBED_FABRIC_SKIP, False)]
         assert _added(differs) == []  # a UB host is the real driver on real hardware

@@ -38,10 +38,13 @@ def skip_emulator_only(items: list[pytest.Item], driver: str) -> None:
     The one place both suites (guest and cluster) decide it."""
     if driver == "emu":
         return
-    skip = pytest.mark.skip(reason=emulator_only_reason(driver))
+    # A skipif put first: pytest evaluates skipif before skip, the item's own marks before its
+    # module's, so the driver's reason wins over a test's own condition (the hardware stages
+    # check the reason).
+    skip = pytest.mark.skipif(True, reason=emulator_only_reason(driver))
     for item in items:
         if item.get_closest_marker("emulator_only") is not None:
-            item.add_marker(skip)
+            item.add_marker(skip, append=False)
 
 
 #: Why a test marked testbed_fabric is skipped on a UB host (it runs on either testbed driver).
@@ -57,10 +60,10 @@ def mark_for_driver(items: list[pytest.Item], driver: str) -> None:
     ``real_driver_differs(reason)`` is a strict xfail on the real obmm.ko of the testbed (the
     difference is known; the test passing there fails it, so the marker cannot go stale)."""
     skip_emulator_only(items, driver)
-    fabric_skip = pytest.mark.skip(reason=TESTBED_FABRIC_SKIP)
+    fabric_skip = pytest.mark.skipif(True, reason=TESTBED_FABRIC_SKIP)  # first, as above
     for item in items:
         if driver == "hardware" and item.get_closest_marker("testbed_fabric") is not None:
-            item.add_marker(fabric_skip)
+            item.add_marker(fabric_skip, append=False)
         differs = item.get_closest_marker("real_driver_differs")
         if driver == "real" and differs is not None:
             why = differs.args[0] if differs.args else "the real driver does otherwise"
