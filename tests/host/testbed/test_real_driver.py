@@ -366,7 +366,11 @@ def test_the_driver_markers_under_each_driver(driver: str) -> None:
     fabric = FakeItem(pytest.mark.testbed_fabric)
     differs = FakeItem(pytest.mark.real_driver_differs("4 KiB PTEs"))
     plain = FakeItem()
-    mark_for_driver([emu_only, fabric, differs, plain], driver)  # type: ignore[list-item]
+    both = FakeItem(pytest.mark.emulator_only, pytest.mark.testbed_fabric)
+    mark_for_driver([emu_only, fabric, differs, plain, both], driver)  # type: ignore[list-item]
+    if driver != "emu":
+        # each skip is put first: the last one added is the reason pytest gives
+        assert _added(both)[-1][1] == emulator_only_reason(driver)
     assert _added(plain) == []
     if driver == "emu":
         assert _added(emu_only) == _added(fabric) == _added(differs) == []

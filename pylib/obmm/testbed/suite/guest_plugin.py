@@ -59,11 +59,13 @@ def mark_for_driver(items: list[pytest.Item], driver: str) -> None:
     ``emulator_only`` skips off the emulator; ``testbed_fabric`` skips on a UB host;
     ``real_driver_differs(reason)`` is a strict xfail on the real obmm.ko of the testbed (the
     difference is known; the test passing there fails it, so the marker cannot go stale)."""
-    skip_emulator_only(items, driver)
     fabric_skip = pytest.mark.skipif(True, reason=TESTBED_FABRIC_SKIP)  # first, as above
     for item in items:
         if driver == "hardware" and item.get_closest_marker("testbed_fabric") is not None:
             item.add_marker(fabric_skip, append=False)
+    # After the fabric skip, so it goes before it: a test that is both says emulator_only.
+    skip_emulator_only(items, driver)
+    for item in items:
         differs = item.get_closest_marker("real_driver_differs")
         if driver == "real" and differs is not None:
             why = differs.args[0] if differs.args else "the real driver does otherwise"
