@@ -44,6 +44,16 @@ def as_words(text: str) -> tuple[str, ...]:
     return tuple(text.split())
 
 
+#: The guest kernels by name (obmm.testbed.builds.kernels); an absolute path names a built tree.
+KERNEL_NAMES = ("debian", "debug")
+
+
+def as_kernel(text: str) -> str:
+    if text in KERNEL_NAMES or os.path.isabs(text):
+        return text
+    raise ValueError(text)
+
+
 @dataclass(frozen=True)
 class Var:
     """One environment variable."""
@@ -122,10 +132,11 @@ RECIPE = Var(
 KERNEL = Var(
     "OBMM_TESTBED_KERNEL",
     "testbed",
-    "guest kernel: the image's own, or the debug build (KASAN, lockdep, kmemleak; "
-    "`make debug-kernel`)",
+    "guest kernel: the image's own, the debug build (KASAN, lockdep, kmemleak; "
+    "`make debug-kernel`), or the absolute path of a built kernel tree of yours",
     default="debian",
-    choices=("debian", "debug"),
+    parse=as_kernel,
+    default_text="`debian` (`debian` \\| `debug` \\| an absolute path)",
 )
 INIT = Var(
     "OBMM_TESTBED_INIT",

@@ -98,6 +98,14 @@ class Settings:
                     f"{knob.flag} / {knob.var.name}: {value!r} is not one of "
                     + ", ".join(knob.var.choices)
                 )
+        try:
+            envvars.as_kernel(self.kernel)
+        except ValueError:
+            raise SettingsError(
+                f"--kernel / {envvars.KERNEL.name}: {self.kernel!r} is not one of "
+                + ", ".join(envvars.KERNEL_NAMES)
+                + ", nor the absolute path of a kernel tree"
+            ) from None
         if self.nodes is not None and not 1 <= self.nodes <= MAX_NODES:
             raise SettingsError(
                 f"--nodes / {envvars.NODES.name}: {self.nodes} is not 1..{MAX_NODES}"

@@ -1,4 +1,5 @@
-"""The debug-kernel stage's host side: config checks, cache key, the image variant, kmemleak."""
+"""The guest kernel providers' host side: the debug kernel (config checks, cache key, the image
+variant, kmemleak) and a kernel tree given by path."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from obmm.bench.local import LocalNode
 from obmm.testbed import paths
-from obmm.testbed.builds import debugkernel, image, initramfs, kbuild, kernels
+from obmm.testbed.arch import ARM64
+from obmm.testbed.builds import debugkernel, image, initramfs, kbuild, kernels, kerneltree
 from obmm.testbed.settings import Settings, SettingsError
 from obmm.testbed.ssh import Result
 from obmm.testbed.topology import Topology
@@ -186,6 +188,92 @@ def test_kernel_knob_selects_the_variant_and_rejects_unknown_values(
         kernels.provider("vanilla")
     with pytest.raises(image.ImageError, match="kernel 'vanilla'"):
         kernels.guest_image(kernel="vanilla")  # before any image is looked for
+
+
+def _fake_tree(root: Path, config: str | None = None) -> Path:
+    """A built kernel tree as `make bzImage modules` leaves one (only what the provider reads)."""
+    (root / "arch" / "x86" / "boot").mkdir(parents=True)
+    (root / "include" / "config").mkdir(parents=True)
+    (root / "arch" / "x86" / "boot" / "bzImage").write_bytes(b"tree kernel")
+    (root / "include" / "config" / "kernel.release").write_text("6.6.0-olk+\n")
+    (root / "Module.symvers").write_text("")
+    if config is None:
+        config = "".join(f"{name}=y\n" for name in kerneltree.NEEDED) + 'CONFIG_LOCALVERSION="+"\n'
+    (root / ".config").write_text(config)
+    return root
+
+
+def test_a_tree_given_by_path_boots_on_the_image_and_builds_the_modules(
+    base_image: image.Image, tmp_path: Path
+) -> None:
+    tree = _fake_tree(tmp_path / "olk")
+    got = kernels.provider(str(tree)).boots(base_image)
+    assert got.kernel.resolve() == tree / "arch" / "x86" / "boot" / "bzImage"
+    assert got.disk.resolve() == base_image.disk
+    assert got.kernel_release == "6.6.0-olk+"
+    assert got.kdir == tree
+    assert got.fast_init_modules == ()
+    assert got.fast_initrd is not None
+    assert not [n for n in _listing(got.fast_initrd) if n.endswith(".ko")]
+    assert "debug_kernel" not in got.manifest  # no kmemleak scan expected of it
+    # Snapshots of its boots never mix with the image's or the debug kernel's.
+    _fake_kernel(tmp_path / "cache", "6.1.99-1")
+    debug = kernels.provider("debug").boots(base_image)
+    fingerprints = {base_image.manifest["fingerprint"], debug.manifest["fingerprint"]}
+    assert got.manifest["fingerprint"] not in fingerprints
+    assert kernels.provider(str(tree)).boots(base_image).directory == got.directory
+    # A rebuilt bzImage is another kernel: another variant.
+    (tree / "arch" / "x86" / "boot" / "bzImage").write_bytes(b"rebuilt kernel!")
+    assert kernels.provider(str(tree)).boots(base_image).directory != got.directory
+
+
+@pytest.mark.parametrize(
+    ("remove", "says"),
+    [
+        (".config", "no .config"),
+        ("arch/x86/boot/bzImage", "no arch/x86/boot/bzImage (run `make bzImage modules` in it)"),
+        ("Module.symvers", "no Module.symvers (run `make bzImage modules` in it)"),
+        ("include/config/kernel.release", "no include/config/kernel.release"),
+    ],
+)
+def test_an_unbuilt_tree_is_refused_before_anything_boots(
+    base_image: image.Image, tmp_path: Path, remove: str, says: str
+) -> None:
+    tree = _fake_tree(tmp_path / "olk")
+    (tree / remove).unlink()
+    with pytest.raises(kerneltree.KernelTreeError, match=re.escape(f"kernel tree {tree}: {says}")):
+        kernels.provider(str(tree)).boots(base_image)
+    assert not (tmp_path / "cache" / "kernel-trees").exists()
+
+
+def test_a_tree_without_the_guests_drivers_built_in_names_them(
+    base_image: image.Image, tmp_path: Path
+) -> None:
+    config = "".join(f"{n}=y\n" for n in kerneltree.NEEDED if n != "CONFIG_VIRTIO_BLK")
+    config = config.replace("CONFIG_EXT4_FS=y", "CONFIG_EXT4_FS=m")
+    tree = _fake_tree(tmp_path / "olk", config)
+    with pytest.raises(kerneltree.KernelTreeError) as err:
+        kernels.provider(str(tree)).boots(base_image)
+    assert str(err.value).endswith("its .config has not: CONFIG_VIRTIO_BLK, CONFIG_EXT4_FS")
+    with pytest.raises(kerneltree.KernelTreeError, match="no such directory"):
+        kernels.provider(str(tmp_path / "nowhere")).boots(base_image)
+    with pytest.raises(kerneltree.KernelTreeError, match="x86_64 nodes only, not arm64"):
+        kerneltree.load(_fake_tree(tmp_path / "other"), ARM64)
+
+
+def test_the_debug_kernel_builds_in_what_a_tree_must() -> None:
+    wanted = debugkernel.parse_fragment(FRAGMENT.read_text())
+    assert [n for n in kerneltree.NEEDED if wanted.get(n) != "y"] == []
+
+
+def test_kernel_setting_takes_a_name_or_an_absolute_path(tmp_path: Path) -> None:
+    assert Settings(kernel=str(tmp_path)).kernel == str(tmp_path)
+    with pytest.raises(SettingsError, match="nor the absolute path of a kernel tree"):
+        Settings(kernel="olk/build")
+    env = {"OBMM_TESTBED_KERNEL": "vanilla"}
+    with pytest.raises(ValueError, match="OBMM_TESTBED_KERNEL='vanilla': not a valid kernel"):
+        Settings.from_env(env)
+    assert Settings.from_env({"OBMM_TESTBED_KERNEL": str(tmp_path)}).kernel == str(tmp_path)
 
 
 def test_cmdline_of_a_kernel_with_its_modules_built_in_loads_none() -> None:

@@ -378,13 +378,26 @@ def _keep_failed_log(log: Path, cache: Path, name: str) -> Path | None:
     return dest
 
 
-def debug_variant(image: Image) -> Image:
-    """`image` booting the debug kernel: a directory beside the kernel that Image.open reads
-    like any image (so a cluster's saved state reopens it), sharing the image's disk.
+@dataclass(frozen=True)
+class BootKernel:
+    """A kernel the nodes boot instead of the image's own: built with every driver the guests
+    boot with built in (the image's /lib/modules are Debian's), so no module is loaded before
+    ours, which build against its tree."""
 
-    Its fingerprint differs from the image's, so boot snapshots of the two never mix; its
-    fast initramfs loads no modules (the root disk's drivers are built in) and neither does
-    the fast init (``fast_init_modules``); modules are built against the kernel's own tree."""
+    release: str
+    bzimage: Path
+    #: The build tree external modules are built against (``make -C``).
+    kdir: Path
+    #: Where its image variants are kept (``<home>/images/<image>``).
+    home: Path
+    #: Added to the image's fingerprint, so boot snapshots of two kernels never mix.
+    tag: str
+    #: Manifest keys of its own (the debug kernel's marks its clusters for the kmemleak scan).
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def debug_variant(image: Image) -> Image:
+    """`image` booting the debug kernel (`make debug-kernel`)."""
     kernel = debugkernel.cached()
     if kernel is None:
         raise debugkernel.DebugKernelError(
@@ -392,18 +405,36 @@ def debug_variant(image: Image) -> Image:
             f"and {debugkernel.FRAGMENT} is not "
             "built: run `make debug-kernel` first"
         )
+    boot = BootKernel(
+        release=kernel.release,
+        bzimage=kernel.bzimage,
+        kdir=kernel.kdir,
+        home=kernel.root,
+        tag=f"debug-{kernel.root.name}",
+        extra={"debug_kernel": str(kernel.root)},
+    )
+    return kernel_variant(image, boot)
+
+
+def kernel_variant(image: Image, kernel: BootKernel) -> Image:
+    """`image` booting `kernel`: a directory beside the kernel that Image.open reads like any
+    image (so a cluster's saved state reopens it), sharing the image's disk.
+
+    Its fingerprint differs from the image's, so boot snapshots of the two never mix; its
+    fast initramfs loads no modules (the root disk's drivers are built in) and neither does
+    the fast init (``fast_init_modules``); modules are built against the kernel's own tree."""
     manifest = dict(image.manifest)
     manifest.update(
         {
             "kernel_release": kernel.release,
             "fingerprint": f"{image.manifest.get('fingerprint', image.directory.name)}"
-            f"+debug-{kernel.root.name}",
+            f"+{kernel.tag}",
             "kdir": str(kernel.kdir),
             "fast_init_modules": [],
             # QEMU's "max" CPU under TCG is an AMD family 0xf part, so the kernel picks the
-            # AMD E400 idle routine; on this kernel the guest then halts in early boot for
-            # good (reproduced: RIP in amd_e400_idle after "Running RCU-tasks wait API self
-            # tests", 3 of 3 full-device boots; with idle=halt 2 of 2 reach sshd).
+            # AMD E400 idle routine; on the debug kernel the guest then halts in early boot
+            # for good (reproduced: RIP in amd_e400_idle after "Running RCU-tasks wait API
+            # self tests", 3 of 3 full-device boots; with idle=halt 2 of 2 reach sshd).
             "extra_cmdline": ["idle=halt"],
             # No LA57: identify_cpu() clears the boot CPU's capability words (LA57 with them)
             # before it reads them again, and KASAN, asked in that window by an interrupt,
@@ -413,10 +444,10 @@ def debug_variant(image: Image) -> Image:
             # kernel's no5lvl: a bare word it does not know goes to init's argv.)
             "tcg_cpu": "max,la57=off",
             "base_image": str(image.directory),
-            "debug_kernel": str(kernel.root),
+            **kernel.extra,
         }
     )
-    final = kernel.root / "images" / image.directory.name
+    final = kernel.home / "images" / image.directory.name
     if final.is_dir():
         try:
             if json.loads((final / "manifest.json").read_text()) == manifest:
@@ -438,7 +469,9 @@ def debug_variant(image: Image) -> Image:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("image %s on the debug kernel %s: %s", image.directory.name, kernel.release, final)
+    log.info(
+        "image %s on kernel %s (%s): %s", image.directory.name, kernel.release, kernel.tag, final
+    )
     return Image.open(final)
 
 

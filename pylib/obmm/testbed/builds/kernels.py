@@ -2,18 +2,27 @@
 against (``Image.kdir``; None: Debian's headers for the image's release, ``image.kernel_tree``).
 
 One protocol, one table: the kernel setting (``OBMM_TESTBED_KERNEL``, ``--kernel``) names a
-provider here, and :func:`guest_image` is the image with that provider's kernel.  A new provider
-is a module of its own under ``builds/`` (how the kernel is got and cached, like
-:mod:`obmm.testbed.builds.debugkernel`), a class here and its name in ``envvars.KERNEL``'s
-choices.
+provider here (``debian``, ``debug``, or an absolute path: a built kernel tree), and
+:func:`guest_image` is the image with that provider's kernel.  A new provider is a module of
+its own under ``builds/`` (how the kernel is got and cached, like
+:mod:`obmm.testbed.builds.debugkernel`), a class here and its name in ``envvars.KERNEL_NAMES``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 from obmm.testbed.arch import X86_64
-from obmm.testbed.builds.image import Image, ImageError, Recipe, debug_variant, ensure_image
+from obmm.testbed.builds import kerneltree
+from obmm.testbed.builds.image import (
+    Image,
+    ImageError,
+    Recipe,
+    debug_variant,
+    ensure_image,
+    kernel_variant,
+)
 from obmm.testbed.progress import Progress
 
 KERNEL_DEBIAN = "debian"
@@ -49,15 +58,30 @@ class DebugKernel:
         return debug_variant(image)
 
 
+class TreeKernel:
+    """A built kernel tree given by path (:mod:`obmm.testbed.builds.kerneltree`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.name = str(path)
+        self.path = path
+
+    def boots(self, image: Image) -> Image:
+        return kernel_variant(image, kerneltree.load(self.path, image.arch))
+
+
 PROVIDERS: dict[str, KernelProvider] = {p.name: p for p in (DebianKernel(), DebugKernel())}
 
 
 def provider(name: str) -> KernelProvider:
+    if Path(name).is_absolute():
+        return TreeKernel(Path(name))
     try:
         return PROVIDERS[name]
     except KeyError:
         expected = " or ".join(PROVIDERS)
-        raise ImageError(f"kernel {name!r}: expected {expected}") from None
+        raise ImageError(
+            f"kernel {name!r}: expected {expected}, or a kernel tree's absolute path"
+        ) from None
 
 
 def guest_image(
