@@ -426,7 +426,9 @@ async def _qtest(sock: Path, cmds: Sequence[str], name: str) -> None:
             await writer.wait_closed()
 
 
-async def _map_bars(client: Any, bars: Sequence[dict[str, Any]], qtest: Path | None, name: str):
+async def _map_bars(
+    client: Any, bars: Sequence[dict[str, Any]], qtest: Path | None, name: str
+) -> None:
     """Map the BARs of a QEMU waiting for its state: port writes, or ECAM ones over qtest."""
     if qtest is None:
         for cmd in map_bars_commands(bars):
