@@ -233,3 +233,29 @@ def test_the_restoring_qemu_gets_a_quiet_qtest_socket(tmp_path: Path) -> None:
         "-qtest-log",
         "none",
     ]
+
+
+def test_qtest_writes_are_sent_in_order_and_a_refused_one_is_named(tmp_path: Path) -> None:
+    import asyncio
+
+    sock = tmp_path / "q.sock"
+    seen: list[str] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := (await reader.readline()).decode().strip():
+            seen.append(line)
+            writer.write(b"OK\n" if line.startswith("writel") else b"FAIL Unknown command\n")
+            await writer.drain()
+        writer.close()
+
+    async def exchange(cmds: list[str]) -> None:
+        server = await asyncio.start_unix_server(serve, path=str(sock))
+        async with server:
+            await snapshot._qtest(sock, cmds, "node1")
+
+    asyncio.run(exchange(["writel 0x10 0x1", "writel 0x14 0x2"]))
+    assert seen == ["writel 0x10 0x1", "writel 0x14 0x2"]
+    seen.clear()
+    with pytest.raises(snapshot.SnapshotError, match=r"node1: qtest writeq 0x10 0x1: FAIL"):
+        asyncio.run(exchange(["writeq 0x10 0x1", "writel 0x14 0x2"]))
+    assert seen == ["writeq 0x10 0x1"]
