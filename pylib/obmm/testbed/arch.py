@@ -68,6 +68,11 @@ class Arch:
     pvh_entry: bool = False
     #: A foreign architecture's packages run at image build under qemu-user (binfmt_misc).
     binfmt: str | None = None
+    #: How the host writes a paused guest's PCI configuration (a snapshot restore maps the
+    #: ivshmem BARs before loading): "port" (the 0xCF8/0xCFC ports, through the monitor's
+    #: port writes) or "ecam" (memory-mapped config space, which no monitor command writes:
+    #: through a qtest socket given to the restoring QEMU).
+    pci_config: str = "port"
 
 
 X86_64 = Arch(
@@ -116,6 +121,8 @@ ARM64 = Arch(
     # QEMU's own loader boots an Image directly (with its device tree); no firmware.
     fast_firmware=None,
     binfmt="qemu-aarch64",
+    # `virt` has no configuration ports: its PCIe config space is ECAM only.
+    pci_config="ecam",
 )
 
 

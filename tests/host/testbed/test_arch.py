@@ -168,3 +168,8 @@ def test_the_decoder_takes_the_exporters_ram_base_from_sysfs(tmp_path: Path) -> 
     assert EmulatorDecoder(str(tmp_path)).resolve(1, 0x1 << 48 | 1 << 40 | 0x1000, 8) == (
         0x80_0000_1000
     )
+
+
+def test_a_restore_writes_pci_configuration_by_ports_on_x86_and_by_ecam_on_arm64() -> None:
+    assert arch.X86_64.pci_config == "port"
+    assert arch.ARM64.pci_config == "ecam"

@@ -173,3 +173,89 @@ def test_bars_are_mapped_where_the_saved_guest_had_them() -> None:
 def test_restored_guest_gets_the_host_clock_and_randomness() -> None:
     cmd = snapshot.guest_fixup_command(1700000000.25, b"\x00\xff")
     assert cmd == "date -s @1700000000.250 >/dev/null && printf '\\x00\\xff' > /dev/urandom"
+
+
+def test_a_refused_restore_says_qemus_own_error_not_the_monitor_disconnect() -> None:
+    qmp = "QMP: StateError: QMPClient is disconnecting. Call disconnect() to return to IDLE state."
+    log0 = (
+        "$ qemu-system-aarch64 -machine virt -incoming defer\n"
+        "qemu-system-aarch64: Mismatched GPAs for block 0000:00:10.0/ivshmem.bar2\n"
+        "qemu-system-aarch64: error while loading state for instance 0x0 of device 'ram'\n"
+        "qemu-system-aarch64: load of migration failed: Invalid argument\n"
+    )
+    why = snapshot.refusal(qmp, [(0, 1, log0), (1, 0, "$ qemu-system-aarch64 -incoming defer\n")])
+    assert why == (
+        "node0: QEMU exited (1): "
+        "qemu-system-aarch64: Mismatched GPAs for block 0000:00:10.0/ivshmem.bar2 | "
+        "qemu-system-aarch64: error while loading state for instance 0x0 of device 'ram' | "
+        "qemu-system-aarch64: load of migration failed: Invalid argument"
+    )
+    # No node said anything (or none exited): the monitor's error is all there is.
+    assert snapshot.refusal(qmp, []) == qmp
+    assert snapshot.refusal(qmp, [(1, 0, "$ qemu-system-aarch64\n")]) == qmp
+
+
+MTREE_VIRT = """\
+FlatView #2
+ AS "memory", root: system
+ Root memory region: system
+  0000000040000000-000000007fffffff (prio 0, ram): ram
+  0000004010000000-000000401fffffff (prio 0, i/o): pcie-mmcfg-mmio
+  0000008000000000-00000080001fffff (prio 1, ram): ctl
+"""
+
+
+def test_on_a_machine_with_only_ecam_the_bars_are_mapped_through_its_config_window() -> None:
+    # aarch64 `virt` has no 0xCF8 ports (a port write maps nothing, so loading the stream
+    # fails QEMU's x-ignore-shared address check): the same writes go to ECAM, bus<<20 |
+    # slot<<15 | function<<12 | register above the window's base, found in the memory map.
+    base = snapshot.ecam_base(MTREE_VIRT)
+    assert base == 0x40_1000_0000
+    bars = [
+        {"bus": 0, "slot": 0x10, "function": 0, "bar": 0, "address": 0x1008_1100, "is64": False},
+        {"bus": 0, "slot": 0x10, "function": 0, "bar": 2, "address": 0x80_0000_0000, "is64": True},
+    ]
+    assert snapshot.map_bars_ecam_commands(bars, base) == [
+        "writel 0x4010080010 0x10081100",
+        "writew 0x4010080004 0x2",
+        "writel 0x4010080018 0x0",
+        "writel 0x401008001c 0x80",
+        "writew 0x4010080004 0x2",
+    ]
+    with pytest.raises(snapshot.SnapshotError, match="pcie-mmcfg-mmio"):
+        snapshot.ecam_base("FlatView #0\n  0000000000000000-ffffffffffffffff (prio 0, i/o): io\n")
+
+
+def test_the_restoring_qemu_gets_a_quiet_qtest_socket(tmp_path: Path) -> None:
+    assert snapshot.qtest_argv(tmp_path / "node0.qtest") == [
+        "-qtest",
+        f"unix:{tmp_path}/node0.qtest,server=on,wait=off",
+        "-qtest-log",
+        "none",
+    ]
+
+
+def test_qtest_writes_are_sent_in_order_and_a_refused_one_is_named(tmp_path: Path) -> None:
+    import asyncio
+
+    sock = tmp_path / "q.sock"
+    seen: list[str] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := (await reader.readline()).decode().strip():
+            seen.append(line)
+            writer.write(b"OK\n" if line.startswith("writel") else b"FAIL Unknown command\n")
+            await writer.drain()
+        writer.close()
+
+    async def exchange(cmds: list[str]) -> None:
+        server = await asyncio.start_unix_server(serve, path=str(sock))
+        async with server:
+            await snapshot._qtest(sock, cmds, "node1")
+
+    asyncio.run(exchange(["writel 0x10 0x1", "writel 0x14 0x2"]))
+    assert seen == ["writel 0x10 0x1", "writel 0x14 0x2"]
+    seen.clear()
+    with pytest.raises(snapshot.SnapshotError, match=r"node1: qtest writeq 0x10 0x1: FAIL"):
+        asyncio.run(exchange(["writeq 0x10 0x1", "writel 0x14 0x2"]))
+    assert seen == ["writeq 0x10 0x1"]

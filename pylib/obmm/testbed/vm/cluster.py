@@ -421,11 +421,14 @@ class Cluster:
             )
             if snap is not None:
                 try:
-                    snapshot_mod.load_states([n.qmp_socket for n in cluster.nodes], snap)
+                    snapshot_mod.load_states(
+                        [n.qmp_socket for n in cluster.nodes], snap, cluster._qtest_sockets()
+                    )
                     for n in cluster.nodes:
                         marks.mark("loaded", n.index)
                 except snapshot_mod.SnapshotError as exc:
-                    progress.line(f"snapshot {snap.digest} not used: {exc}; booting cold")
+                    why = snapshot_mod.refusal(str(exc), cluster._exited_nodes())
+                    progress.line(f"snapshot {snap.digest} not used: {why}; booting cold")
                     snapshot_mod.discard(snap)
                     cluster.stop()
                     return cls.start(
@@ -494,6 +497,27 @@ class Cluster:
             for f in self.rundir.iterdir():
                 f.unlink()
             return None
+
+    def _qtest_sockets(self) -> list[Path] | None:
+        """Where a restore writes each node's PCI configuration, on a machine with ECAM only
+        (obmm.testbed.arch's pci_config); None: through the configuration ports."""
+        if self.image.arch.pci_config != "ecam":
+            return None
+        return [self.rundir / f"node{i}.qtest" for i in range(self.topology.nodes)]
+
+    def _exited_nodes(self) -> list[tuple[int, int | None, str]]:
+        """(index, exit status, QEMU log) of each node whose QEMU has exited."""
+        out = []
+        # The monitor closes as QEMU exits: give it (all nodes together) a moment to finish.
+        deadline = time.monotonic() + 1.0
+        for n in self.nodes:
+            if n.popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    n.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if not n.alive():
+                with contextlib.suppress(OSError):
+                    out.append((n.index, n.returncode(), n.qemu_log.read_text(errors="replace")))
+        return out
 
     def _save_snapshot(self, key: snapshot_mod.Key, progress: Progress) -> None:
         """Save this freshly booted, idle cluster; a failure costs only the snapshot."""
@@ -633,7 +657,11 @@ class Cluster:
         extras = [tuple(extra_args(i)) if extra_args else () for i in range(self.topology.nodes)]
         if incoming:
             # Restoring a snapshot: each QEMU waits for its state on QMP (snapshot.load_states).
-            extras = [(*e, "-incoming", "defer") for e in extras]
+            qtest = self._qtest_sockets()
+            extras = [
+                (*e, *(snapshot_mod.qtest_argv(qtest[i]) if qtest else ()), "-incoming", "defer")
+                for i, e in enumerate(extras)
+            ]
         pending = list(range(self.topology.nodes))
         started: dict[int, NodeProcess] = {}
         for attempt in range(PORT_RETRIES):

@@ -378,6 +378,68 @@ def map_bars_commands(bars: Sequence[dict[str, Any]]) -> list[str]:
     return cmds
 
 
+# The ECAM window's region in `info mtree` (QEMU's hw/pci-host/gpex.c names it so).
+ECAM_REGION = "pcie-mmcfg-mmio"
+
+
+def ecam_base(mtree: str) -> int:
+    """Guest-physical address of the PCIe ECAM window, from HMP `info mtree -f`'s text."""
+    for line in mtree.splitlines():
+        fields = line.split()
+        if fields and fields[-1] == ECAM_REGION and "-" in fields[0]:
+            return int(fields[0].split("-")[0], 16)
+    raise SnapshotError(f"no {ECAM_REGION} region in the machine's memory map")
+
+
+def map_bars_ecam_commands(bars: Sequence[dict[str, Any]], base: int) -> list[str]:
+    """qtest writes (memory-mapped, to the ECAM window at `base`) that map each BAR where the
+    saved guest had it: :func:`map_bars_commands` for a machine without configuration ports."""
+    cmds = []
+    for bar in bars:
+        dev = base | bar["bus"] << 20 | bar["slot"] << 15 | bar["function"] << 12
+        reg = PCI_BAR0 + 4 * bar["bar"]
+        cmds.append(f"writel {dev + reg:#x} {bar['address'] & 0xFFFFFFFF:#x}")
+        if bar["is64"]:
+            cmds.append(f"writel {dev + reg + 4:#x} {bar['address'] >> 32:#x}")
+        cmds.append(f"writew {dev + PCI_COMMAND:#x} {PCI_COMMAND_MEMORY:#x}")
+    return cmds
+
+
+def qtest_argv(sock: Path) -> list[str]:
+    """QEMU options of a restoring node whose BARs are mapped through qtest (arch "ecam"):
+    the socket, and no qtest log (its default is every command on stderr)."""
+    return ["-qtest", f"unix:{sock},server=on,wait=off", "-qtest-log", "none"]
+
+
+async def _qtest(sock: Path, cmds: Sequence[str], name: str) -> None:
+    reader, writer = await asyncio.open_unix_connection(str(sock))
+    try:
+        for cmd in cmds:
+            writer.write(cmd.encode() + b"\n")
+            await writer.drain()
+            reply = (await reader.readline()).decode().strip()
+            if reply != "OK":
+                raise SnapshotError(f"{name}: qtest {cmd}: {reply or 'no reply'}")
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def _map_bars(
+    client: Any, bars: Sequence[dict[str, Any]], qtest: Path | None, name: str
+) -> None:
+    """Map the BARs of a QEMU waiting for its state: port writes, or ECAM ones over qtest."""
+    if qtest is None:
+        for cmd in map_bars_commands(bars):
+            reply = await client.execute("human-monitor-command", {"command-line": cmd})
+            if reply:
+                raise SnapshotError(f"{name}: {cmd}: {reply.strip()}")
+        return
+    mtree = await client.execute("human-monitor-command", {"command-line": "info mtree -f"})
+    await _qtest(qtest, map_bars_ecam_commands(bars, ecam_base(mtree)), name)
+
+
 async def _wait_migration(client: Any, name: str) -> None:
     while True:
         st = await client.execute("query-migrate")
@@ -421,17 +483,20 @@ def resume(sockets: Sequence[Path]) -> None:
     _run_qmp(sockets, action)
 
 
-def load_states(sockets: Sequence[Path], snap: Snapshot) -> None:
-    """Feed each QEMU started with ``-incoming defer`` its state, then resume them all."""
+def load_states(
+    sockets: Sequence[Path], snap: Snapshot, qtest: Sequence[Path] | None = None
+) -> None:
+    """Feed each QEMU started with ``-incoming defer`` its state, then resume them all.
+
+    `qtest`: each node's qtest socket (:func:`qtest_argv`) where the machine's PCI
+    configuration is ECAM only; None: through the configuration ports.
+    """
 
     bars = json.loads((snap.directory / BARS_FILE).read_text())
 
     async def action(clients: list[Any]) -> None:
         for i, c in enumerate(clients):
-            for cmd in map_bars_commands(bars[i]):
-                reply = await c.execute("human-monitor-command", {"command-line": cmd})
-                if reply:
-                    raise SnapshotError(f"node{i}: {cmd}: {reply.strip()}")
+            await _map_bars(c, bars[i], qtest[i] if qtest else None, f"node{i}")
             with snap.state_file(i).open("rb") as f:
                 c.send_fd_scm(f.fileno())
                 await c.execute("getfd", {"fdname": "snapshot"})
@@ -494,6 +559,22 @@ def save(key: Key, rundir: Path, sockets: Sequence[Path], nodes: int) -> Snapsho
             log.info("snapshot %s: already saved by another run", key.digest)
     log.info("snapshot %s saved in %.1f s", key.digest, time.monotonic() - start)
     return Snapshot.open(final)
+
+
+def refusal(qmp_error: str, exited: Sequence[tuple[int, int | None, str]], lines: int = 4) -> str:
+    """Why a restore failed, in QEMU's own words where a node's QEMU gave up.
+
+    A QEMU that refuses an incoming stream prints why on stderr and exits, so the QMP client
+    sees only a disconnect.  `exited` holds (node index, exit status, its log's text) of each
+    node whose QEMU has exited; the log starts with the command line (not QEMU's words).
+    Without any such words: `qmp_error` as it was.
+    """
+    said = []
+    for index, status, text in exited:
+        words = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("$ ")]
+        if words:
+            said.append(f"node{index}: QEMU exited ({status}): " + " | ".join(words[-lines:]))
+    return "; ".join(said) if said else qmp_error
 
 
 def guest_fixup_command(now: float, seed: bytes) -> str:
