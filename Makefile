@@ -98,10 +98,7 @@ image: setup-python
 
 # Side by side, each from its own restored (or booted) nodes, output lines prefixed by the job's
 # name, all run to the end even if one fails: [qemu] the guest suite (tests/guest, its files
-# shared out over two single-node clusters, GUEST_SPLIT; one host result per guest test);
-# [cluster] and [cluster2] the 2-node cluster suite, its files shared out over two pairs
-# (CLUSTER_SPLIT: on one pair it was the stage's critical path, one core busy long after the
-# other jobs had ended); [trust] the
+# shared out over two single-node clusters, GUEST_SPLIT; one host result per guest test); [cluster] the 2-node cluster suite; [trust] the
 # cluster suite's control-region trust tests on a pair of their own (they mostly wait out death
 # timeouts), then the hardware stage's quick proof on a node of its own: the trust job ends
 # first by far, so the proof's CPU is taken from the time the other two jobs leave one core.  image and kmod first, so their
@@ -124,8 +121,6 @@ TRUST_SUITE = tests/cluster/test_ctl_trust.py -m "$(CLUSTER_MARKS)"
 # The guest suite beside the cluster suite: alone on one 1-vCPU node it keeps one core busy
 # and is the stage's longest job, so its files are shared out over two nodes.
 GUEST_SPLIT := OBMM_GUEST_SHARDS=2
-# The cluster suite as part $(1) of two (tests/cluster/conftest.py: by file and last time's seconds).
-CLUSTER_SPLIT = OBMM_CLUSTER_SHARD=$(1)/2
 JUNIT = --junitxml=results/$(1)-junit.xml -o junit_logging=all
 # Set by make test: where the side-by-side stages append their times (empty: not recorded).
 STAGE_TIMES ?=
@@ -135,13 +130,12 @@ qemu-test: setup-python
 	$(MAKE) --no-print-directory suite-build || exit 1; \
 	$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage qemu-test \
 		'qemu=$(GUEST_SPLIT) $(PYTEST) $(GUEST_SUITE) $(call JUNIT,qemu)' \
-		'cluster=$(call CLUSTER_SPLIT,1) $(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,cluster)' \
-		'cluster2=$(call CLUSTER_SPLIT,2) $(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,cluster2)' \
+		'cluster=$(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,cluster)' \
 		'trust=$(PYTEST) $(TRUST_SUITE) $(call JUNIT,trust)' \
 		'trust+=$(PYTEST) $(HW_STAGE_SUITE) $(call JUNIT,hw-stage)' \
 	|| exit 1; \
 	$(PY) -m obmm.bench.cluster_hook record $$t0 results/qemu-junit.xml results/cluster-junit.xml \
-		results/cluster2-junit.xml results/trust-junit.xml results/hw-stage-junit.xml || true
+		results/trust-junit.xml results/hw-stage-junit.xml || true
 
 # arm64 (Kunpeng-shaped) nodes, OBMM_TESTBED_ARCH=arm64 (obmm.testbed.arch): the guest and
 # cluster suites side by side on aarch64 guests; what differs by architecture is marked in the

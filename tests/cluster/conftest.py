@@ -21,7 +21,7 @@ started with ``obmm-testbed up --nodes 2 --kmod --name NAME`` instead of booting
 running; the node-killing test kills its node 0).  ``OBMM_CLUSTER_SHARD=I/N`` runs the I-th of N
 parts of the selection (split by file and the seconds each test took last time,
 ``results/cluster-durations.json``), so N runs side by side, each on its own cluster, take every
-test once (``make qemu-test`` runs two).
+test once.
 
 Hardware mode: when ``$OBMM_HW_CONFIG_JSON`` is set (the hardware stage, ``make hw-test``, sets
 it) the nodes are the stage's hosts (:func:`obmm.testbed.hw.stage.cluster_from_env`): nothing is

@@ -2,12 +2,11 @@
 (``make real-driver-test`` writes them).
 
 Inputs are the suites' junit files: the emulator's (``make qemu-test``: results/qemu-junit.xml,
-results/cluster-junit.xml and cluster2-junit.xml, its two cluster jobs) and the real driver's
-(``make real-driver-test``: results/real-qemu-junit.xml, results/real-cluster-junit.xml), and
-``make fuzz-diff``'s results/fuzz-diff.json when there is one.  Per test file: how many tests
-passed on both drivers, passed on the real one where the emulator's run is missing, differ
-(failed or are an expected failure on the real driver: each with its reason) or were skipped
-there (and why).
+results/cluster-junit.xml) and the real driver's (``make real-driver-test``:
+results/real-qemu-junit.xml, results/real-cluster-junit.xml), and ``make fuzz-diff``'s
+results/fuzz-diff.json when there is one.  Per test file: how many tests passed on both
+drivers, passed on the real one where the emulator's run is missing, differ (failed or are an
+expected failure on the real driver: each with its reason) or were skipped there (and why).
 Per fuzz operation kind: passed on both, differs (why), skipped (why).
 
 ``python -m obmm.testbed.stages.realreport [--check-upstream [--step NAME]]``: the report from the
@@ -30,7 +29,7 @@ from typing import Any
 from obmm.testbed import paths
 from obmm.testbed.builds import kbuild
 
-EMU_JUNIT = ("qemu-junit.xml", "cluster-junit.xml", "cluster2-junit.xml")
+EMU_JUNIT = ("qemu-junit.xml", "cluster-junit.xml")
 REAL_JUNIT = ("real-qemu-junit.xml", "real-cluster-junit.xml")
 FUZZ_JSON = "fuzz-diff.json"
 REPORT = "real-vs-emu"
