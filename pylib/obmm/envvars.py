@@ -296,6 +296,14 @@ GUEST_SHARDS = Var(
     default=1,
     parse=as_int,
 )
+CLUSTER_SHARD = Var(
+    "OBMM_CLUSTER_SHARD",
+    "suite",
+    "I/N: run the I-th of N parts of the cluster suite (its files shared out by the seconds "
+    "each test took last time), on a cluster of its own; N such runs at once take every test "
+    "once; empty: the whole suite",
+    default="",
+)
 ATTACH = Var(
     "OBMM_TESTBED_ATTACH",
     "suite",

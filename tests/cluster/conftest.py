@@ -18,7 +18,10 @@ Tests marked ``destroys_cluster`` (killing a node) run last.  Every wait is boun
 Environment: the testbed's settings (``OBMM_TESTBED_*``, :mod:`obmm.testbed.settings`; the name
 defaults to ``cluster-test-<pid>``) and ``OBMM_TESTBED_ATTACH=NAME`` to run against a cluster
 started with ``obmm-testbed up --nodes 2 --kmod --name NAME`` instead of booting one (it is left
-running; the node-killing test kills its node 0).
+running; the node-killing test kills its node 0).  ``OBMM_CLUSTER_SHARD=I/N`` runs the I-th of N
+parts of the selection (split by file and the seconds each test took last time,
+``results/cluster-durations.json``), so N runs side by side, each on its own cluster, take every
+test once.
 
 Hardware mode: when ``$OBMM_HW_CONFIG_JSON`` is set (the hardware stage, ``make hw-test``, sets
 it) the nodes are the stage's hosts (:func:`obmm.testbed.hw.stage.cluster_from_env`): nothing is
@@ -49,6 +52,7 @@ from obmm.testbed.provision import payload_tar
 from obmm.testbed.session import Session, attach, bring_up, topology_for
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import SshError
+from obmm.testbed.suite import durations
 from obmm.testbed.suite.guest_plugin import mark_for_driver
 from obmm.tools import interrupts
 
@@ -67,7 +71,14 @@ def pytest_configure(config: pytest.Config) -> None:
     interrupts.install_sigterm_unwinds()
 
 
+#: The seconds each test took (setup, call and teardown) on the emulator last time, by node id:
+#: what OBMM_CLUSTER_SHARD splits the suite by.
+DURATIONS_FILE = "cluster-durations.json"
+_seconds: dict[str, float] = {}
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
     # A test skipped for lack of an input given by path (libobmm): its line goes to the list
     # `make test` ends with.
     if report.skipped and isinstance(report.longrepr, tuple):
@@ -76,8 +87,30 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             note_input_skip(reason)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Only the emulator's times: they weigh the split of make qemu-test's cluster job.
+    if not HARDWARE and Settings.from_env().driver == "emu":
+        durations.save(results_dir() / DURATIONS_FILE, _seconds)
+
+
+def _keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """OBMM_CLUSTER_SHARD=I/N: keep the I-th of N parts of the selection (the others deselected),
+    split by file and recorded seconds, so N runs side by side end at about the same time."""
+    try:
+        spec = durations.parse_shard(envvars.CLUSTER_SHARD.get())
+    except ValueError as exc:
+        raise pytest.UsageError(f"{envvars.CLUSTER_SHARD.name}: {exc}") from None
+    if spec is None:
+        return
+    weights = durations.load(results_dir() / DURATIONS_FILE)
+    mine = set(durations.shard([item.nodeid for item in items], *spec, weights))
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in mine])
+    items[:] = [item for item in items if item.nodeid in mine]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     mark_for_driver(items, "hardware" if HARDWARE else Settings.from_env().driver)
+    _keep_shard(config, items)
 
     # Node-killing tests last; after them only tests that dirty a kernel log on purpose, so no
     # test that scans a node's whole log sees their reports.

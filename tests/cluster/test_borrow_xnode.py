@@ -219,6 +219,22 @@ def export_unexport(xc: ClusterHarness, node: int, size: int) -> None:
     )
 
 
+def unimport_when_unpinned(xc: ClusterHarness, node: int, mem_id: int) -> None:
+    """Unimport `mem_id` on `node`, retrying for up to a minute: the pinning process was just
+    told to let go and exit, and the memory cannot be unplugged while it holds a page."""
+    xc.py(
+        node,
+        "import time, xnode\n"
+        "for _ in range(60):\n"
+        "    try:\n"
+        f"        xnode.unimport({mem_id})\n"
+        "        break\n"
+        "    except OSError:\n"
+        "        time.sleep(1)\n",
+        timeout=300,
+    )
+
+
 @pytest.mark.emulator_only  # the emulator's acknowledgment protocol: FIDELITY.md
 def test_a_borrow_stuck_on_a_pinned_page_holds_back_only_its_own_memory(
     xc: ClusterHarness, guest_tmp: str
@@ -256,17 +272,7 @@ def test_a_borrow_stuck_on_a_pinned_page_holds_back_only_its_own_memory(
             if pid:
                 xc.kill(B, pid, "USR2")  # unpin
                 xc.kill(B, pid, "TERM")
-            xc.py(
-                B,
-                "import time, xnode\n"
-                "for _ in range(60):\n"
-                "    try:\n"
-                f"        xnode.unimport({mem_id})\n"
-                "        break\n"
-                "    except OSError:\n"
-                "        time.sleep(1)\n",
-                timeout=300,
-            )
+            unimport_when_unpinned(xc, B, mem_id)
         assert borrowed_iomem(xc, B) == ""
     assert wait_until(lambda: quarantined(xc, A) == 0, REVOKE_UNPLUG_S)
     assert wait_pool_empty(xc, A, 30) == 0
@@ -417,17 +423,7 @@ def test_a_borrow_that_waited_for_the_hot_plug_lock_checks_its_export_again(
                 xc.kill(B, pids[0], "TERM")
             if waited.get("mem_id"):
                 xc.py(B, f"import xnode\nxnode.unimport({waited['mem_id']})\n", timeout=300)
-            xc.py(
-                B,
-                "import time, xnode\n"
-                "for _ in range(60):\n"
-                "    try:\n"
-                f"        xnode.unimport({mem_id})\n"
-                "        break\n"
-                "    except OSError:\n"
-                "        time.sleep(1)\n",
-                timeout=300,
-            )
+            unimport_when_unpinned(xc, B, mem_id)
             for e in own:
                 xc.py(B, f"import obmm\nwith obmm.Obmm() as dev:\n    dev.unexport({e})\n")
         assert borrowed_iomem(xc, B) == ""

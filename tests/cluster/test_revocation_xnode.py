@@ -26,8 +26,6 @@ import pytest
 from xharness import ClusterHarness
 
 from obmm.testbed.ssh import Connection
-from obmm.testbed.vm.kguard import MARKER
-from obmm.tools import logscan
 
 pytestmark = pytest.mark.emulator_only
 
@@ -159,14 +157,6 @@ def guest_json(conn: Connection, cmd: str) -> dict[str, Any]:
     return out
 
 
-def kernel_reports(conn: Connection) -> list[logscan.Report]:
-    """Reports in this test's messages: the guard's marker opens them (the cluster is shared,
-    and an earlier test may leave a report it expected, such as a strict-mode stale read)."""
-    log = conn.run("dmesg", timeout=60, check=True).out
-    start = log.rfind(f"{MARKER}: ")
-    return logscan.scan(log[log.rfind("\n", 0, start) + 1 :] if start >= 0 else log)
-
-
 @contextlib.contextmanager
 def remote_export(a: Connection) -> Iterator[dict[str, Any]]:
     exp = guest_json(a, f"python3 -m obmm.bench.regions export {SIZE}")
@@ -236,7 +226,9 @@ def check_revoked(out: dict[str, Any]) -> None:
     assert out["unimported"]
 
 
-def test_unexport_revokes_remote_import(nodes: tuple[Connection, Connection]) -> None:
+def test_unexport_revokes_remote_import(
+    xc: ClusterHarness, nodes: tuple[Connection, Connection]
+) -> None:
     a, b = nodes
     with remote_export(a) as exp:
         imp = Importer(b, exp)
@@ -250,7 +242,7 @@ def test_unexport_revokes_remote_import(nodes: tuple[Connection, Connection]) ->
     check_revoked(out)
     print(f"\nunexport on node 0 -> SIGBUS on node 1: {out['withdraw_to_sigbus_ms']} ms")
     assert out["withdraw_to_sigbus_ms"] < BOUND_S * 1000
-    assert not kernel_reports(b)
+    assert not xc.guard.reports(1)
 
 
 def test_stalled_exporter_is_dead(xc: ClusterHarness, nodes: tuple[Connection, Connection]) -> None:
@@ -268,8 +260,8 @@ def test_stalled_exporter_is_dead(xc: ClusterHarness, nodes: tuple[Connection, C
     check_revoked(out)
     print(f"\nnode 0 stopped -> SIGBUS on node 1: {out['last_heartbeat_to_sigbus_ms']} ms")
     assert out["last_heartbeat_to_sigbus_ms"] < BOUND_S * 1000
-    assert not kernel_reports(b)
-    assert not kernel_reports(a)
+    assert not xc.guard.reports(1)
+    assert not xc.guard.reports(0)
 
 
 # -- acknowledged revocation: memory withdrawn from a stopped importer is not reused ----------
@@ -367,7 +359,7 @@ def test_stopped_importer_holds_withdrawn_memory_until_it_acknowledges(
     SIGBUS, never the new data, and its acknowledgement releases the memory.  Node 1 must not be
     declared dead meanwhile (8 x 250 ms): the stop lasts about 1.3 s.
     """
-    a, b = nodes
+    _, b = nodes
     exp = xc.py_json(0, ACK_EXPORT)
     if exp["used_before"]:
         pytest.skip("node 0's pool is not empty")
@@ -406,8 +398,8 @@ def test_stopped_importer_holds_withdrawn_memory_until_it_acknowledges(
     assert held["quarantined_at_reexport"] >= SIZE, "withdrawn memory released unacknowledged"
     check_revoked(out)
     assert drain["left"] == 0, f"node 1's acknowledgement did not release the memory: {drain}"
-    assert not kernel_reports(b)
-    assert not kernel_reports(a)
+    assert not xc.guard.reports(1)
+    assert not xc.guard.reports(0)
 
 
 # On the exporter while the importer's QEMU is stopped past the death timeout: unexport, wait
@@ -443,7 +435,7 @@ def test_importer_stopped_past_the_death_timeout_is_dead_and_faults_on_resume(
     next scan and its reader gets SIGBUS.  Known gap (FIDELITY.md): until that scan, node 1's
     processes may read the reused bytes; the test reports whether its reader did.
     """
-    a, b = nodes
+    _, b = nodes
     exp = xc.py_json(0, ACK_EXPORT)
     if exp["used_before"]:
         pytest.skip("node 0's pool is not empty")
@@ -477,5 +469,5 @@ def test_importer_stopped_past_the_death_timeout_is_dead_and_faults_on_resume(
     assert str(out["import"]) in out["revoked"]
     assert out["mmap_after"] == "ENXIO"
     assert out["unimported"]
-    assert not kernel_reports(b)
-    assert not kernel_reports(a)
+    assert not xc.guard.reports(1)
+    assert not xc.guard.reports(0)

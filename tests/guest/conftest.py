@@ -199,6 +199,22 @@ def pytest_runtest_makereport(
     report.longrepr = message
 
 
+#: vm.max_map_count, raised by ``many_maps``.
+MAX_MAP_COUNT = Path("/proc/sys/vm/max_map_count")
+
+
+@pytest.fixture
+def many_maps() -> Iterator[None]:
+    """Room for more than 65535 mappings in this process (a page's u16 reader count overflows
+    past that; the default limit is 65530), restored after the test."""
+    old = MAX_MAP_COUNT.read_text()
+    MAX_MAP_COUNT.write_text(str(0xFFFF + 4096))
+    try:
+        yield
+    finally:
+        MAX_MAP_COUNT.write_text(old)
+
+
 @pytest.fixture(autouse=True)
 def kernel_log(request: pytest.FixtureRequest) -> Generator[KernelLog, None, None]:
     """Every test gets the guard; tests that expect a splat call kernel_log.take()."""

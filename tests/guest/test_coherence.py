@@ -50,7 +50,6 @@ NONE = NORMAL | abi.OBMM_SHM_MEM_NO_ACCESS
 INFER = abi.OBMM_SHM_CACHE_INFER
 INVAL = abi.OBMM_SHM_CACHE_INVAL
 REPORTS = Path("/sys/kernel/debug/obmm_coherence/reports")
-MAX_MAP_COUNT = Path("/proc/sys/vm/max_map_count")
 U16_MAX = 0xFFFF
 MAP_SHARED = 1
 MAP_FAILED = (1 << 64) - 1
@@ -135,16 +134,6 @@ def test_pmd_granule_cacheable_view_is_stale_until_invalidated(
             shm.update_range(m.addr, m.addr + SZ_2M, READ, INFER)
             assert nc.read(far, 16) == mine
     assert "coherence" not in kernel_log.take()
-
-
-@pytest.fixture
-def many_maps() -> Iterator[None]:
-    old = MAX_MAP_COUNT.read_text()
-    MAX_MAP_COUNT.write_text(str(U16_MAX + 4096))
-    try:
-        yield
-    finally:
-        MAX_MAP_COUNT.write_text(old)
 
 
 def test_an_update_range_that_overflows_maintains_nothing(

@@ -16,7 +16,6 @@ import errno
 import json
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -206,18 +205,7 @@ def test_whole_mapping_flags_follow_the_update(region: int, pmd: bool) -> None:
 
 # ---- the reader/writer counts ----
 
-MAX_MAP_COUNT = Path("/proc/sys/vm/max_map_count")
 U16_MAX = 0xFFFF
-
-
-@pytest.fixture
-def many_maps() -> Iterator[None]:
-    old = MAX_MAP_COUNT.read_text()
-    MAX_MAP_COUNT.write_text(str(U16_MAX + 4096))
-    try:
-        yield
-    finally:
-        MAX_MAP_COUNT.write_text(old)
 
 
 @pytest.mark.real_driver_differs(

@@ -45,6 +45,7 @@ from obmm.testbed import settings as settings_mod
 from obmm.testbed.vm.timeline import CLUSTER_STEPS, NODE_STEPS, Timeline
 
 if TYPE_CHECKING:
+    from obmm.testbed.builds.image import Recipe
     from obmm.testbed.node import Node
     from obmm.testbed.progress import Progress
     from obmm.testbed.session import Session
@@ -503,14 +504,26 @@ def inner_loop_figures(
     ]
 
 
+def arch_ready(settings: Settings, recipe: Recipe, progress: Progress) -> tuple[Settings, float]:
+    """`settings` (one architecture's) with its guest image at hand, built or from the cache,
+    and the accelerator chosen for that image's kernel; the seconds the image took."""
+    from obmm.testbed.builds.kernels import guest_image
+    from obmm.testbed.paths import cache_dir
+    from obmm.testbed.vm import accel as accel_mod
+
+    start = time.monotonic()
+    image = guest_image(recipe, progress=progress, kernel=settings.kernel, arch=settings.arch)
+    seconds = time.monotonic() - start
+    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
+    return settings.replace(accel=accel), seconds
+
+
 def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
     if getattr(args, "scheme7", False):
         return scheme7_bench(args, config)
     from obmm.testbed.builds.image import ensure_image, find_recipe
-    from obmm.testbed.builds.kernels import guest_image
-    from obmm.testbed.paths import cache_dir, repo_root, results_dir
+    from obmm.testbed.paths import repo_root, results_dir
     from obmm.testbed.progress import Progress
-    from obmm.testbed.vm import accel as accel_mod
     from obmm.testbed.vm.ownership import scratch_dir
 
     progress = Progress("bench")
@@ -532,9 +545,7 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
             testbed.append(
                 make_testbed_figure("testbed.image_build.cold", [time.monotonic() - start])
             )
-    start = time.monotonic()
-    image = guest_image(recipe, progress=progress, kernel=settings.kernel, arch=settings.arch)
-    cached = time.monotonic() - start
+    settings, cached = arch_ready(settings, recipe, progress)
     testbed.append(
         make_testbed_figure(
             "testbed.image_build.cached",
@@ -542,16 +553,8 @@ def cluster_bench(args: argparse.Namespace, config: BenchConfig) -> Run:
             baseline="testbed.image_build.cold" if testbed else None,
         )
     )
-    others = []
-    for name in arch_names[1:]:
-        other = settings.replace(arch=name)
-        other_image = guest_image(recipe, progress=progress, kernel=other.kernel, arch=name)
-        other_accel = accel_mod.choose(
-            other.accel, other_image.kernel, cache_dir(), qemu=other.qemu_binary
-        )
-        others.append(other.replace(accel=other_accel))
-    accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
-    settings = settings.replace(accel=accel)
+    others = [arch_ready(settings.replace(arch=a), recipe, progress)[0] for a in arch_names[1:]]
+    accel = settings.accel
     env = Environment.collect_host(accelerator=accel, node_count=2)
 
     suites = [s for s in str(getattr(args, "suites", "") or "").split(",") if s]

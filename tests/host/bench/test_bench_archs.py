@@ -43,3 +43,33 @@ def test_data_figures_keep_their_own_baselines_and_testbed_ones_compare_with_the
         "data.chase.cross-node.64MiB by architecture (median): x86_64 300 ns, "
         "arm64 600 ns (x2.00), riscv64 not measured"
     ]
+
+
+def test_each_architecture_gets_its_own_image_and_the_accelerator_for_its_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from obmm.bench import cluster_hook
+    from obmm.testbed.builds import kernels
+    from obmm.testbed.settings import Settings
+    from obmm.testbed.vm import accel
+
+    built: list[str] = []
+
+    def guest_image(recipe: object, *, progress: object, kernel: object, arch: str) -> object:
+        built.append(arch)
+        return SimpleNamespace(kernel=f"vmlinuz-{arch}")
+
+    monkeypatch.setattr(kernels, "guest_image", guest_image)
+    monkeypatch.setattr(
+        accel, "choose", lambda wanted, kernel, cache, qemu: "kvm" if "x86" in kernel else "tcg"
+    )
+    base = Settings.from_env()
+    ready = [
+        cluster_hook.arch_ready(base.replace(arch=a), object(), object())  # type: ignore[arg-type]
+        for a in ("x86_64", "arm64")
+    ]
+    assert built == ["x86_64", "arm64"]
+    assert [(s.arch, s.accel) for s, _ in ready] == [("x86_64", "kvm"), ("arm64", "tcg")]
+    assert all(seconds >= 0 for _, seconds in ready)

@@ -5,6 +5,8 @@ qemu-test's four selections.  What a cluster selection holds is read from pytest
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import shutil
@@ -13,6 +15,7 @@ import sys
 
 import pytest
 
+from obmm import envvars
 from obmm.testbed.paths import repo_root
 
 ROOT = repo_root()
@@ -29,11 +32,12 @@ def make_var(name: str) -> list[str]:
     return shlex.split(out.replace("'", '"'))
 
 
-def collected(selection: list[str]) -> set[str]:
+def collected(selection: list[str], env: dict[str, str] | None = None) -> set[str]:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
          *selection],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, **(env or {})},
     )  # fmt: skip
     assert done.returncode in (0, 5), done.stdout[-3000:] + done.stderr[-3000:]
     return {ln for ln in done.stdout.splitlines() if "::" in ln}
@@ -74,3 +78,23 @@ def test_the_cluster_suites_leave_out_the_fuzzer_and_debug_test_runs_what_qemu_t
     )
     assert guest == [*guest_all, "--ignore=tests/qemu/test_hw_stage.py"]
     assert hw_stage == ["tests/qemu/test_hw_stage.py", *guest_all[1:]]
+
+
+def test_the_cluster_suite_in_parts_takes_each_test_once_split_by_recorded_seconds(
+    tmp_path,
+) -> None:
+    suite = make_var("CLUSTER_SUITE")
+    whole = collected(suite)
+    # A file that took as long as all the others together is one part, the others the other
+    # part (of two).
+    heavy = {t for t in whole if t.startswith("tests/cluster/test_coherence_xnode.py::")}
+    rest = whole - heavy
+    assert heavy and rest
+    weights = {**dict.fromkeys(heavy, 600.0 / len(heavy)), **dict.fromkeys(rest, 600.0 / len(rest))}
+    (tmp_path / "cluster-durations.json").write_text(json.dumps(weights))
+    env = {envvars.RESULTS.name: str(tmp_path)}
+    one, two = (collected(suite, {**env, envvars.CLUSTER_SHARD.name: f"{i}/2"}) for i in (1, 2))
+    assert one | two == whole
+    assert {frozenset(one), frozenset(two)} == {frozenset(heavy), frozenset(rest)}
+    parts = [collected(suite, {**env, envvars.CLUSTER_SHARD.name: f"{i}/3"}) for i in (1, 2, 3)]
+    assert sum(len(p) for p in parts) == len(whole) and set().union(*parts) == whole

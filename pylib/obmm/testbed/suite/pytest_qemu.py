@@ -36,6 +36,7 @@ from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import GuestGone
+from obmm.testbed.suite import durations
 from obmm.testbed.suite.guest_suite import (
     GuestRun,
     GuestSession,
@@ -131,23 +132,9 @@ def shard_count(session: SuiteSession) -> int:
     return max(1, int(envvars.GUEST_SHARDS.get()))
 
 
-def _load_durations(results: Path) -> dict[str, float]:
-    try:
-        data = json.loads((results / DURATIONS_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
-
-
 def _save_durations(results: Path, runs: dict[str, GuestRun]) -> None:
     done = [r.parser.results[n] for r in set(runs.values()) for n in r.parser.finished]
-    known = _load_durations(results)
-    known.update(durations_by_test(done))
-    # Whole or not at all: another run (make testbed-test's signal cases) may read it meanwhile.
-    tmp = results / f".{DURATIONS_FILE}.{os.getpid()}"
-    with contextlib.suppress(OSError):
-        tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, results / DURATIONS_FILE)
+    durations.save(results / DURATIONS_FILE, durations_by_test(done))
 
 
 def _point_latest(link: Path, target: Path) -> None:
@@ -308,9 +295,8 @@ class GuestItem(pytest.Item):
             junit = "/opt/obmm-testbed/results/guest-junit.xml"
             results = results_dir()
             runs = {}
-            for session, group in zip(
-                sessions, split_by_file(selected, len(sessions), _load_durations(results))
-            ):
+            weights = durations.load(results / DURATIONS_FILE)
+            for session, group in zip(sessions, split_by_file(selected, len(sessions), weights)):
                 run = session.start(group, node=spec.get("node", 0), junit=junit)
                 runs.update(dict.fromkeys(group, run))
             self.suite.stash[RUNS_KEY] = runs

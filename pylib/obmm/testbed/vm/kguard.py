@@ -61,6 +61,12 @@ class KernelLogGuard:
         cut = text.rfind(f"{self.marker}: {tag}")
         return text[text.find("\n", cut) + 1 :] if cut >= 0 else text
 
+    def reports(self, node: int) -> list[logscan.Report]:
+        """The kernel reports on `node` since :meth:`start`'s marker, while the watch goes on:
+        what a test checks before it ends, on nodes an earlier test may have left a report on
+        (one it expected, such as a strict-mode stale read)."""
+        return logscan.scan(self.new_kernel_log(node, self.tag))
+
     def taint(self, node: int) -> int:
         res = self.nodes[node].run("cat /proc/sys/kernel/tainted", timeout=60, bare=True)
         return int(res.out.strip() or "0")
