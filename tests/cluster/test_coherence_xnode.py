@@ -110,6 +110,7 @@ def test_nc_frame_polled_through_a_cacheable_view(
             results = []
             for gen in gens:
                 _side(xc, A, f"publish {exp.mem_id} {gen}")
+                xc.run(B, f"touch {out}/published-{gen}")
                 doc = json.loads(xc.wait_file(B, f"{out}/gen{gen}", log=log))
                 results.append(doc)
                 if doc["result"] == "stale":

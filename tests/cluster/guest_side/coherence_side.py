@@ -6,8 +6,11 @@ module): programs of the shapes docs/coherence.md describes, run under either co
         the payload lines first, the descriptor (line 0) last.
     python3 -m coherence_side consume MEM_ID DIR --gens 2,3 --way none|update_range|remap
         Map the frame cacheable, write DIR/ready with the generation seen, then for each GEN
-        poll the descriptor until it reaches GEN (`way` is the maintenance before each look)
-        and write DIR/gen<GEN>: {"result": ok|mixed|stale, "old_lines": [...]}.
+        wait for DIR/published-<GEN> (the test's word that A has published it), poll the
+        descriptor until it reaches GEN, for at most --timeout seconds from then (`way` is the
+        maintenance before each look), and write DIR/gen<GEN>: {"result": ok|mixed|stale,
+        "old_lines": [...]}.  The window starts at the publication, not before it: however
+        long A's publish took to start on a busy host, B looks as long after it.
     python3 -m coherence_side hold MEM_ID DIR NAME --offset N --data HEX [--release unmap|handover]
         [--pmd]
         Map the region cacheable read-write (4 KiB, or 2 MiB PMD granule) and read its first
@@ -73,6 +76,7 @@ def consume(mem_id: int, out: Path, gens: list[int], way: str, timeout: float) -
 
     _put(out / "ready", {"gen": descriptor()})
     for gen in gens:
+        _wait(out / f"published-{gen}")
         deadline = time.monotonic() + timeout
         while True:
             # The maintenance a consumer on UB must do before it looks (docs/coherence.md).
