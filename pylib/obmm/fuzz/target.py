@@ -26,8 +26,22 @@ NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 MEMID_RE = re.compile(r"MEMID_(\d+)$")
 
 
-def read_int(path: Path) -> int:
-    return int(path.read_text().strip(), 0)
+def read_text(path: Path | str) -> str:
+    """A /proc or sysfs file's text in as few system calls as it takes (open, reads until EOF,
+    close): the model check reads several after every operation, under TCG and on a debug
+    kernel where each call of Path.read_text's longer sequence costs."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
+def read_int(path: Path | str) -> int:
+    return int(read_text(path).strip(), 0)
 
 
 @dataclass
@@ -85,8 +99,17 @@ def load_fabric() -> Fabric:
     )
 
 
+def pool_dirs() -> list[str]:
+    """/sys/kernel/obmm_mempool/obmm-*: one directory per pool."""
+    try:
+        names = os.listdir(MEMPOOL)
+    except FileNotFoundError:
+        return []
+    return [f"{MEMPOOL}/{n}" for n in names if n.startswith("obmm-")]
+
+
 def pool_used() -> int:
-    return sum(read_int(d / "used") for d in MEMPOOL.glob("obmm-*"))
+    return sum(read_int(f"{d}/used") for d in pool_dirs())
 
 
 def quarantined() -> int:
@@ -95,7 +118,7 @@ def quarantined() -> int:
 
 
 def pool_total() -> int:
-    return sum(read_int(d / "total") for d in MEMPOOL.glob("obmm-*"))
+    return sum(read_int(f"{d}/total") for d in pool_dirs())
 
 
 def settle_pool(want: int, timeout: float = 5.0) -> bool:
@@ -104,10 +127,10 @@ def settle_pool(want: int, timeout: float = 5.0) -> bool:
     (after an unexport, a failed export).  False at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
-        dirs = list(MEMPOOL.glob("obmm-*"))
-        total = sum(read_int(d / "total") for d in dirs)
-        used = sum(read_int(d / "used") for d in dirs)
-        cleared = sum(read_int(d / "available_cleared") for d in dirs)
+        dirs = pool_dirs()
+        total = sum(read_int(f"{d}/total") for d in dirs)
+        used = sum(read_int(f"{d}/used") for d in dirs)
+        cleared = sum(read_int(f"{d}/available_cleared") for d in dirs)
         if dirs and total >= want and cleared == total - used:
             return True
         if time.monotonic() >= deadline:
@@ -120,52 +143,76 @@ def shmdev_ids() -> set[int]:
 
 
 def sysfs_ids() -> set[int]:
-    if not SHMDEV_SYSFS.is_dir():
+    try:
+        names = os.listdir(SHMDEV_SYSFS)
+    except (FileNotFoundError, NotADirectoryError):
         return set()
-    return {int(n[11:]) for n in os.listdir(SHMDEV_SYSFS) if n.startswith("obmm_shmdev")}
-
-
-def iomem_memids() -> tuple[set[int], int]:
-    """Ids of the MEMID_<id> resources and the count of DIRECT_IMPORT_UBMEM ones."""
-    ids = set()
-    direct = 0
-    for line in Path("/proc/iomem").read_text().splitlines():
-        name = line.rpartition(" : ")[2]
-        m = MEMID_RE.match(name)
-        if m:
-            ids.add(int(m.group(1)))
-        elif name == "DIRECT_IMPORT_UBMEM":
-            direct += 1
-    return ids, direct
+    return {int(n[11:]) for n in names if n.startswith("obmm_shmdev")}
 
 
 # Lines the model accounts for itself: imports, declared preimport ranges, borrowed memory.
 OWN_IOMEM = (" : DIRECT_IMPORT_UBMEM", " : PREIMPORT_UBMEM", " : System RAM (Remote)")
 
 
+@dataclass
+class Iomem:
+    """What the model check reads in /proc/iomem, from one read of it."""
+
+    #: ids of the MEMID_<id> resources
+    memids: set[int]
+    #: count of the DIRECT_IMPORT_UBMEM resources
+    direct: int
+    #: (pa, length) of every PREIMPORT_UBMEM resource (a declared preimport range)
+    preimports: set[tuple[int, int]]
+    #: the lines that are no import's, declaration's or borrow's (what no operation may change)
+    others: list[str]
+
+
+def parse_iomem(text: str) -> Iomem:
+    view = Iomem(set(), 0, set(), [])
+    for line in text.splitlines():
+        # every line of the first three views names MEMID_, UBMEM or (Remote): the rest are
+        # the others, without the regular expressions
+        if "MEMID_" not in line and "UBMEM" not in line and "(Remote)" not in line:
+            view.others.append(line)
+            continue
+        name = line.rpartition(" : ")[2]
+        m = MEMID_RE.match(name)
+        if m:
+            view.memids.add(int(m.group(1)))
+        elif name == "DIRECT_IMPORT_UBMEM":
+            view.direct += 1
+        span, _, first_name = line.strip().partition(" : ")
+        if first_name == "PREIMPORT_UBMEM":
+            start, _, end = span.partition("-")
+            view.preimports.add((int(start, 16), int(end, 16) - int(start, 16) + 1))
+        if not line.endswith(OWN_IOMEM) and not MEMID_RE.search(line):
+            view.others.append(line)
+    return view
+
+
+def iomem() -> Iomem:
+    return parse_iomem(read_text("/proc/iomem"))
+
+
+def iomem_memids() -> tuple[set[int], int]:
+    """Ids of the MEMID_<id> resources and the count of DIRECT_IMPORT_UBMEM ones."""
+    view = iomem()
+    return view.memids, view.direct
+
+
 def iomem_others() -> list[str]:
-    """/proc/iomem without the lines of imports, declarations and borrows (what no operation
-    may change)."""
-    return [
-        line
-        for line in Path("/proc/iomem").read_text().splitlines()
-        if not line.endswith(OWN_IOMEM) and not MEMID_RE.search(line)
-    ]
+    """/proc/iomem without the lines of imports, declarations and borrows."""
+    return iomem().others
 
 
 def iomem_preimports() -> set[tuple[int, int]]:
     """(pa, length) of every PREIMPORT_UBMEM resource (a declared preimport range)."""
-    found = set()
-    for line in Path("/proc/iomem").read_text().splitlines():
-        span, _, name = line.strip().partition(" : ")
-        if name == "PREIMPORT_UBMEM":
-            start, _, end = span.partition("-")
-            found.add((int(start, 16), int(end, 16) - int(start, 16) + 1))
-    return found
+    return iomem().preimports
 
 
 def revoked_ids() -> set[int]:
-    text = (EMU / "revoked").read_text().split()
+    text = read_text(EMU / "revoked").split()
     return {int(t) for t in text if t.isdigit()}
 
 
@@ -176,20 +223,23 @@ def module_refcnt() -> int:
 def mapped_bytes() -> dict[int, int]:
     """Bytes of this process mapped from each /dev/obmm_shmdev<id>."""
     out: dict[int, int] = {}
-    with open("/proc/self/maps") as fh:
-        for line in fh:
-            parts = line.split()
-            if len(parts) < 6 or "obmm_shmdev" not in parts[5]:
-                continue
-            start, _, end = parts[0].partition("-")
-            mem_id = int(parts[5].rpartition("obmm_shmdev")[2])
-            out[mem_id] = out.get(mem_id, 0) + int(end, 16) - int(start, 16)
+    for line in read_text("/proc/self/maps").splitlines():
+        if "obmm_shmdev" not in line:
+            continue
+        parts = line.split()
+        if len(parts) < 6 or "obmm_shmdev" not in parts[5]:
+            continue
+        start, _, end = parts[0].partition("-")
+        mem_id = int(parts[5].rpartition("obmm_shmdev")[2])
+        out[mem_id] = out.get(mem_id, 0) + int(end, 16) - int(start, 16)
     return out
 
 
 def preimport_lines() -> int:
-    path = Path("/proc/obmm/preimport_info")
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    try:
+        return len(read_text("/proc/obmm/preimport_info").splitlines())
+    except FileNotFoundError:
+        return 0
 
 
 class KernelLog:

@@ -1,0 +1,73 @@
+"""The fuzzer's readers of node state (obmm.fuzz.target), on text a node would show.
+
+The model check reads these after every operation (tests/guest/test_fuzz.py runs them on a
+node); what they make of the text is checked here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from obmm.fuzz import target
+
+IOMEM = """\
+00000000-00000fff : Reserved
+00001000-0009fbff : System RAM
+  01000000-01ffffff : Kernel code
+30000000-3000ffff : MEMID_notanid
+40000000-7fffffff : PCI Bus 0000:00
+  60000000-601fffff : UBMEM window
+1000000000-10001fffff : DIRECT_IMPORT_UBMEM
+  1000000000-10001fffff : MEMID_7
+1000200000-10003fffff : PREIMPORT_UBMEM
+1000400000-10005fffff : System RAM (Remote)
+  1000400000-10005fffff : MEMID_9
+1000600000-10007fffff : DIRECT_IMPORT_UBMEM
+"""
+
+
+def test_one_read_of_iomem_gives_every_view_the_check_compares() -> None:
+    """Imports' MEMID_ ids, DIRECT_IMPORT_UBMEM count, declared preimport ranges, and every
+    other line (indentation kept: a moved resource is a change) from one text."""
+    view = target.parse_iomem(IOMEM)
+    assert view.memids == {7, 9}
+    assert view.direct == 2
+    assert view.preimports == {(0x1000200000, 0x200000)}
+    assert view.others == [
+        "00000000-00000fff : Reserved",
+        "00001000-0009fbff : System RAM",
+        "  01000000-01ffffff : Kernel code",
+        "30000000-3000ffff : MEMID_notanid",
+        "40000000-7fffffff : PCI Bus 0000:00",
+        "  60000000-601fffff : UBMEM window",
+    ]
+
+
+def test_an_empty_iomem_has_nothing() -> None:
+    view = target.parse_iomem("")
+    assert (view.memids, view.direct, view.preimports, view.others) == (set(), 0, set(), [])
+
+
+def test_read_text_reads_past_one_chunk(tmp_path: Path) -> None:
+    path = tmp_path / "big"
+    text = "".join(f"{i:08x}-{i:08x} : line\n" for i in range(10000))
+    path.write_text(text)
+    assert target.read_text(path) == text
+    (tmp_path / "n").write_text("0x200000\n")
+    assert target.read_int(tmp_path / "n") == 0x200000
+
+
+def test_the_pool_sums_every_obmm_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, used, total in (("obmm-0", 0x1000, 0x10000), ("obmm-1", 0x2000, 0x20000)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "used").write_text(f"{used}\n")
+        (tmp_path / name / "total").write_text(f"{total}\n")
+    (tmp_path / "other").mkdir()
+    monkeypatch.setattr(target, "MEMPOOL", tmp_path)
+    assert (target.pool_used(), target.pool_total()) == (0x3000, 0x30000)
+    monkeypatch.setattr(target, "MEMPOOL", tmp_path / "absent")
+    assert (target.pool_used(), target.pool_total()) == (0, 0)
