@@ -71,3 +71,12 @@ def test_the_pool_sums_every_obmm_directory(
     assert (target.pool_used(), target.pool_total()) == (0x3000, 0x30000)
     monkeypatch.setattr(target, "MEMPOOL", tmp_path / "absent")
     assert (target.pool_used(), target.pool_total()) == (0, 0)
+
+
+def test_module_calls_report_an_errno_instead_of_raising(tmp_path: Path) -> None:
+    """rmmod and insmod are the system calls themselves (no program started per reload): a
+    refusal is an errno, what Module.rmmod/insmod turn into their outcome."""
+    assert target.delete_module("obmm_fuzz_no_such_module") != 0
+    bogus = tmp_path / "bogus.ko"
+    bogus.write_bytes(b"not an ELF module")
+    assert target.finit_module(bogus, "node_id=0") != 0
