@@ -1057,12 +1057,11 @@ class Engine:
         if ids:
             dirs.append(target.SHMDEV_SYSFS / f"obmm_shmdev{ids[op.word(0) % len(ids)]}")
         for d in dirs:
-            for p in sorted(d.iterdir()) if d.is_dir() else ():
-                if p.is_file():
-                    try:
-                        p.read_bytes()
-                    except OSError as exc:
-                        raise Failure(op, "sysfs", f"{p}: {exc}") from exc
+            for p in target.files_in(d):
+                try:
+                    target.read_bytes(p)
+                except OSError as exc:
+                    raise Failure(op, "sysfs", f"{p}: {exc}") from exc
         if ids:
             mem_id = ids[op.word(0) % len(ids)]
             size = target.read_int(target.SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "size")

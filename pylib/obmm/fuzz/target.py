@@ -26,9 +26,9 @@ NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 MEMID_RE = re.compile(r"MEMID_(\d+)$")
 
 
-def read_text(path: Path | str) -> str:
-    """A /proc or sysfs file's text in as few system calls as it takes (open, reads until EOF,
-    close): the model check reads several after every operation, under TCG and on a debug
+def read_bytes(path: Path | str) -> bytes:
+    """A /proc or sysfs file's content in as few system calls as it takes (open, reads until
+    EOF, close): the model check reads several after every operation, under TCG and on a debug
     kernel where each call of Path.read_text's longer sequence costs."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -37,7 +37,21 @@ def read_text(path: Path | str) -> str:
             chunks.append(chunk)
     finally:
         os.close(fd)
-    return b"".join(chunks).decode()
+    return b"".join(chunks)
+
+
+def read_text(path: Path | str) -> str:
+    return read_bytes(path).decode()
+
+
+def files_in(directory: Path | str) -> list[str]:
+    """Paths of the files (symbolic links followed) in `directory`, sorted; none if it is
+    not a directory.  One scandir: its entries' types come with the listing."""
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(e.path for e in entries if e.is_file())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def read_int(path: Path | str) -> int:

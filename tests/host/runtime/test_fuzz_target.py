@@ -80,3 +80,16 @@ def test_module_calls_report_an_errno_instead_of_raising(tmp_path: Path) -> None
     bogus = tmp_path / "bogus.ko"
     bogus.write_bytes(b"not an ELF module")
     assert target.finit_module(bogus, "node_id=0") != 0
+
+
+def test_files_in_lists_files_sorted_and_follows_links(tmp_path: Path) -> None:
+    """The sysfs operation reads every file of a directory: subdirectories left out, a link
+    to a file kept, a directory that is gone has none."""
+    (tmp_path / "b").write_text("1\n")
+    (tmp_path / "a").write_text("2\n")
+    (tmp_path / "power").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    (tmp_path / "subsystem").symlink_to(tmp_path / "power")
+    assert target.files_in(tmp_path) == [str(tmp_path / n) for n in ("a", "b", "link")]
+    assert target.files_in(tmp_path / "absent") == []
+    assert target.files_in(tmp_path / "a") == []
