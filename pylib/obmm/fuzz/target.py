@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,6 +43,51 @@ def read_bytes(path: Path | str) -> bytes:
 
 def read_text(path: Path | str) -> str:
     return read_bytes(path).decode()
+
+
+def _pread_all(fd: int) -> bytes:
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 65536, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+_kept: dict[tuple[int, str], int] = {}
+_kept_lock = threading.Lock()
+
+
+def read_kept(path: Path | str) -> bytes:
+    """A file the model check reads after every operation, from a descriptor kept open and
+    read from offset 0 (where a seq_file or sysfs attribute shows afresh): on a debug kernel
+    the open and the close cost more than the read.  Only for a fixed set of paths (one
+    descriptor each, per process: /proc/self is the opener's).  A descriptor whose kernel
+    object went away (the module reloaded: ENODEV, EIO) is opened again; an error of the
+    fresh one is raised."""
+    key = (os.getpid(), str(path))
+    with _kept_lock:
+        fd = _kept.pop(key, None)
+        if fd is not None:
+            try:
+                data = _pread_all(fd)
+            except OSError:
+                os.close(fd)
+            else:
+                _kept[key] = fd
+                return data
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = _pread_all(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        _kept[key] = fd
+        return data
+
+
+def read_kept_int(path: Path | str) -> int:
+    return int(read_kept(path).strip(), 0)
 
 
 def files_in(directory: Path | str) -> list[str]:
@@ -123,7 +169,7 @@ def pool_dirs() -> list[str]:
 
 
 def pool_used() -> int:
-    return sum(read_int(f"{d}/used") for d in pool_dirs())
+    return sum(read_kept_int(f"{d}/used") for d in pool_dirs())
 
 
 def quarantined() -> int:
@@ -206,7 +252,7 @@ def parse_iomem(text: str) -> Iomem:
 
 
 def iomem() -> Iomem:
-    return parse_iomem(read_text("/proc/iomem"))
+    return parse_iomem(read_kept("/proc/iomem").decode())
 
 
 def iomem_memids() -> tuple[set[int], int]:
@@ -226,18 +272,18 @@ def iomem_preimports() -> set[tuple[int, int]]:
 
 
 def revoked_ids() -> set[int]:
-    text = read_text(EMU / "revoked").split()
+    text = read_kept(EMU / "revoked").decode().split()
     return {int(t) for t in text if t.isdigit()}
 
 
 def module_refcnt() -> int:
-    return read_int(MODULE_SYSFS / "refcnt")
+    return read_kept_int(MODULE_SYSFS / "refcnt")
 
 
 def mapped_bytes() -> dict[int, int]:
     """Bytes of this process mapped from each /dev/obmm_shmdev<id>."""
     out: dict[int, int] = {}
-    for line in read_text("/proc/self/maps").splitlines():
+    for line in read_kept("/proc/self/maps").decode().splitlines():
         if "obmm_shmdev" not in line:
             continue
         parts = line.split()
@@ -251,7 +297,7 @@ def mapped_bytes() -> dict[int, int]:
 
 def preimport_lines() -> int:
     try:
-        return len(read_text("/proc/obmm/preimport_info").splitlines())
+        return len(read_kept("/proc/obmm/preimport_info").splitlines())
     except FileNotFoundError:
         return 0
 

@@ -93,3 +93,81 @@ def test_files_in_lists_files_sorted_and_follows_links(tmp_path: Path) -> None:
     assert target.files_in(tmp_path) == [str(tmp_path / n) for n in ("a", "b", "link")]
     assert target.files_in(tmp_path / "absent") == []
     assert target.files_in(tmp_path / "a") == []
+
+
+def _counting_opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    opened: list[str] = []
+    real = target.os.open
+
+    def counting(path: object, flags: int, *args: int) -> int:
+        opened.append(str(path))
+        return real(path, flags, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(target.os, "open", counting)
+    return opened
+
+
+def test_a_kept_file_is_read_afresh_from_one_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model check's files stay open: each read shows what the file holds now."""
+    opened = _counting_opens(monkeypatch)
+    path = tmp_path / "refcnt"
+    path.write_text("1\n")
+    assert target.read_kept_int(path) == 1
+    path.write_text("22\n")
+    assert target.read_kept_int(path) == 22
+    big = "x" * 200_000
+    path.write_text(big)
+    assert target.read_kept(path) == big.encode()
+    assert opened == [str(path)]
+
+
+def test_a_kept_descriptor_that_fails_is_opened_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a module reload the old sysfs or /proc descriptor fails (ENODEV, EIO): the file
+    is opened again and what it holds now returned."""
+    import errno
+
+    path = tmp_path / "revoked"
+    path.write_text("3 4\n")
+    assert target.read_kept(path) == b"3 4\n"
+    opened = _counting_opens(monkeypatch)
+    real_pread = target.os.pread
+    failed: list[int] = []
+
+    def stale_once(fd: int, n: int, offset: int) -> bytes:
+        if not failed:
+            failed.append(fd)
+            raise OSError(errno.ENODEV, "gone")
+        return real_pread(fd, n, offset)
+
+    closed: list[int] = []
+    real_close = target.os.close
+
+    def counting_close(fd: int) -> None:
+        closed.append(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(target.os, "pread", stale_once)
+    monkeypatch.setattr(target.os, "close", counting_close)
+    path.write_text("5\n")
+    assert target.read_kept(path) == b"5\n"
+    assert opened == [str(path)]
+    assert closed == failed  # the stale descriptor, and only it, was closed
+
+
+def test_a_kept_file_that_is_absent_raises_and_another_process_opens_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(FileNotFoundError):
+        target.read_kept(tmp_path / "absent")
+    path = tmp_path / "maps"
+    path.write_text("a\n")
+    target.read_kept(path)
+    opened = _counting_opens(monkeypatch)
+    pid = target.os.getpid()
+    monkeypatch.setattr(target.os, "getpid", lambda: pid + 1)  # a forked child
+    assert target.read_kept(path) == b"a\n"
+    assert opened == [str(path)]  # /proc/self of the child is not the parent's
