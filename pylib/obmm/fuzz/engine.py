@@ -144,6 +144,7 @@ class Engine:
         self.reset()
         self.dev.close()
         self.kmsg.close()
+        target.close_kept()
         with contextlib.suppress(OSError):
             target.NR_HUGEPAGES.write_text(str(self._hugepages_old))
 

@@ -86,6 +86,14 @@ def read_kept(path: Path | str) -> bytes:
         return data
 
 
+def close_kept() -> None:
+    """Close what read_kept keeps open (the next read opens again)."""
+    with _kept_lock:
+        for fd in _kept.values():
+            os.close(fd)
+        _kept.clear()
+
+
 def read_kept_int(path: Path | str) -> int:
     return int(read_kept(path).strip(), 0)
 

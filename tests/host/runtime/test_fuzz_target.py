@@ -171,3 +171,16 @@ def test_a_kept_file_that_is_absent_raises_and_another_process_opens_its_own(
     monkeypatch.setattr(target.os, "getpid", lambda: pid + 1)  # a forked child
     assert target.read_kept(path) == b"a\n"
     assert opened == [str(path)]  # /proc/self of the child is not the parent's
+
+
+def test_close_kept_closes_and_the_next_read_opens_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "used"
+    path.write_text("7\n")
+    assert target.read_kept_int(path) == 7
+    target.close_kept()
+    opened = _counting_opens(monkeypatch)
+    assert target.read_kept_int(path) == 7
+    assert opened == [str(path)]
+    target.close_kept()
