@@ -144,6 +144,7 @@ class Engine:
         self.reset()
         self.dev.close()
         self.kmsg.close()
+        target.close_kept()
         with contextlib.suppress(OSError):
             target.NR_HUGEPAGES.write_text(str(self._hugepages_old))
 
@@ -1057,12 +1058,11 @@ class Engine:
         if ids:
             dirs.append(target.SHMDEV_SYSFS / f"obmm_shmdev{ids[op.word(0) % len(ids)]}")
         for d in dirs:
-            for p in sorted(d.iterdir()) if d.is_dir() else ():
-                if p.is_file():
-                    try:
-                        p.read_bytes()
-                    except OSError as exc:
-                        raise Failure(op, "sysfs", f"{p}: {exc}") from exc
+            for p in target.files_in(d):
+                try:
+                    target.read_bytes(p)
+                except OSError as exc:
+                    raise Failure(op, "sysfs", f"{p}: {exc}") from exc
         if ids:
             mem_id = ids[op.word(0) % len(ids)]
             size = target.read_int(target.SHMDEV_SYSFS / f"obmm_shmdev{mem_id}" / "size")
@@ -1120,29 +1120,29 @@ class Engine:
         used = target.pool_used()
         if used != m.pool_used():
             raise Failure(op, "state", f"pool used {used:#x}, live exports {m.pool_used():#x}")
-        memids, direct = target.iomem_memids()
+        iomem = target.iomem()  # one read for its three views: one state, fewer reads
+        memids, direct = iomem.memids, iomem.direct
         imports = {i for i, r in m.regions.items() if r.kind == "import" and not r.numa}
         numa = {i for i, r in m.regions.items() if r.numa}
         if not imports <= memids <= imports | numa or direct < len(imports):
             raise Failure(
                 op, "state", f"/proc/iomem MEMID {sorted(memids)}, imports {sorted(imports)}"
             )
-        declared = target.iomem_preimports()
+        declared = iomem.preimports
         if declared != m.preimports:
             raise Failure(
                 op, "state", f"/proc/iomem PREIMPORT_UBMEM {sorted(declared)}, declared "
                 f"{sorted(m.preimports)}"
             )  # fmt: skip
-        others = target.iomem_others()
+        others = iomem.others
         if others != self.base_iomem:
             gone = sorted(set(self.base_iomem) - set(others))
             new = sorted(set(others) - set(self.base_iomem))
             raise Failure(op, "state", f"/proc/iomem changed: lost {gone}, gained {new}")
         revoked = {i for i, r in m.regions.items() if r.revoked}
-        if target.revoked_ids() != revoked:
-            raise Failure(
-                op, "state", f"revoked {sorted(target.revoked_ids())}, model {sorted(revoked)}"
-            )
+        got_revoked = target.revoked_ids()
+        if got_revoked != revoked:
+            raise Failure(op, "state", f"revoked {sorted(got_revoked)}, model {sorted(revoked)}")
         refs = target.module_refcnt() - self.base_refcnt
         if refs != self.expected_refs():
             raise Failure(op, "state", f"module refcnt +{refs}, model +{self.expected_refs()}")

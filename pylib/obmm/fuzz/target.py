@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,8 +27,89 @@ NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 MEMID_RE = re.compile(r"MEMID_(\d+)$")
 
 
-def read_int(path: Path) -> int:
-    return int(path.read_text().strip(), 0)
+def read_bytes(path: Path | str) -> bytes:
+    """A /proc or sysfs file's content in as few system calls as it takes (open, reads until
+    EOF, close): the model check reads several after every operation, under TCG and on a debug
+    kernel where each call of Path.read_text's longer sequence costs."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def read_text(path: Path | str) -> str:
+    return read_bytes(path).decode()
+
+
+def _pread_all(fd: int) -> bytes:
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 65536, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+_kept: dict[tuple[int, str], int] = {}
+_kept_lock = threading.Lock()
+
+
+def read_kept(path: Path | str) -> bytes:
+    """A file the model check reads after every operation, from a descriptor kept open and
+    read from offset 0 (where a seq_file or sysfs attribute shows afresh): on a debug kernel
+    the open and the close cost more than the read.  Only for a fixed set of paths (one
+    descriptor each, per process: /proc/self is the opener's).  A descriptor whose kernel
+    object went away (the module reloaded: ENODEV, EIO) is opened again; an error of the
+    fresh one is raised."""
+    key = (os.getpid(), str(path))
+    with _kept_lock:
+        fd = _kept.pop(key, None)
+        if fd is not None:
+            try:
+                data = _pread_all(fd)
+            except OSError:
+                os.close(fd)
+            else:
+                _kept[key] = fd
+                return data
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = _pread_all(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        _kept[key] = fd
+        return data
+
+
+def close_kept() -> None:
+    """Close what read_kept keeps open (the next read opens again)."""
+    with _kept_lock:
+        for fd in _kept.values():
+            os.close(fd)
+        _kept.clear()
+
+
+def read_kept_int(path: Path | str) -> int:
+    return int(read_kept(path).strip(), 0)
+
+
+def files_in(directory: Path | str) -> list[str]:
+    """Paths of the files (symbolic links followed) in `directory`, sorted; none if it is
+    not a directory.  One scandir: its entries' types come with the listing."""
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(e.path for e in entries if e.is_file())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def read_int(path: Path | str) -> int:
+    return int(read_text(path).strip(), 0)
 
 
 @dataclass
@@ -85,8 +167,17 @@ def load_fabric() -> Fabric:
     )
 
 
+def pool_dirs() -> list[str]:
+    """/sys/kernel/obmm_mempool/obmm-*: one directory per pool."""
+    try:
+        names = os.listdir(MEMPOOL)
+    except FileNotFoundError:
+        return []
+    return [f"{MEMPOOL}/{n}" for n in names if n.startswith("obmm-")]
+
+
 def pool_used() -> int:
-    return sum(read_int(d / "used") for d in MEMPOOL.glob("obmm-*"))
+    return sum(read_kept_int(f"{d}/used") for d in pool_dirs())
 
 
 def quarantined() -> int:
@@ -95,7 +186,7 @@ def quarantined() -> int:
 
 
 def pool_total() -> int:
-    return sum(read_int(d / "total") for d in MEMPOOL.glob("obmm-*"))
+    return sum(read_int(f"{d}/total") for d in pool_dirs())
 
 
 def settle_pool(want: int, timeout: float = 5.0) -> bool:
@@ -104,10 +195,10 @@ def settle_pool(want: int, timeout: float = 5.0) -> bool:
     (after an unexport, a failed export).  False at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
-        dirs = list(MEMPOOL.glob("obmm-*"))
-        total = sum(read_int(d / "total") for d in dirs)
-        used = sum(read_int(d / "used") for d in dirs)
-        cleared = sum(read_int(d / "available_cleared") for d in dirs)
+        dirs = pool_dirs()
+        total = sum(read_int(f"{d}/total") for d in dirs)
+        used = sum(read_int(f"{d}/used") for d in dirs)
+        cleared = sum(read_int(f"{d}/available_cleared") for d in dirs)
         if dirs and total >= want and cleared == total - used:
             return True
         if time.monotonic() >= deadline:
@@ -120,76 +211,103 @@ def shmdev_ids() -> set[int]:
 
 
 def sysfs_ids() -> set[int]:
-    if not SHMDEV_SYSFS.is_dir():
+    try:
+        names = os.listdir(SHMDEV_SYSFS)
+    except (FileNotFoundError, NotADirectoryError):
         return set()
-    return {int(n[11:]) for n in os.listdir(SHMDEV_SYSFS) if n.startswith("obmm_shmdev")}
-
-
-def iomem_memids() -> tuple[set[int], int]:
-    """Ids of the MEMID_<id> resources and the count of DIRECT_IMPORT_UBMEM ones."""
-    ids = set()
-    direct = 0
-    for line in Path("/proc/iomem").read_text().splitlines():
-        name = line.rpartition(" : ")[2]
-        m = MEMID_RE.match(name)
-        if m:
-            ids.add(int(m.group(1)))
-        elif name == "DIRECT_IMPORT_UBMEM":
-            direct += 1
-    return ids, direct
+    return {int(n[11:]) for n in names if n.startswith("obmm_shmdev")}
 
 
 # Lines the model accounts for itself: imports, declared preimport ranges, borrowed memory.
 OWN_IOMEM = (" : DIRECT_IMPORT_UBMEM", " : PREIMPORT_UBMEM", " : System RAM (Remote)")
 
 
+@dataclass
+class Iomem:
+    """What the model check reads in /proc/iomem, from one read of it."""
+
+    #: ids of the MEMID_<id> resources
+    memids: set[int]
+    #: count of the DIRECT_IMPORT_UBMEM resources
+    direct: int
+    #: (pa, length) of every PREIMPORT_UBMEM resource (a declared preimport range)
+    preimports: set[tuple[int, int]]
+    #: the lines that are no import's, declaration's or borrow's (what no operation may change)
+    others: list[str]
+
+
+def parse_iomem(text: str) -> Iomem:
+    view = Iomem(set(), 0, set(), [])
+    for line in text.splitlines():
+        # every line of the first three views names MEMID_, UBMEM or (Remote): the rest are
+        # the others, without the regular expressions
+        if "MEMID_" not in line and "UBMEM" not in line and "(Remote)" not in line:
+            view.others.append(line)
+            continue
+        name = line.rpartition(" : ")[2]
+        m = MEMID_RE.match(name)
+        if m:
+            view.memids.add(int(m.group(1)))
+        elif name == "DIRECT_IMPORT_UBMEM":
+            view.direct += 1
+        span, _, first_name = line.strip().partition(" : ")
+        if first_name == "PREIMPORT_UBMEM":
+            start, _, end = span.partition("-")
+            view.preimports.add((int(start, 16), int(end, 16) - int(start, 16) + 1))
+        if not line.endswith(OWN_IOMEM) and not MEMID_RE.search(line):
+            view.others.append(line)
+    return view
+
+
+def iomem() -> Iomem:
+    return parse_iomem(read_kept("/proc/iomem").decode())
+
+
+def iomem_memids() -> tuple[set[int], int]:
+    """Ids of the MEMID_<id> resources and the count of DIRECT_IMPORT_UBMEM ones."""
+    view = iomem()
+    return view.memids, view.direct
+
+
 def iomem_others() -> list[str]:
-    """/proc/iomem without the lines of imports, declarations and borrows (what no operation
-    may change)."""
-    return [
-        line
-        for line in Path("/proc/iomem").read_text().splitlines()
-        if not line.endswith(OWN_IOMEM) and not MEMID_RE.search(line)
-    ]
+    """/proc/iomem without the lines of imports, declarations and borrows."""
+    return iomem().others
 
 
 def iomem_preimports() -> set[tuple[int, int]]:
     """(pa, length) of every PREIMPORT_UBMEM resource (a declared preimport range)."""
-    found = set()
-    for line in Path("/proc/iomem").read_text().splitlines():
-        span, _, name = line.strip().partition(" : ")
-        if name == "PREIMPORT_UBMEM":
-            start, _, end = span.partition("-")
-            found.add((int(start, 16), int(end, 16) - int(start, 16) + 1))
-    return found
+    return iomem().preimports
 
 
 def revoked_ids() -> set[int]:
-    text = (EMU / "revoked").read_text().split()
+    text = read_kept(EMU / "revoked").decode().split()
     return {int(t) for t in text if t.isdigit()}
 
 
 def module_refcnt() -> int:
-    return read_int(MODULE_SYSFS / "refcnt")
+    return read_kept_int(MODULE_SYSFS / "refcnt")
 
 
 def mapped_bytes() -> dict[int, int]:
     """Bytes of this process mapped from each /dev/obmm_shmdev<id>."""
     out: dict[int, int] = {}
-    with open("/proc/self/maps") as fh:
-        for line in fh:
-            parts = line.split()
-            if len(parts) < 6 or "obmm_shmdev" not in parts[5]:
-                continue
-            start, _, end = parts[0].partition("-")
-            mem_id = int(parts[5].rpartition("obmm_shmdev")[2])
-            out[mem_id] = out.get(mem_id, 0) + int(end, 16) - int(start, 16)
+    for line in read_kept("/proc/self/maps").decode().splitlines():
+        if "obmm_shmdev" not in line:
+            continue
+        parts = line.split()
+        if len(parts) < 6 or "obmm_shmdev" not in parts[5]:
+            continue
+        start, _, end = parts[0].partition("-")
+        mem_id = int(parts[5].rpartition("obmm_shmdev")[2])
+        out[mem_id] = out.get(mem_id, 0) + int(end, 16) - int(start, 16)
     return out
 
 
 def preimport_lines() -> int:
-    path = Path("/proc/obmm/preimport_info")
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    try:
+        return len(read_kept("/proc/obmm/preimport_info").splitlines())
+    except FileNotFoundError:
+        return 0
 
 
 class KernelLog:
@@ -240,13 +358,15 @@ class Module:
     def rmmod(self) -> bool:
         """rmmod; whether it unloaded.  The seconds it took are in ``last_rmmod_s``."""
         t0 = time.monotonic()
-        done = subprocess.run(["rmmod", MODULE], capture_output=True).returncode == 0
+        done = delete_module(MODULE) == 0
         self.last_rmmod_s = time.monotonic() - t0
         return done
 
     def insmod(self) -> None:
         if not MODULE_SYSFS.is_dir():
-            subprocess.run(["insmod", str(self.ko), *self.args], check=True, capture_output=True)
+            err = finit_module(self.ko, " ".join(self.args))
+            if err:
+                raise OSError(err, f"finit_module {self.ko}: {os.strerror(err)}")
 
     @staticmethod
     def loaded() -> bool:
@@ -281,6 +401,35 @@ MREMAP_FIXED = 2
 
 def _err() -> int:
     return ctypes.get_errno() or errno.EIO
+
+
+# The module calls rmmod and insmod make (kmod: delete_module with O_NONBLOCK, finit_module),
+# made here without their exec: a reload is one of the fuzzer's operations, and two program
+# starts under TCG cost more than the calls.
+_libc.delete_module.argtypes = [ctypes.c_char_p, ctypes.c_uint]
+_libc.syscall.restype = ctypes.c_long
+SYS_FINIT_MODULE = {"x86_64": 313, "aarch64": 273}
+
+
+def delete_module(name: str) -> int:
+    """0, or the errno (EWOULDBLOCK: still in use, as rmmod reports it)."""
+    return 0 if _libc.delete_module(name.encode(), os.O_NONBLOCK) == 0 else _err()
+
+
+def finit_module(ko: Path, params: str) -> int:
+    """0, or the errno; insmod's way where this architecture's call number is known."""
+    nr = SYS_FINIT_MODULE.get(os.uname().machine)
+    if nr is None:
+        done = subprocess.run(["insmod", str(ko), *params.split()], capture_output=True)
+        return 0 if done.returncode == 0 else errno.EINVAL
+    fd = os.open(ko, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        ret = _libc.syscall(
+            ctypes.c_long(nr), ctypes.c_int(fd), ctypes.c_char_p(params.encode()), ctypes.c_int(0)
+        )
+        return 0 if ret == 0 else _err()
+    finally:
+        os.close(fd)
 
 
 def mmap(addr: int, length: int, prot: int, flags: int, fd: int, offset: int) -> tuple[int, int]:

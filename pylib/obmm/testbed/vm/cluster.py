@@ -58,6 +58,11 @@ __all__ = ["READY_LINE"]  # re-exported: its home is obmm.testbed.vm.timeline
 CONSOLE_POLL_S = 0.02
 #: The first login after the ready line: sshd listens, so a slow answer is load, not absence.
 READY_LOGIN_TIMEOUT_S = 10.0
+#: A cold boot whose console stays silent this long before sshd (times the timeout scale;
+#: boots print a line every few seconds) has hung: the debug kernel has, on a loaded host, in
+#: its early RCU-tasks self test.  The cluster then boots again, BOOT_RETRIES times at most.
+BOOT_STALL_S = 60.0
+BOOT_RETRIES = 1
 PR_SET_PDEATHSIG = 1
 DEFAULT_NAME = "default"  # the cluster `up`, `ssh`, `down` use unless told
 # Host randomness written into a restored guest's pool.
@@ -67,6 +72,10 @@ _DEATH_MARKERS = ("Kernel panic", "BUG:", "Oops:", "general protection fault")
 
 class ClusterError(TestbedError, RuntimeError):
     """The cluster cannot be started or found."""
+
+
+class BootStalled(ClusterError):
+    """A node's console printed nothing for BOOT_STALL_S while it booted."""
 
 
 class NodeDied(GuestGone):
@@ -252,6 +261,8 @@ class Cluster:
     _kernel: Path | None = field(default=None, repr=False, compare=False)
     #: Where the start's lines went (its front end's); the stop says it begins there too.
     progress: Progress | None = field(default=None, repr=False, compare=False)
+    #: Seconds of a silent console that make wait_ssh raise BootStalled (None: no limit).
+    boot_stall: float | None = field(default=None, repr=False, compare=False)
 
     # -- discovery --------------------------------------------------------------------------
 
@@ -347,6 +358,7 @@ class Cluster:
         snapshot: str = snapshot_mod.MODE_AUTO,
         qemu_binary: str = envvars.QEMU.default,
         timeline: Timeline | None = None,
+        boot_retries: int = BOOT_RETRIES,
     ) -> Cluster:
         """Boot every node and (by default) wait until each accepts an SSH login.
 
@@ -453,7 +465,36 @@ class Cluster:
                         ),
                     )
             if wait:
-                cluster.wait_ssh(timeout or boot_timeout(topology, accel, timeout_scale), progress)
+                cluster.boot_stall = BOOT_STALL_S * max(1.0, timeout_scale)
+                wait_s = timeout or boot_timeout(topology, accel, timeout_scale)
+                try:
+                    cluster.wait_ssh(wait_s, progress)
+                except BootStalled as exc:
+                    if boot_retries <= 0:
+                        raise
+                    progress.line(f"{exc}\nbooting the cluster again")
+                    cluster.stop()
+                    return cls.start(
+                        image,
+                        topology,
+                        name=name,
+                        accel=accel,
+                        init=init,
+                        logdir=logdir,
+                        detach=detach,
+                        wait=wait,
+                        timeout=timeout,
+                        timeout_scale=timeout_scale,
+                        extra_args=extra_args,
+                        progress=progress,
+                        snapshot=snap_mode,
+                        qemu_binary=qemu_binary,
+                        timeline=Timeline(
+                            origin=marks.origin,
+                            cluster={k: v for k, v in marks.cluster.items() if k in _BEFORE},
+                        ),
+                        boot_retries=boot_retries - 1,
+                    )
             if key is not None and snap is None:
                 cluster._save_snapshot(key, progress)
                 marks.mark("snapshot")
@@ -902,13 +943,21 @@ class Cluster:
     def _wait_console(self, node: NodeProcess, watch: ConsoleWatch, deadline: float) -> bool:
         """Until the fast init's READY_LINE appears on the node's console (True), or the
         deadline (False), marking the console's steps on the way; a QEMU that exits meanwhile
-        raises NodeDied."""
+        raises NodeDied, a console silent for `boot_stall` seconds BootStalled."""
+        stall = self.boot_stall
+        since = time.monotonic()
         while time.monotonic() < deadline:
             watch.poll()
             if watch.seen("sshd"):
                 return True
             if not node.alive():
                 self.check_alive()
+            silent = time.monotonic() - (watch.grew_at or since)
+            if stall is not None and silent > stall:
+                raise BootStalled(
+                    f"{node.name}: no console output for {silent:.0f} s while booting; last "
+                    f"console lines ({node.console_log}):\n{node.console_tail(10)}"
+                )
             time.sleep(CONSOLE_POLL_S)
         return False
 

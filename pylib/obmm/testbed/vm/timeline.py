@@ -185,6 +185,8 @@ class ConsoleWatch:
         self._offset = 0
         self._partial = b""
         self._kernel: float | None = None  # smallest (seen - printk time)
+        #: time.monotonic() of the last poll that found the console grown (None: not yet)
+        self.grew_at: float | None = None
 
     def seen(self, step: str) -> bool:
         return step in self.timeline.guest.get(self.node, {}) or step in self.timeline.nodes.get(
@@ -203,6 +205,7 @@ class ConsoleWatch:
             return
         if not data:
             return
+        self.grew_at = time.monotonic()
         now = self.timeline.now()
         if self._offset == 0 and live:
             self.timeline.mark("console", self.node, now)
