@@ -25,7 +25,8 @@
  * revokes, then writes ack[peer] = (peer's boot id, that epoch) in this
  * node's own entry; a peer any of whose records could not be read this
  * time is not acknowledged.  An exporter reuses withdrawn memory only
- * once every live peer acknowledged its epoch (obmm_access_acks()).  A
+ * once every live peer acknowledged its epoch (obmm_access_acks()), and
+ * its pool at all only once every live peer acknowledged its boot.  A
  * borrow the importer cannot unplug yet (a pinned page may keep it for
  * good) does not hold back the ack: the importer names the range it still
  * uses in its entry (held_*), and only that range stays withdrawn.
@@ -295,6 +296,7 @@ void obmm_access_acks(struct obmm_access_acks *acks)
 	int j;
 
 	acks->epoch = U64_MAX;
+	acks->boot_acked = true;
 	acks->nr_held = 0;
 	/* A loopback borrow not unplugged yet (a revoked one is withdrawn). */
 	if (access_ops->own_borrow_held(&start, &end)) {
@@ -308,6 +310,8 @@ void obmm_access_acks(struct obmm_access_acks *acks)
 		p = &peers[j];
 		if (j == obmm_emu_node_id || !p->alive)
 			continue;
+		if (p->ack_boot != own_boot)
+			acks->boot_acked = false;
 		if (p->ack_boot != own_boot || p->ack_epoch > top)
 			acks->epoch = 0;
 		else
@@ -326,7 +330,8 @@ bool obmm_access_acked(const struct obmm_access_acks *acks, u64 epoch,
 {
 	unsigned int i;
 
-	if (epoch > acks->epoch)
+	if (epoch == OBMM_ACCESS_EPOCH_BOOT ? !acks->boot_acked :
+	    epoch > acks->epoch)
 		return false;
 	for (i = 0; i < acks->nr_held; i++)
 		if (start < acks->held[i].end &&

@@ -28,6 +28,7 @@ struct obmm_access_held {
  */
 struct obmm_access_acks {
 	u64 epoch;
+	bool boot_acked;	/* every live peer acknowledged this boot */
 	unsigned int nr_held;
 	struct obmm_access_held held[OBMM_EMU_MAX_NODES];
 };
@@ -39,6 +40,12 @@ u64 obmm_access_acked_epoch(void);
 void obmm_access_acks(struct obmm_access_acks *acks);
 bool obmm_access_acked(const struct obmm_access_acks *acks, u64 epoch,
 		       u64 start, u64 len);
+/*
+ * The epoch of memory a new boot of this node starts with: peers may still
+ * map it through imports of the previous boot until their scan sees this
+ * one (issue 36, finding 11).
+ */
+#define OBMM_ACCESS_EPOCH_BOOT		U64_MAX
 /* The longest revocation scan period a node may run with (ms). */
 #define OBMM_ACCESS_MAX_SCAN_MS		1000
 

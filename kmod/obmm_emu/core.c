@@ -113,6 +113,7 @@ static int __init obmm_emu_fabric_up(void)
 	}
 	obmm_fabric_start(obmm_pool_base(), obmm_pool_size());
 	obmm_access_start();
+	obmm_pool_start();
 	return 0;
 }
 

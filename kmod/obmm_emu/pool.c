@@ -22,6 +22,9 @@
  * quarantine keeps from succeeding waits for it, interruptibly, at most
  * quarantine_ms plus one scan period; memory still unacknowledged then
  * (a peer stopped, not yet declared dead) makes it fail with -EBUSY.
+ * The pool of a new boot (reload, crash, reboot) starts quarantined the
+ * same way, until every live peer acknowledged this boot: peers' imports
+ * of the previous boot may still map it.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -816,6 +819,7 @@ static phys_addr_t obmm_pool_ram_end(void)
 int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms)
 {
 	phys_addr_t ram_end, base, end;
+	unsigned long i;
 	/* The window holds this node's RAM from its base (testbed_fabric.h). */
 	phys_addr_t win_end = TB_FABRIC_RAM_BASE + win_size;
 	int ret;
@@ -864,11 +868,23 @@ int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms)
 	}
 	/* Nothing is known about the content left by a previous boot. */
 	bitmap_fill(the_pool.dirty_map, the_pool.nr);
+	/*
+	 * Nor who maps it: peers' imports of the previous boot (a reload, a
+	 * crash, a reboot) live until their scan sees this boot.  The pool
+	 * starts quarantined (and is zeroed only once released): every live
+	 * peer must acknowledge this boot first (obmm_pool_start()).
+	 */
+	bitmap_fill(the_pool.used_map, the_pool.nr);
+	bitmap_fill(the_pool.quarantine_map, the_pool.nr);
+	for (i = 0; i < the_pool.nr; i++) {
+		the_pool.release_at[i] = jiffies;
+		the_pool.epoch[i] = OBMM_ACCESS_EPOCH_BOOT;
+	}
+	the_pool.nr_quarantined = the_pool.nr;
 	ret = obmm_pool_sysfs_init();
 	if (ret)
 		goto err;
 	the_pool.present = true;
-	schedule_work(&the_pool.zero_work);
 	pr_info("export pool %pa + 0x%llx, granule 0x%llx, node %d\n",
 		&the_pool.base, the_pool.size, the_pool.granu, the_pool.nid);
 	return 0;
@@ -892,4 +908,11 @@ void obmm_pool_exit(void)
 	the_pool.present = false;
 	obmm_pool_free_maps();
 	mutex_destroy(&the_pool.lock);
+}
+
+/* The scan runs: release the boot's quarantine once peers acknowledge. */
+void obmm_pool_start(void)
+{
+	if (the_pool.present)
+		schedule_delayed_work(&the_pool.quarantine_work, 0);
 }

@@ -10,6 +10,7 @@
 
 int obmm_pool_init(phys_addr_t win_size, unsigned int scan_ms);
 void obmm_pool_exit(void);
+void obmm_pool_start(void);
 bool obmm_pool_present(void);
 int obmm_pool_nid(void);
 u64 obmm_pool_granu(void);

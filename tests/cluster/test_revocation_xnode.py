@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from test_fuzz_xnode import node_state
 from xharness import ClusterHarness
 
 from obmm.testbed.ssh import Connection
@@ -469,5 +470,132 @@ def test_importer_stopped_past_the_death_timeout_is_dead_and_faults_on_resume(
     assert str(out["import"]) in out["revoked"]
     assert out["mmap_after"] == "ENXIO"
     assert out["unimported"]
+    assert not xc.guard.reports(1)
+    assert not xc.guard.reports(0)
+
+
+# On the exporter: UNEXPORT `mem_id` (if any: rmmod needs no region left), reload the module
+# (a new boot: a new boot id, a new pool), then at once an EXPORT of SIZE, filled with
+# NEW_PATTERN if it is made.  `extra` parameters go to insmod.
+RELOAD_AND_EXPORT = """
+import errno, json, subprocess, time
+from pathlib import Path
+import obmm
+if {mem_id} is not None:
+    with obmm.Obmm() as dev:
+        dev.unexport({mem_id})
+p = "/sys/module/obmm/parameters/"
+args = [f"{{n}}=" + open(p + n).read().strip() for n in ("node_id", "pool_base", "pool_size")]
+subprocess.run(["rmmod", "obmm"], check=True)
+subprocess.run(["insmod", "/opt/obmm-testbed/kmod/obmm.ko", *args, *{extra!r}], check=True)
+out = {{"quarantined_at_load": int(Path("/sys/kernel/obmm_emu/quarantined").read_text(), 0)}}
+if {export}:
+    t0 = time.monotonic()
+    with obmm.Obmm() as dev:
+        try:
+            new = dev.export({size})
+        except obmm.ObmmError as exc:
+            out["export"] = errno.errorcode.get(exc.errno, str(exc.errno))
+        else:
+            out["export"] = "made"
+            out["new_mem_id"] = new.mem_id
+            out["new_pa"] = dev.query_pa_by_memid(new.mem_id)
+            with obmm.ShmDev(new.mem_id) as shm, shm.mmap({size}) as m:
+                m.write(0, bytes.fromhex("{new}"))
+    out["export_ms"] = round((time.monotonic() - t0) * 1000)
+print(json.dumps(out))
+"""
+
+# On the exporter: an EXPORT of SIZE (waiting for the importer's acknowledgement, at most
+# `bound` s), its address, then UNEXPORT and the quarantine drained.
+EXPORT_WHEN_ACKED = """
+import errno, json, time
+from pathlib import Path
+import obmm
+quarantined = Path("/sys/kernel/obmm_emu/quarantined")
+out = {{}}
+t0 = time.monotonic()
+with obmm.Obmm() as dev:
+    while True:
+        try:
+            new = dev.export({size})
+            break
+        except obmm.ObmmError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() - t0 > {bound}:
+                raise
+    out["export_ms"] = round((time.monotonic() - t0) * 1000)
+    out["new_pa"] = dev.query_pa_by_memid(new.mem_id)
+    dev.unexport(new.mem_id)
+while int(quarantined.read_text(), 0) and time.monotonic() - t0 < 2 * {bound}:
+    time.sleep(0.05)
+out["quarantined"] = int(quarantined.read_text(), 0)
+print(json.dumps(out))
+"""
+
+
+def test_reloaded_exporter_keeps_its_pool_until_the_importer_acknowledges_the_new_boot(
+    xc: ClusterHarness, nodes: tuple[Connection, Connection]
+) -> None:
+    """A node's new boot does not zero or hand out its pool under a peer's import of the old one.
+
+    Node 1 imports and maps node 0's export (a reader checks the pattern); node 1's QEMU is
+    SIGSTOPped, so its revocation scan cannot run; node 0 unexports (rmmod needs no region
+    left), its module is reloaded, and it EXPORTs at once: the new boot knows nothing of the
+    old one's quarantine, as after a crash and reboot.  The new boot's pool
+    stays quarantined (not zeroed, not exported: EBUSY) until node 1 acknowledged the new boot,
+    which its scan does only after revoking the old boot's import: resumed, node 1's reader gets
+    SIGBUS and never sees anything but the pattern, and node 0's EXPORTs succeed again.  Node 0
+    runs with heartbeat_misses=100 meanwhile so that the stop does not make node 1 dead to it
+    (a dead peer holds nothing back: FIDELITY.md); it is reloaded with its defaults at the end.
+    """
+    _, b = nodes
+    before = {n: node_state(xc, n) for n in (0, 1)}
+    exp = xc.py_json(0, ACK_EXPORT)
+    if exp["used_before"]:
+        pytest.skip("node 0's pool is not empty")
+    imp = Importer(b, exp, script=IMPORTER_UNTIL_FAULT)
+    stopped = reloaded = False
+    new_mem_id = None
+    try:
+        assert imp.ready.wait(120), "importer not ready"
+        xc.py(0, "pass")
+        pid = qemu_pid(xc, 1)
+        os.kill(pid, signal.SIGSTOP)
+        stopped = True
+        code = RELOAD_AND_EXPORT.format(
+            mem_id=exp["mem_id"],
+            extra=["heartbeat_misses=100"],
+            export=True,
+            size=SIZE,
+            new=NEW_PATTERN.hex(),
+        )
+        reloaded = True
+        held = xc.py_json(0, code, timeout=180)
+        new_mem_id = held.get("new_mem_id")
+        os.kill(pid, signal.SIGCONT)
+        stopped = False
+        out = imp.result(BOUND_S + 60)
+        acked = xc.py_json(0, EXPORT_WHEN_ACKED.format(size=SIZE, bound=BOUND_S), timeout=180)
+    finally:
+        if stopped:
+            os.kill(qemu_pid(xc, 1), signal.SIGCONT)
+        if new_mem_id is not None:
+            xc.py(0, f"import obmm\nobmm.Obmm().unexport({new_mem_id})", check=False)
+        if reloaded:
+            xc.py(0, RELOAD_AND_EXPORT.format(mem_id=None, extra=[], export=False, size=0, new=""),
+                  timeout=180, check=False)  # fmt: skip
+    print(f"\nnode 0 reloaded while node 1 was stopped: {held}\nafter it resumed: {acked}"
+          f"\nnode 1's reader: {out}")  # fmt: skip
+    assert held["export"] != "made", (
+        f"the new boot handed out memory node 1 still maps (pa {held.get('new_pa'):#x}, "
+        f"the import's {exp['pa']:#x}): {held}"
+    )
+    assert held["export"] == "EBUSY", held
+    assert held["quarantined_at_load"] > 0, held
+    check_revoked(out)  # SIGBUS, and never the pool's zeros or another export's bytes
+    assert acked["new_pa"] == exp["pa"], f"the pool came back whole: {acked}"
+    assert acked["quarantined"] == 0, acked
+    for n in (0, 1):
+        assert node_state(xc, n) == before[n], f"node {n} left changed"
     assert not xc.guard.reports(1)
     assert not xc.guard.reports(0)

@@ -829,6 +829,8 @@ class Engine:
             self.expect(op, f"{m.mem_id} move", err, want)
 
     def _op_update_range(self, op: Op) -> None:
+        if op.chance(2, 20) and self._update_sequence(op):
+            return
         f = self.pick_file(op, 0)
         mapped = [
             g for g in self.model.files if g.fd >= 0 and not g.sync and self.model.mapped(g.mem_id)
@@ -878,6 +880,81 @@ class Engine:
                 for i in range(len(m.access)):
                     if start <= m.addr + i * m.granu < end:
                         m.access[i] = acc
+
+    def _update_sequence(self, op: Op) -> bool:
+        """Issue 36's UPDATE_RANGE sequences, whole in one operation, on a region this process
+        maps nothing of, through fds of its own: ``ro_fd`` (finding 1) maps two granules
+        PROT_READ MAP_SHARED from a read-only fd, makes them READWRITE through a read-write fd
+        and touches them (reads); ``split`` (finding 6) maps two granules writable, makes them
+        READONLY, splits the VMA (madvise of the second granule), makes them READWRITE, unmaps
+        them, then maps the region writable again.  Every call must succeed.  False when no
+        region fits (the operation is an ordinary UPDATE_RANGE then)."""
+        fits = [
+            r for r in self.model.regions.values()
+            if r.kind in ("export", "import") and r.mappable and r.allow_mmap and not r.numa
+            and not r.revoked and not self.model.mapped(r.mem_id) and r.size >= 2 * SZ_4K
+        ]  # fmt: skip
+        if not fits:
+            return False
+        r = fits[op.word(3) % len(fits)]
+        granu = r.granu or (SZ_2M if op.chance(3, 30) and r.size % SZ_2M == 0 else SZ_4K)
+        if r.size < 2 * granu:
+            return False
+        how = op.pick(5, ("ro_fd", "split"))
+        raw = PMD_FLAG if granu == SZ_2M else 0
+        length = 2 * granu
+        path = f"/dev/obmm_shmdev{r.mem_id}"
+        fds: list[int] = []
+        mapped: list[tuple[int, int]] = []
+
+        def step(what: str, err: int) -> None:
+            self.expect(op, f"{r.mem_id} {how}: {what}", err, {OK})
+
+        def update(fd: int, start: int, end: int, state: int) -> int:
+            shm = self._as_shm(File(-1, fd, r.mem_id, True, True, False))
+            try:
+                obmm.ShmDev.update_range(shm, start, end, state, 4)
+            except OSError as exc:
+                return exc.errno or errno.EIO
+            return OK
+
+        def open_(flags: int) -> int:
+            try:
+                fds.append(os.open(path, flags | os.O_CLOEXEC))
+            except OSError as exc:
+                step(f"open flags={flags:#x}", exc.errno or errno.EIO)
+            return fds[-1]
+
+        try:
+            rw = open_(os.O_RDWR)
+            src = open_(os.O_RDONLY) if how == "ro_fd" else rw
+            prot = R if how == "ro_fd" else R | W
+            addr, err = target.mmap(0, length, prot, target.MAP_SHARED, src, raw)
+            step(f"mmap {length:#x} prot={prot} pmd={bool(raw)}", err)
+            if err:
+                return True
+            mapped.append((addr, length))
+            r.granu, r.mode, r.ownership = granu, "cc", True
+            if how == "ro_fd":
+                step("READWRITE through a read-write fd", update(rw, addr, addr + length, 0x9))
+                for off in (0, granu):  # a PMD granule is made at its fault
+                    target.read_word(addr + off)
+                return True
+            step("READONLY", update(rw, addr, addr + length, 0x1))
+            step("madvise split", target.madvise(addr + granu, granu, mmap_mod.MADV_RANDOM))
+            step("READWRITE across the split", update(rw, addr, addr + length, 0x9))
+            mapped.clear()
+            step("munmap", target.munmap(addr, length))
+            again, err = target.mmap(0, length, R | W, target.MAP_SHARED, rw, raw)
+            step("writable mmap again", err)
+            if not err:
+                mapped.append((again, length))
+            return True
+        finally:
+            for addr, size in mapped:
+                target.munmap(addr, size)
+            for fd in fds:
+                os.close(fd)
 
     @staticmethod
     def _as_shm(f: File) -> obmm.ShmDev:

@@ -7,6 +7,8 @@ machine, ``--only`` replays a subset exactly, and ddmin finds the minimal failin
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Sequence
 from types import SimpleNamespace
 
@@ -548,3 +550,107 @@ def test_record_mode_leaves_out_an_import_past_its_export() -> None:
     engine._op_import(Op(0, "import", (99 << 32,) * 3 + (length,) + (99 << 32,) * 2))
     assert engine._outcome.get("skipped") == "IMPORT past its export: overlap depends on placement"
     assert engine.dev.calls == []
+
+
+def _sequence_engine(monkeypatch: pytest.MonkeyPatch, mmap_errs: list[int]):  # type: ignore[no-untyped-def]
+    """An engine whose one region (two 4 KiB granules) nothing maps, and the calls its
+    UPDATE_RANGE sequences make, recorded (mmap_errs: the errno of each mmap, in turn)."""
+    engine_mod, engine, _ = _engine_with_map(file_write=True, pieces=2)
+    engine.model.maps.clear()
+    calls: list[tuple[object, ...]] = []
+
+    def fake_open(path: str, flags: int) -> int:
+        calls.append(("open", path, flags & 3))
+        return 100 + sum(1 for c in calls if c[0] == "open")
+
+    def fake_mmap(
+        addr: int, length: int, prot: int, flags: int, fd: int, raw: int
+    ) -> tuple[int, int]:
+        calls.append(("mmap", length, prot, fd, raw))
+        return (1 << 30, mmap_errs.pop(0) if mmap_errs else 0)
+
+    def fake_update(shm: object, start: int, end: int, state: int, cache: int) -> None:
+        calls.append(("update", shm.fd, start - (1 << 30), end - (1 << 30), state))  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(engine_mod.os, "open", fake_open)
+    monkeypatch.setattr(engine_mod.os, "close", lambda fd: calls.append(("close", fd)))
+    monkeypatch.setattr(engine_mod.target, "mmap", fake_mmap)
+
+    def fake_munmap(addr: int, length: int) -> int:
+        calls.append(("munmap", length))
+        return 0
+
+    def fake_madvise(addr: int, length: int, advice: int) -> int:
+        calls.append(("madvise", addr - (1 << 30), length, advice))
+        return 0
+
+    def fake_read(addr: int) -> bytes:
+        calls.append(("read", addr - (1 << 30)))
+        return bytes(8)
+
+    monkeypatch.setattr(engine_mod.target, "munmap", fake_munmap)
+    monkeypatch.setattr(engine_mod.target, "madvise", fake_madvise)
+    monkeypatch.setattr(engine_mod.target, "read_word", fake_read)
+    monkeypatch.setattr(engine_mod.obmm.ShmDev, "update_range", fake_update)
+    return engine_mod, engine, calls
+
+
+# word 2: chance(2, 20) takes the sequence; word 3: the region, page granule; word 5: which
+RO_FD = Op(0, "update_range", (0, 0, 5 << 32, 50 << 32, 0, 0))
+SPLIT = Op(1, "update_range", (0, 0, 5 << 32, 50 << 32, 0, 1))
+
+
+def test_update_range_maps_a_read_only_fd_and_makes_it_read_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 36, finding 1, whole in one operation: PROT_READ MAP_SHARED from a read-only fd,
+    UPDATE_RANGE READWRITE through a read-write fd of the region, a touch of each granule."""
+    import mmap
+
+    _, engine, calls = _sequence_engine(monkeypatch, [])
+    engine._op_update_range(RO_FD)
+    path = "/dev/obmm_shmdev1"
+    assert calls == [
+        ("open", path, os.O_RDWR), ("open", path, os.O_RDONLY),
+        ("mmap", 8 << 10, mmap.PROT_READ, 102, 0),
+        ("update", 101, 0, 8 << 10, 0x9),
+        ("read", 0), ("read", 4 << 10),
+        ("munmap", 8 << 10), ("close", 101), ("close", 102),
+    ]  # fmt: skip
+    r = engine.model.regions[1]
+    assert (r.granu, r.mode, r.ownership) == (4 << 10, "cc", True)
+
+
+def test_update_range_splits_between_updates_then_maps_writable_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 36, finding 6, whole in one operation: a writable mapping made READONLY, split by
+    a madvise, made READWRITE, unmapped; then a writable mmap again, which must succeed: the
+    unfixed driver's EPERM (its writable-mapping count at -1) is a failure."""
+    import mmap
+
+    engine_mod, engine, calls = _sequence_engine(monkeypatch, [])
+    engine._op_update_range(SPLIT)
+    rw = mmap.PROT_READ | mmap.PROT_WRITE
+    assert calls == [
+        ("open", "/dev/obmm_shmdev1", os.O_RDWR),
+        ("mmap", 8 << 10, rw, 101, 0),
+        ("update", 101, 0, 8 << 10, 0x1),
+        ("madvise", 4 << 10, 4 << 10, mmap.MADV_RANDOM),
+        ("update", 101, 0, 8 << 10, 0x9),
+        ("munmap", 8 << 10),
+        ("mmap", 8 << 10, rw, 101, 0),
+        ("munmap", 8 << 10), ("close", 101),
+    ]  # fmt: skip
+    _, engine, calls = _sequence_engine(monkeypatch, [0, errno.EPERM])
+    with pytest.raises(engine_mod.Failure, match="writable mmap again"):
+        engine._op_update_range(SPLIT)
+    assert calls[-1] == ("close", 101)  # nothing left open
+
+
+def test_update_range_sequences_need_a_region_nothing_maps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every region mapped already, the operation is an ordinary UPDATE_RANGE."""
+    _, engine, calls = _sequence_engine(monkeypatch, [])
+    engine.model.maps.append(SimpleNamespace(mem_id=1))
+    assert not engine._update_sequence(RO_FD)
+    assert calls == []
