@@ -534,6 +534,33 @@ def test_record_mode_unexports_and_leaves_out_an_export_not_in_one_physical_run(
     assert engine._outcome["skipped"] == SCATTERED and len(engine.dev.calls) == 3
 
 
+def test_record_mode_fast_export_waits_for_the_pool_and_says_when_it_never_settles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fuzz-diff seed 1, op 279: a FAST EXPORT got ENOMEM on the real driver, whose pool had not
+    refilled and cleared in the 5 s the fuzzer waited on a loaded host, and the difference was
+    taken for the driver's.  It waits SETTLE_S now, and a pool that never settles is a failure
+    that says so, with no call made."""
+    from obmm.fuzz import engine as engine_mod
+    from obmm.fuzz import target
+
+    waited: list[float] = []
+    settles = [False]
+    monkeypatch.setattr(
+        target, "settle_pool", lambda want, timeout: waited.append(timeout) or settles[0]
+    )
+    engine = _recording_engine()
+    engine.pool_total = 1 << 28
+    op = Op(0, "export", (99 << 32 | 3 << 16 | 1,) * 6)  # 1 granule, FAST|ALLOW_MMAP
+    engine._outcome = {"op": 0, "kind": "export", "errnos": []}
+    with pytest.raises(engine_mod.Failure, match="not whole and cleared within 60 s"):
+        engine._op_export(op)
+    assert waited == [engine_mod.SETTLE_S] and engine.dev.calls == []
+    settles[0] = True
+    engine._op_export(op)
+    assert engine.dev.calls == ["OBMM_CMD_EXPORT"]
+
+
 def test_record_mode_leaves_out_an_import_past_its_export() -> None:
     """fuzz-diff op 1180 (seed 1): an import at an export's address but 1 GiB long overlaps
     another import on one driver and nothing on the other (where the pools put the exports):
