@@ -92,11 +92,18 @@ vm_flags_t obmm_state_vm_flags(u8 state)
 	}
 }
 
-/* The region's counters, made at its first cacheable mapping. */
+/*
+ * The region's counters, one per entry of the mapping's granule, made at
+ * its first cacheable mapping.  A mapping that fails after they were made
+ * does not fix the region's granule (r->mmap_granu), so the next mapping
+ * may use the other one: counters made for another granule then count
+ * nothing (the failed mapping took its counts back) and are made again.
+ */
 static int obmm_owners_get(struct obmm_region *r, unsigned int shift)
 {
-	if (r->owners)
+	if (r->owners && r->nr_owners == r->size >> shift)
 		return 0;
+	obmm_ownership_free(r);
 	r->nr_owners = r->size >> shift;
 	r->owners = kvcalloc(r->nr_owners, sizeof(*r->owners), OBMM_GFP_SIZED);
 	return r->owners ? 0 : -ENOMEM;
@@ -185,6 +192,9 @@ static int obmm_vmap_count(struct obmm_vmap *vm, unsigned long from,
 
 	if (!vm->counted)
 		return 0;
+	/* Counters of another granule than this mapping's would be overrun. */
+	if (WARN_ON_ONCE(vm->first + to > vm->r->nr_owners))
+		return -EINVAL;
 	for (i = from; i < to; i++) {
 		entry = vm->first + i;
 		ret = undo ? obmm_owner_move(&vm->r->owners[entry], entry, new,

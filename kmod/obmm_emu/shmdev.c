@@ -77,9 +77,33 @@ static void obmm_shm_test_mmap_delay(void)
 	if (ms)
 		msleep_interruptible(ms);
 }
+
+/*
+ * Test only: the next this many mmaps fail with -ENOMEM where the memtype
+ * reservation may (after the entries' counts were made), as one does under
+ * fault injection.
+ */
+static unsigned int test_map_fail;
+module_param(test_map_fail, uint, 0600);
+MODULE_PARM_DESC(test_map_fail,
+		 "test only: the next N mmaps fail with -ENOMEM after their counts were made");
+
+static int obmm_shm_test_map_fail(void)
+{
+	unsigned int n = READ_ONCE(test_map_fail);
+
+	if (!n || cmpxchg(&test_map_fail, n, n - 1) != n)
+		return 0;
+	return -ENOMEM;
+}
 #else
 static void obmm_shm_test_mmap_delay(void)
 {
+}
+
+static int obmm_shm_test_map_fail(void)
+{
+	return 0;
 }
 #endif
 
@@ -637,7 +661,7 @@ static int obmm_shm_map(struct obmm_region *r, struct vm_area_struct *vma)
 {
 	/* The flags remap_pfn_range() sets, as if it ran. */
 	obmm_vma_set_flags(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
-	return obmm_memtype_get(r, vma->vm_page_prot);
+	return obmm_shm_test_map_fail() ?: obmm_memtype_get(r, vma->vm_page_prot);
 }
 
 static int obmm_shm_mmap(struct file *file, struct vm_area_struct *vma)

@@ -42,6 +42,7 @@ def test_no_test_param_outside_the_test_build() -> None:
         "test_zero_delay_ms",
         "test_exit_delay_ms",
         "test_mmap_delay_ms",
+        "test_map_fail",
     } <= names
 
 
