@@ -46,6 +46,17 @@ def memory_block_size() -> int:
         return SZ_128M
 
 
+# The real driver on the testbed: kmod/ub_compat's decoder check (ub_memory_validate_pa)
+# refuses a range of this node's own window that no export maps, its guard against reaching
+# the node's own kernel RAM through the loopback window (kmod/ub_compat/README.md), so a
+# declaration over such a range is EINVAL there; a host's decoder accepts any range of its
+# window, as obmm_emu does.
+UNEXPORTED_OWN_WINDOW = pytest.mark.real_driver_differs(
+    "ub_compat refuses a declaration over own-window memory no export maps (its guard "
+    "against reaching the node's kernel RAM); a host's decoder accepts it"
+)
+
+
 @pytest.fixture
 def block() -> int:
     return memory_block_size()
@@ -141,6 +152,7 @@ def test_a_huge_length_is_enomem_before_anything_is_allocated(
     assert not preimport_lines()[1:]
 
 
+@UNEXPORTED_OWN_WINDOW
 def test_a_huge_length_overlapping_a_declaration_is_eexist_first(
     dev: obmm.Obmm, fabric: Fabric, pa: int, block: int, declared: int
 ) -> None:
@@ -228,9 +240,15 @@ def blk_export(dev: obmm.Obmm, fabric: Fabric, block: int) -> Iterator[obmm.Expo
     with exported(dev, block) as exp:
         if fabric.loopback_addr(dev, exp.mem_id) % block:
             pytest.skip("the pool gave no block-aligned range")
+        first = dev.query_pa_by_memid(exp.mem_id)
+        if any(dev.query_pa_by_memid(exp.mem_id, off) != first + off
+               for off in range(0, block, SZ_2M)):  # fmt: skip
+            # the real driver's pool can; the testbed's UMMU maps one run only
+            pytest.skip("the pool gave no block in one physical run")
         yield exp
 
 
+@UNEXPORTED_OWN_WINDOW
 def test_declaration_succeeds_and_is_listed(
     dev: obmm.Obmm, fabric: Fabric, pa: int, block: int
 ) -> None:
@@ -257,6 +275,7 @@ def test_declaration_succeeds_and_is_listed(
     assert module_refcount() == refs
 
 
+@UNEXPORTED_OWN_WINDOW
 def test_declaration_with_a_remote_numa_id_uses_it(
     dev: obmm.Obmm, fabric: Fabric, pa: int, block: int
 ) -> None:
@@ -267,6 +286,7 @@ def test_declaration_with_a_remote_numa_id_uses_it(
     assert nid == top
 
 
+@UNEXPORTED_OWN_WINDOW
 def test_declaration_with_a_local_numa_id_is_eperm(
     dev: obmm.Obmm, fabric: Fabric, pa: int, block: int
 ) -> None:
@@ -276,6 +296,7 @@ def test_declaration_with_a_local_numa_id_is_eperm(
     assert len(preimport_lines()) == 1
 
 
+@UNEXPORTED_OWN_WINDOW
 def test_declaration_claims_iomem(
     dev: obmm.Obmm, fabric: Fabric, pa: int, block: int, declared: int
 ) -> None:
@@ -283,18 +304,21 @@ def test_declaration_claims_iomem(
     assert f"{pa:x}-{pa + block - 1:x} : PREIMPORT_UBMEM" in lines
 
 
+@UNEXPORTED_OWN_WINDOW
 def test_overlapping_declaration_is_eexist(
     dev: obmm.Obmm, fabric: Fabric, pa: int, block: int, declared: int
 ) -> None:
     expect_errno(errno.EEXIST, dev.declare_preimport, pa, 2 * block, scna=fabric.cna)
 
 
+@UNEXPORTED_OWN_WINDOW
 def test_direct_import_into_declared_range_is_eexist(
     dev: obmm.Obmm, fabric: Fabric, pa: int, declared: int
 ) -> None:
     expect_errno(errno.EEXIST, dev.import_, pa, SZ_2M, scna=fabric.cna)
 
 
+@UNEXPORTED_OWN_WINDOW
 def test_undeclare_not_exact_range_is_einval(
     dev: obmm.Obmm, pa: int, block: int, declared: int
 ) -> None:
@@ -342,6 +366,7 @@ def test_preimport_import_borrows_into_the_declared_node(
         dev.undeclare_preimport(addr, block)
 
 
+@UNEXPORTED_OWN_WINDOW
 def test_preimport_import_outside_declarations_is_efault(
     dev: obmm.Obmm, fabric: Fabric, pa: int
 ) -> None:
@@ -358,6 +383,7 @@ def test_preimport_import_at_a_direct_import_is_einval(dev: obmm.Obmm, fabric: F
             dev.unimport(imp.mem_id)
 
 
+@UNEXPORTED_OWN_WINDOW
 @pytest.mark.parametrize("field", ["dcna", "seid", "deid"])
 def test_preimport_import_with_another_datapath_is_einval(
     dev: obmm.Obmm, fabric: Fabric, pa: int, block: int, declared: int, field: str
@@ -368,6 +394,7 @@ def test_preimport_import_with_another_datapath_is_einval(
     expect_errno(errno.EINVAL, dev.import_, pa, block, scna=fabric.cna, flags=NUMA_PRE, **kw)
 
 
+@UNEXPORTED_OWN_WINDOW
 def test_preimport_import_past_the_declaration_is_einval(
     dev: obmm.Obmm, fabric: Fabric, pa: int, block: int, declared: int
 ) -> None:
