@@ -181,6 +181,11 @@ class ClusterHarness:
             raise CommandFailed(result)
         return result
 
+    def new_agent(self, node: int) -> None:
+        """The next snippet on `node` runs in a new agent process, one that holds nothing of the
+        driver open whatever earlier snippets left (before a module reload, say)."""
+        self._drop_agent(node)
+
     def _drop_agent(self, node: int) -> None:
         agent = self._agents.pop(node, None)
         if agent is not None:
