@@ -566,6 +566,7 @@ def test_reloaded_exporter_keeps_its_pool_until_the_importer_acknowledges_the_ne
     (a dead peer holds nothing back: FIDELITY.md); it is reloaded with its defaults at the end.
     """
     _, b = nodes
+    xc.new_agent(0)  # node 0's module refcount before and after counts no older snippet's file
     before = {n: node_state(xc, n) for n in (0, 1)}
     exp = xc.py_json(0, ACK_EXPORT)
     if exp["used_before"]:
