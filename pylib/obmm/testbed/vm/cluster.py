@@ -396,6 +396,20 @@ class Cluster:
             timeline=timeline or Timeline(),
         )
         marks = cluster.timeline
+
+        def again(retries: int) -> Cluster:
+            """Start over cold (the steps before the cluster's own stand; its own start again)."""
+            return cls.start(
+                image, topology, name=name, accel=accel, init=init, logdir=logdir,
+                detach=detach, wait=wait, timeout=timeout, timeout_scale=timeout_scale,
+                extra_args=extra_args, progress=progress, snapshot=snap_mode,
+                qemu_binary=qemu_binary, boot_retries=retries,
+                timeline=Timeline(
+                    origin=marks.origin,
+                    cluster={k: v for k, v in marks.cluster.items() if k in _BEFORE},
+                ),
+            )  # fmt: skip
+
         key: snapshot_mod.Key | None = None
         snap: snapshot_mod.Snapshot | None = None
         try:
@@ -443,27 +457,7 @@ class Cluster:
                     progress.line(f"snapshot {snap.digest} not used: {why}; booting cold")
                     snapshot_mod.discard(snap)
                     cluster.stop()
-                    return cls.start(
-                        image,
-                        topology,
-                        name=name,
-                        accel=accel,
-                        init=init,
-                        logdir=logdir,
-                        detach=detach,
-                        wait=wait,
-                        timeout=timeout,
-                        timeout_scale=timeout_scale,
-                        extra_args=extra_args,
-                        progress=progress,
-                        snapshot=snap_mode,
-                        qemu_binary=qemu_binary,
-                        # The steps before the cluster's own stand; its own start again.
-                        timeline=Timeline(
-                            origin=marks.origin,
-                            cluster={k: v for k, v in marks.cluster.items() if k in _BEFORE},
-                        ),
-                    )
+                    return again(boot_retries)
             if wait:
                 cluster.boot_stall = BOOT_STALL_S * max(1.0, timeout_scale)
                 wait_s = timeout or boot_timeout(topology, accel, timeout_scale)
@@ -474,27 +468,7 @@ class Cluster:
                         raise
                     progress.line(f"{exc}\nbooting the cluster again")
                     cluster.stop()
-                    return cls.start(
-                        image,
-                        topology,
-                        name=name,
-                        accel=accel,
-                        init=init,
-                        logdir=logdir,
-                        detach=detach,
-                        wait=wait,
-                        timeout=timeout,
-                        timeout_scale=timeout_scale,
-                        extra_args=extra_args,
-                        progress=progress,
-                        snapshot=snap_mode,
-                        qemu_binary=qemu_binary,
-                        timeline=Timeline(
-                            origin=marks.origin,
-                            cluster={k: v for k, v in marks.cluster.items() if k in _BEFORE},
-                        ),
-                        boot_retries=boot_retries - 1,
-                    )
+                    return again(boot_retries - 1)
             if key is not None and snap is None:
                 cluster._save_snapshot(key, progress)
                 marks.mark("snapshot")
