@@ -23,9 +23,12 @@ The phases, each named by a line (no sleeps):
   as it begins (the work ends by itself: a command or test that returns at once).  For the
   interrupt patterns the case also checks that the teardown held the signals (its "waits for
   it" line), so a teardown that ended before the first signal fails the case instead of passing
-  it vacuously.  A SIGKILL has no such witness: it lands after that line, within the teardown
-  (which outlasts the reaction of this test by far: QMP quit, the QEMU's exit, the hub, the run
-  directory) or, on a very slow machine, after it; either way nothing may be left.
+  it vacuously.  A teardown that goes well is short, so each teardown case first stops a
+  process the teardown waits for (the network hub of the pair it runs, `down`'s QEMU): the
+  teardown lasts seconds and the signals land in it however slowly this test reacts.  A SIGKILL
+  has no such witness: it lands after that line, within the teardown (which outlasts the
+  reaction of this test by far: QMP quit, the QEMU's exit, the hub, the run directory) or, on a
+  very slow machine, after it; either way nothing may be left.
 
 `up` has no work or teardown phase of its own: it returns once the nodes are ready, leaving a
 cluster owned by nobody.  Its "work" is not a phase of the matrix; its teardown is the `down`
@@ -237,7 +240,9 @@ def _up(phase: str, env: dict[str, str], cwd: Path) -> Entry:
 
 def _run(phase: str, env: dict[str, str], cwd: Path) -> Entry:
     command = "echo the work runs; sleep 300" if phase == "work" else "true"
-    return Entry(_cli("run", "--nodes", "1", "--dir", "none", "--", command), env, cwd).start()
+    nodes = "2" if phase == "teardown" else "1"  # a pair: its hub holds the teardown
+    argv = _cli("run", "--nodes", nodes, "--dir", "none", "--", command)
+    return _held(phase, Entry(argv, env, cwd).start())
 
 
 GUEST_TESTS = {
@@ -249,18 +254,22 @@ GUEST_TESTS = {
 
 def _guest_suite(phase: str, env: dict[str, str], cwd: Path) -> Entry:
     env = dict(env, OBMM_GUEST_PATHS=GUEST_TESTS[phase])
-    return Entry(_pytest("tests/qemu/guest.guestsuite"), env, repo_root()).start()
+    if phase == "teardown":  # a pair: its hub holds the teardown
+        env["OBMM_TESTBED_NODES"] = "2"
+    return _held(phase, Entry(_pytest("tests/qemu/guest.guestsuite"), env, repo_root()).start())
 
 
 CLUSTER_TESTS = {
     "work": "tests/cluster/test_xnode.py",
     "boot": "tests/cluster/test_xnode.py::test_nodes_reach_each_other_on_link_local_addresses",
-    "teardown": "tests/cluster/test_xnode.py::test_nodes_reach_each_other_on_link_local_addresses",
+    # One that uses no inter-node network (the handle exchange does): the case stops the hub.
+    "teardown": "tests/cluster/test_xnode.py::test_kernel_log_guard_reports_a_warn_on_the_node"
+    "_that_warned",
 }
 
 
 def _cluster_suite(phase: str, env: dict[str, str], cwd: Path) -> Entry:
-    return Entry(_pytest(CLUSTER_TESTS[phase]), env, repo_root()).start()
+    return _held(phase, Entry(_pytest(CLUSTER_TESTS[phase]), env, repo_root()).start())
 
 
 def _plugin(phase: str, env: dict[str, str], cwd: Path) -> Entry:
@@ -272,18 +281,46 @@ def _plugin(phase: str, env: dict[str, str], cwd: Path) -> Entry:
         "    print('the work runs', flush=True)\n"
         f"    obmm_nodes[0].run({command!r}, timeout=600)\n"
     )
-    return Entry(_pytest("-s", "--obmm-nodes", "1", str(project)), env, project).start()
+    nodes = "2" if phase == "teardown" else "1"  # a pair: its hub holds the teardown
+    return _held(
+        phase, Entry(_pytest("-s", "--obmm-nodes", nodes, str(project)), env, project).start()
+    )
 
 
 def _bench(phase: str, env: dict[str, str], cwd: Path) -> Entry:
-    # Boot and teardown: the first boot sample's 1-node cluster; the work: the data path
-    # measurements on the bench's pair, reached in the time the pair takes to come up (no boot
-    # samples, no parallel-TCG cost: tearing it down is what is proved, not the measurements).
-    boots = "" if phase == "work" else "1"
-    return Entry([sys.executable, "-m", "obmm.bench", "--skip-cold-image", "--boot-nodes",
-                  boots, "--boot-inits", "fast", "--boot-samples", "1", "--tcg-samples", "0",
-                  "--inner-loop-samples", "0", "--no-plots", "--out", str(cwd / "out")],
-                 env, cwd).start()  # fmt: skip
+    # Boot: the first boot sample's 1-node cluster; teardown: the first boot sample's pair
+    # (below); the work: the data path measurements on the bench's pair, reached in the time
+    # the pair takes to come up (no boot samples, no parallel-TCG cost: tearing it down is
+    # what is proved, not the measurements).
+    boots = {"boot": "1", "work": "", "teardown": "2"}[phase]
+    return _held(phase, Entry([sys.executable, "-m", "obmm.bench", "--skip-cold-image",
+                  "--boot-nodes", boots, "--boot-inits", "fast", "--boot-samples", "1",
+                  "--tcg-samples", "0", "--inner-loop-samples", "0", "--no-plots",
+                  "--out", str(cwd / "out")], env, cwd).start())  # fmt: skip
+
+
+def _held(phase: str, entry: Entry) -> Entry:
+    """For the teardown phase: SIGSTOP the pair's network hub once it listens, long before
+    the work ends (the entries run a pair for this phase; their work does not use the hub).
+
+    A stopped hub never acts on SIGTERM: the teardown waits out its bound (seconds) before it
+    SIGKILLs it, so the signals sent after "stopping cluster" land while it stops.  Without
+    this, a teardown that went well takes a fraction of a second, and on a loaded machine it
+    had ended before this test reacted to its line (the first signal then hit what came next:
+    the bench's next sample, so no "waits for it" line)."""
+    if phase != "teardown":
+        return entry
+    assert entry.proc is not None
+    run_root = entry.env["OBMM_TESTBED_RUN_ROOT"]
+    deadline = time.monotonic() + scaled(STEP_TIMEOUT_S)
+    while not list(Path(run_root).glob("*/hub.sock")):
+        assert entry.proc.poll() is None, "ended before its hub listened:\n" + entry.output()
+        assert time.monotonic() < deadline, "no hub socket:\n" + entry.output()
+        time.sleep(POLL_S)
+    hubs = _qemus_under(run_root, "obmm.testbed.vm.hub")
+    assert len(hubs) == 1, f"hub processes under {run_root}: {hubs}"
+    os.kill(hubs[0], signal.SIGSTOP)
+    return entry
 
 
 CASES: dict[str, Case] = {
