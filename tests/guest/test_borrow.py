@@ -15,19 +15,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 from obmm_fixtures import (
     SZ_2M,
+    UNPLUG_S,
     Fabric,
     expect_errno,
-    exported,
     pool_total,
     pool_used,
-    settle_pool,
+    quarantined,
+    wait_for,
 )
 
 import obmm
@@ -46,8 +46,6 @@ NODE_SYSFS = Path("/sys/devices/system/node")
 MEMORY_SYSFS = Path("/sys/devices/system/memory")
 EMU_SYSFS = Path("/sys/kernel/obmm_emu")
 MARKER = b"OBMM-BORROW-GUEST"
-# Revocation -> unplug work -> migration of a few MiB -> removal, under TCG.
-UNPLUG_S = 60.0
 
 
 def possible_nodes() -> set[int]:
@@ -93,43 +91,8 @@ def iomem() -> str:
     return Path("/proc/iomem").read_text()
 
 
-def quarantined() -> int:
-    """Memory obmm_emu holds back after an unexport (0 under the real driver: no quarantine)."""
-    path = EMU_SYSFS / "quarantined"
-    return int(path.read_text().strip(), 0) if path.exists() else 0
-
-
 def revoked_ids() -> list[str]:
     return (EMU_SYSFS / "revoked").read_text().split()
-
-
-def wait_for(predicate: object, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
-@pytest.fixture
-def block() -> int:
-    return int((MEMORY_SYSFS / "block_size_bytes").read_text().strip(), 16)
-
-
-@pytest.fixture
-def blk_export(dev: obmm.Obmm, fabric: Fabric, block: int) -> Iterator[obmm.Export]:
-    """A live export of one memory block at a block-aligned physical address."""
-    # Quarantined memory from earlier tests could leave only unaligned runs free; the real
-    # driver's pool fills again in the background.
-    wait_for(lambda: quarantined() == 0, UNPLUG_S)
-    settle_pool()
-    if pool_total() - pool_used() < block:
-        pytest.skip("the pool has no free memory block")
-    with exported(dev, block) as exp:
-        if fabric.loopback_addr(dev, exp.mem_id) % block:
-            pytest.skip("the pool gave no block-aligned range")
-        yield exp
 
 
 def borrow(dev: obmm.Obmm, fabric: Fabric, exp: obmm.Export, **kw: object) -> obmm.Import:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,13 +17,9 @@ from typing import TYPE_CHECKING
 import pytest
 from obmm_fixtures import (
     SZ_2M,
-    SZ_128M,
     Fabric,
     expect_errno,
     exported,
-    pool_total,
-    pool_used,
-    settle_pool,
 )
 
 import obmm
@@ -39,13 +34,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.testbed_fabric
 
 
-def memory_block_size() -> int:
-    try:
-        return int(open("/sys/devices/system/memory/block_size_bytes").read().strip(), 16)
-    except OSError:
-        return SZ_128M
-
-
 # The real driver on the testbed: kmod/ub_compat's decoder check (ub_memory_validate_pa)
 # refuses a range of this node's own window that no export maps, its guard against reaching
 # the node's own kernel RAM through the loopback window (kmod/ub_compat/README.md), so a
@@ -55,11 +43,6 @@ UNEXPORTED_OWN_WINDOW = pytest.mark.real_driver_differs(
     "ub_compat refuses a declaration over own-window memory no export maps (its guard "
     "against reaching the node's kernel RAM); a host's decoder accepts it"
 )
-
-
-@pytest.fixture
-def block() -> int:
-    return memory_block_size()
 
 
 @pytest.fixture
@@ -194,7 +177,6 @@ def test_non_ub_range_overlapping_an_iomem_resource_is_einval(
 
 NUMA_PRE = abi.OBMM_IMPORT_FLAG_NUMA_REMOTE | abi.OBMM_IMPORT_FLAG_PREIMPORT
 PROC = Path("/proc/obmm/preimport_info")
-QUARANTINED = Path("/sys/kernel/obmm_emu/quarantined")
 HEADER = "pa_start - pa_end : dcna scna deid seid nid"  # padded in the file
 
 
@@ -222,30 +204,6 @@ def declared(dev: obmm.Obmm, fabric: Fabric, pa: int, block: int) -> Iterator[in
         yield nid
     finally:
         dev.undeclare_preimport(pa, block)
-
-
-@pytest.fixture
-def blk_export(dev: obmm.Obmm, fabric: Fabric, block: int) -> Iterator[obmm.Export]:
-    """A live export of one block at a block-aligned address; the declaration goes over it."""
-    # Quarantined memory from earlier tests could leave only unaligned runs free (obmm_emu);
-    # the real driver's pool fills again in the background.
-    deadline = time.monotonic() + 60
-    while QUARANTINED.exists() and int(QUARANTINED.read_text(), 0):
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    settle_pool()
-    if pool_total() - pool_used() < block:
-        pytest.skip("the pool has no free memory block")
-    with exported(dev, block) as exp:
-        if fabric.loopback_addr(dev, exp.mem_id) % block:
-            pytest.skip("the pool gave no block-aligned range")
-        first = dev.query_pa_by_memid(exp.mem_id)
-        if any(dev.query_pa_by_memid(exp.mem_id, off) != first + off
-               for off in range(0, block, SZ_2M)):  # fmt: skip
-            # the real driver's pool can; the testbed's UMMU maps one run only
-            pytest.skip("the pool gave no block in one physical run")
-        yield exp
 
 
 @UNEXPORTED_OWN_WINDOW
