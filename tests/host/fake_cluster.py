@@ -1,4 +1,4 @@
-"""Stand-ins shared by the cluster tests that boot no VM: a run root and a guest image."""
+"""Stand-ins shared by the cluster tests that boot no VM: a run root, a guest image, a QEMU."""
 
 from __future__ import annotations
 
@@ -34,6 +34,19 @@ def make_image(base: Path) -> Image:
     manifest = {"kernel_release": "6.1.0-0-amd64", "ssh_key": str(d / "key"), "host_key": ""}
     (d / "manifest.json").write_text(json.dumps(manifest))
     return Image.open(d)
+
+
+def write_fake_qemu(base: Path) -> Path:
+    """A stand-in QEMU binary in `base` that stays up and creates its QMP socket path, like the
+    real one (the readiness checks are the tests' to stub)."""
+    fake = base / "fake-qemu"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in unix:*) p="${a#unix:}"; : > "${p%%,*}";; esac; done\n'
+        "exec sleep 600\n"
+    )
+    fake.chmod(0o755)
+    return fake
 
 
 def start_with(qemu_binary: str, *args: Any, **kwargs: Any) -> Cluster:

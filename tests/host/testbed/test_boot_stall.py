@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fake_cluster import make_image, start_with, use_run_root
+from fake_cluster import make_image, start_with, use_run_root, write_fake_qemu
 
 from obmm.testbed.builds.image import Image
 from obmm.testbed.topology import Topology
@@ -77,15 +77,7 @@ def test_without_a_limit_only_the_deadline_ends_the_wait(tmp_path: Path) -> None
 
 @pytest.fixture
 def fake_qemu(tmp_path: Path) -> str:
-    # A stand-in QEMU that stays up and creates its QMP socket path, like the real one.
-    fake = tmp_path / "fake-qemu"
-    fake.write_text(
-        "#!/bin/sh\n"
-        'for a in "$@"; do case "$a" in unix:*) p="${a#unix:}"; : > "${p%%,*}";; esac; done\n'
-        "exec sleep 600\n"
-    )
-    fake.chmod(0o755)
-    return str(fake)
+    return str(write_fake_qemu(tmp_path))
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_cluster import make_image, start_with, use_run_root
+from fake_cluster import make_image, start_with, use_run_root, write_fake_qemu
 
 from obmm.testbed import arch
 from obmm.testbed.builds.image import Image
@@ -195,15 +195,7 @@ def test_fast_boot_uses_qboot_when_qemu_ships_it(
 def test_interrupt_during_boot_kills_every_node_and_removes_files(
     run_root: Path, fake_image: Image, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # A stand-in QEMU that stays up and creates its QMP socket path, like the real one.
-    fake = tmp_path / "fake-qemu"
-    fake.write_text(
-        "#!/bin/sh\n"
-        'for a in "$@"; do case "$a" in unix:*) p="${a#unix:}"; : > "${p%%,*}";; esac; done\n'
-        "exec sleep 600\n"
-    )
-    fake.chmod(0o755)
-    qemu_bin = str(fake)
+    qemu_bin = str(write_fake_qemu(tmp_path))
     pids: list[int] = []
 
     def interrupted(self: cl.Cluster, timeout: float, progress: object = None) -> None:
@@ -260,11 +252,6 @@ def test_an_unknown_init_is_refused_before_anything_starts(
     assert not run_root.exists() or list(run_root.iterdir()) == []
 
 
-FAKE_QEMU = (
-    "#!/bin/sh\n"
-    'for a in "$@"; do case "$a" in unix:*) p="${a#unix:}"; : > "${p%%,*}";; esac; done\n'
-    "exec sleep 600\n"
-)
 OWNER_SCRIPT = """\
 import sys, time
 from pathlib import Path
@@ -303,9 +290,7 @@ def test_a_killed_owners_cluster_is_removed_by_the_next_command_and_no_other(
     """An owner SIGKILLed while its cluster runs (the `run` of the issue): its QEMUs and hub die
     with it, its run directory (RAM files: host memory) stays until the reaper, which leaves a
     live owner's cluster and one owned by nobody (`up`) alone."""
-    fake = tmp_path / "fake-qemu"
-    fake.write_text(FAKE_QEMU)
-    fake.chmod(0o755)
+    fake = write_fake_qemu(tmp_path)
     owner = _owner(run_root, fake_image, "dead", fake, "own", "nowait")
     assert owner.stdout is not None
     *qemus, hub = (int(w) for w in owner.stdout.readline().split())
@@ -333,9 +318,7 @@ def test_up_killed_while_booting_leaves_nothing_after_the_next_command(
 ) -> None:
     """`up` owns its cluster until the nodes are ready (then nobody does): killed while it
     waits for SSH, its QEMUs (started to outlive it) are stopped by the reaper."""
-    fake = tmp_path / "fake-qemu"
-    fake.write_text(FAKE_QEMU)
-    fake.chmod(0o755)
+    fake = write_fake_qemu(tmp_path)
     owner = _owner(run_root, fake_image, "booting", fake, "detach", "wait")
     try:
         state = cl.rundir_for("booting") / cl.STATE_FILE
@@ -369,9 +352,7 @@ def test_a_down_killed_while_it_stops_leaves_nothing_after_the_next_command(
 ) -> None:
     """A cluster owned by nobody (`up`) becomes its stopper's: a `down` SIGKILLed during the
     teardown leaves its hub and run directory to the reaper, not until another `down`."""
-    fake = tmp_path / "fake-qemu"
-    fake.write_text(FAKE_QEMU)
-    fake.chmod(0o755)
+    fake = write_fake_qemu(tmp_path)
     kept = start_with(str(fake), fake_image, Topology(nodes=2), name="kept", wait=False,
                       detach=True)  # fmt: skip
     kept.disown()
@@ -399,9 +380,7 @@ def test_a_cluster_of_nobody_is_reaped_once_nothing_of_it_runs(
     """An `up` cluster whose QEMUs and hub died (a host OOM kill), and a run directory from
     before owners were recorded (no owner file): only their RAM files are left, holding host
     memory, and the next command removes them; `gc` had said "nothing left behind"."""
-    fake = tmp_path / "fake-qemu"
-    fake.write_text(FAKE_QEMU)
-    fake.chmod(0o755)
+    fake = write_fake_qemu(tmp_path)
     names = ("kept", "legacy")
     for name in names:
         cluster = start_with(str(fake), fake_image, Topology(nodes=2), name=name,

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_cluster import make_image, start_with, use_run_root
+from fake_cluster import make_image, start_with, use_run_root, write_fake_qemu
 
 from obmm.testbed.builds.image import Image
 from obmm.testbed.topology import MAX_NODES, Topology
@@ -199,14 +199,7 @@ def fake_image(short_dir: Path) -> Image:
 
 @pytest.fixture
 def fake_qemu(short_dir: Path) -> str:
-    fake = short_dir / "fake-qemu"
-    fake.write_text(
-        "#!/bin/sh\n"
-        'for a in "$@"; do case "$a" in unix:*) p="${a#unix:}"; : > "${p%%,*}";; esac; done\n'
-        "exec sleep 600\n"
-    )
-    fake.chmod(0o755)
-    return str(fake)
+    return str(write_fake_qemu(short_dir))
 
 
 def _gone(pid: int) -> bool:
