@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from obmm.testbed.builds.image import Image
+from obmm.testbed.topology import Topology
 from obmm.testbed.vm.cluster import Cluster
+from obmm.testbed.vm.machine import Machine
 
 
 def use_run_root(base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -49,6 +51,8 @@ def write_fake_qemu(base: Path) -> Path:
     return fake
 
 
-def start_with(qemu_binary: str, *args: Any, **kwargs: Any) -> Cluster:
-    """Cluster.start with a stand-in QEMU binary."""
-    return Cluster.start(*args, qemu_binary=qemu_binary, **kwargs)
+def start_with(qemu_binary: str, image: Image, topology: Topology, **kwargs: Any) -> Cluster:
+    """Cluster.start of `image` and `topology` with a stand-in QEMU binary (`init`, `accel`
+    and `extra_args` go to the Machine, the rest to the start)."""
+    spec = {k: kwargs.pop(k) for k in ("init", "accel", "extra_args") if k in kwargs}
+    return Cluster.start(Machine(image, topology, qemu_binary=qemu_binary, **spec), **kwargs)

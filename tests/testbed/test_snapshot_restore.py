@@ -14,6 +14,7 @@ from obmm.testbed.paths import results_dir
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import cluster as cl
 from obmm.testbed.vm import snapshot
+from obmm.testbed.vm.machine import Machine
 
 # One worker runs this module (conftest.group): each test starts from the snapshot of this
 # shape the one before it left.
@@ -29,7 +30,10 @@ def image() -> Image:
 
 def _start(image: Image, topology: Topology, logs: Path) -> cl.Cluster:
     return cl.Cluster.start(
-        image, topology, name=f"snaptest-{time.monotonic_ns()}", logdir=logs, snapshot="auto"
+        Machine(image, topology),
+        name=f"snaptest-{time.monotonic_ns()}",
+        logdir=logs,
+        snapshot="auto",
     )
 
 

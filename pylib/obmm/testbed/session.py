@@ -32,6 +32,7 @@ from obmm.testbed.topology import Topology
 from obmm.testbed.vm import ownership
 from obmm.testbed.vm.cluster import Cluster, default_logdir, load_topology
 from obmm.testbed.vm.kguard import KernelLogGuard
+from obmm.testbed.vm.machine import Machine
 from obmm.testbed.vm.reaping import reap_dead_owners
 from obmm.testbed.vm.timeline import Timeline
 
@@ -240,20 +241,23 @@ def bring_up(
     marks.mark("kmod")
     timings["kmod"] = t2 - t1
     accel = accel_mod.choose(settings.accel, image.kernel, cache_dir(), qemu=settings.qemu_binary)
-    cluster = Cluster.start(
+    machine = Machine(
         image,
         topology,
-        name=settings.name,
         accel=accel,
         init=settings.init,
+        qemu_binary=settings.qemu_binary,
+        extra_args=extra_args,
+    )
+    cluster = Cluster.start(
+        machine,
+        name=settings.name,
         logdir=logdir or default_logdir(settings.name),
         detach=detach,
         timeout=settings.boot_timeout,
         timeout_scale=settings.timeout_scale,
         progress=progress,
         snapshot=settings.snapshot,
-        qemu_binary=settings.qemu_binary,
-        extra_args=extra_args,
         timeline=marks,
     )
     t3 = time.monotonic()

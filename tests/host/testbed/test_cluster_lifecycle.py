@@ -21,6 +21,7 @@ from obmm.testbed.builds.image import Image
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import cluster as cl
 from obmm.testbed.vm import reaping
+from obmm.testbed.vm.machine import Machine
 
 
 @pytest.fixture
@@ -126,7 +127,7 @@ def test_starting_over_a_live_cluster_is_refused(
 ) -> None:
     _cluster_with(run_root, fake_image, sleeper, "x")
     with pytest.raises(cl.ClusterError, match="already running"):
-        cl.Cluster.start(fake_image, Topology(), name="x", wait=False)
+        cl.Cluster.start(Machine(fake_image, Topology()), name="x", wait=False)
     assert sleeper.poll() is None  # the running cluster was left alone
 
 
@@ -248,7 +249,7 @@ def test_an_unknown_init_is_refused_before_anything_starts(
     run_root: Path, fake_image: Image
 ) -> None:
     with pytest.raises(cl.ClusterError, match="init must be one of fast, systemd, got 'runit'"):
-        cl.Cluster.start(fake_image, Topology(), name="r", init="runit")
+        cl.Cluster.start(Machine(fake_image, Topology(), init="runit"), name="r")
     assert not run_root.exists() or list(run_root.iterdir()) == []
 
 
@@ -257,12 +258,13 @@ import sys, time
 from pathlib import Path
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import cluster as cl
+from obmm.testbed.vm.machine import Machine
 from obmm.testbed import arch
 from obmm.testbed.builds.image import Image
 image = Image.open(Path(sys.argv[1]))
 detach = sys.argv[3] == "detach"
-c = cl.Cluster.start(image, Topology(nodes=2), name=sys.argv[2], detach=detach,
-                     wait=sys.argv[4] == "wait", qemu_binary=sys.argv[5], timeout=600)
+c = cl.Cluster.start(Machine(image, Topology(nodes=2), qemu_binary=sys.argv[5]),
+                     name=sys.argv[2], detach=detach, wait=sys.argv[4] == "wait", timeout=600)
 print(" ".join(str(n.pid) for n in c.nodes), c.hub_pid, flush=True)
 time.sleep(600)
 """

@@ -40,6 +40,7 @@ from obmm.testbed.ssh import Connection, GuestGone, Target
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import kmemleak, numa, ownership, pvh, qemu
 from obmm.testbed.vm import snapshot as snapshot_mod
+from obmm.testbed.vm.machine import Machine
 from obmm.testbed.vm.timeline import READY_LINE, ConsoleWatch, Timeline, cpu_seconds
 from obmm.tools import interrupts
 
@@ -342,25 +343,20 @@ class Cluster:
     @classmethod
     def start(
         cls,
-        image: Image,
-        topology: Topology,
+        machine: Machine,
         *,
         name: str = DEFAULT_NAME,
-        accel: str = "tcg",
-        init: str = qemu.INIT_FAST,
         logdir: Path | None = None,
         detach: bool = False,
         wait: bool = True,
         timeout: float | None = None,
         timeout_scale: float = 1.0,
-        extra_args: Callable[[int], Sequence[str]] | None = None,
         progress: Progress | None = None,
         snapshot: str = snapshot_mod.MODE_AUTO,
-        qemu_binary: str = envvars.QEMU.default,
         timeline: Timeline | None = None,
         boot_retries: int = BOOT_RETRIES,
     ) -> Cluster:
-        """Boot every node and (by default) wait until each accepts an SSH login.
+        """Boot every node of `machine` and (by default) wait until each accepts an SSH login.
 
         With `detach` the QEMUs outlive this process (the CLI's `up`: it calls :meth:`disown`
         once the cluster is ready); otherwise they are killed if it dies.  On any failure,
@@ -372,6 +368,7 @@ class Cluster:
         the steps are marked (default: a new one starting now).
         """
         snap_mode = snapshot
+        image, topology, accel, init = machine.image, machine.topology, machine.accel, machine.init
         if init not in qemu.INIT_MODES:
             raise ClusterError(f"init must be one of {', '.join(qemu.INIT_MODES)}, got {init!r}")
         if snap_mode not in snapshot_mod.MODES:
@@ -379,7 +376,6 @@ class Cluster:
         rundir = rundir_for(name)
         logdir = logdir or default_logdir(name)
         progress = progress or Progress(f"cluster {name}")
-        qemu_binary = qemu_binary or image.arch.qemu_binary
         cluster = cls(
             name=name,
             rundir=rundir,
@@ -391,7 +387,7 @@ class Cluster:
             # Owned while it comes up, detached or not: a `up` killed during boot leaves
             # nothing (disown() hands a detached cluster to nobody once it is ready).
             owner=ownership.Owner.me(),
-            qemu_binary=qemu_binary,
+            qemu_binary=machine.binary,
             progress=progress,
             timeline=timeline or Timeline(),
         )
@@ -400,10 +396,9 @@ class Cluster:
         def again(retries: int) -> Cluster:
             """Start over cold (the steps before the cluster's own stand; its own start again)."""
             return cls.start(
-                image, topology, name=name, accel=accel, init=init, logdir=logdir,
-                detach=detach, wait=wait, timeout=timeout, timeout_scale=timeout_scale,
-                extra_args=extra_args, progress=progress, snapshot=snap_mode,
-                qemu_binary=qemu_binary, boot_retries=retries,
+                machine, name=name, logdir=logdir, detach=detach, wait=wait, timeout=timeout,
+                timeout_scale=timeout_scale, progress=progress, snapshot=snap_mode,
+                boot_retries=retries,
                 timeline=Timeline(
                     origin=marks.origin,
                     cluster={k: v for k, v in marks.cluster.items() if k in _BEFORE},
@@ -423,7 +418,7 @@ class Cluster:
                 logdir.mkdir(parents=True, exist_ok=True)
                 if snap_mode == snapshot_mod.MODE_AUTO and wait:
                     try:
-                        key = cluster._snapshot_key(extra_args)
+                        key = cluster._snapshot_key(machine.extra_args)
                     except snapshot_mod.SnapshotError as exc:
                         progress.line(f"snapshots off for this cluster: {exc}")
                     if key is not None:
@@ -434,7 +429,9 @@ class Cluster:
                 marks.mark("files")
                 if topology.nodes > 1:
                     cluster._start_hub(detach=detach)
-                cluster._launch_all(detach=detach, extra_args=extra_args, incoming=snap is not None)
+                cluster._launch_all(
+                    detach=detach, extra_args=machine.extra_args, incoming=snap is not None
+                )
                 if topology.nodes > 1:
                     cluster._wait_hub()
                 marks.mark("launched")
