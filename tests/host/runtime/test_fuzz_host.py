@@ -242,6 +242,13 @@ def test_munmap_splits_a_mapping_with_madvise_and_mremap_then_faults(
     monkeypatch.setattr(engine_mod.target, "madvise", lambda *a: errno.EAGAIN)
     engine._op_munmap(Op(2, "munmap", (0, 1, 0, 0, 5 << 32, 5 << 32)))
     engine.faults = None
+    # ... and its first cut may stay: the mapping counts as split (the debug-kernel campaign,
+    # seed 2, op 24473: a later move was EFAULT)
+    m.split = False
+    engine.faults = SimpleNamespace(armed=contextlib.nullcontext)
+    engine._op_munmap(Op(2, "munmap", (0, 1, 0, 0, 5 << 32, 5 << 32)))
+    engine.faults = None
+    assert m.split
     with pytest.raises(engine_mod.Failure):
         engine._op_munmap(Op(3, "munmap", (0, 1, 0, 0, 5 << 32, 50 << 32)))
     monkeypatch.setattr(engine_mod.target, "mmap", lambda *a: (1 << 31, 0))
@@ -250,6 +257,33 @@ def test_munmap_splits_a_mapping_with_madvise_and_mremap_then_faults(
     m.split = False
     with pytest.raises(engine_mod.Failure):
         engine._op_mremap(Op(5, "mremap", (0, 2, 0, 0, 0, 0)))
+
+
+def test_a_ptrace_poke_of_a_page_made_read_only_is_eio(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PTRACE_POKEDATA goes through the VMA's .access, which writes only where the page is
+    writable: after an UPDATE_RANGE to READONLY of a writable mapping it is EIO (the
+    debug-kernel campaign, seed 1, op 25765: the model allowed only success)."""
+    from obmm.fuzz.model import READWRITE
+
+    engine_mod, engine, m = _engine_with_map(file_write=True, pieces=2)
+    engine.handoffs, engine.fabric = {}, SimpleNamespace(own_base=0)
+    m.access = [0x0, READWRITE]  # page 0 READONLY (0x0), page 1 READWRITE
+    monkeypatch.setattr(engine_mod.handoff, "PATHS", {})  # the only handoff: ptrace_poke
+    monkeypatch.setattr(engine_mod.target, "read_word", lambda addr: b"\0" * 8)
+    monkeypatch.setattr(engine, "_expected_word", lambda m, off: None)
+    pokes: list[int] = []
+
+    def poke(addr: int, poke: bytes) -> tuple[bytes, int]:
+        pokes.append(addr)
+        return b"", errno.EIO if addr < m.addr + (4 << 10) else 0
+
+    monkeypatch.setattr(engine_mod.handoff, "ptrace_peek", poke)
+    engine._op_handoff(Op(0, "handoff", (0, 0, 0, 0)))  # offset 0: EIO
+    engine._op_handoff(Op(1, "handoff", (0, 0, 4 << 10, 0)))  # offset 4K: written
+    assert pokes == [m.addr, m.addr + (4 << 10)]
+    monkeypatch.setattr(engine_mod.handoff, "ptrace_peek", lambda addr, poke: (b"", 0))
+    with pytest.raises(engine_mod.Failure):  # a write to the read-only page is a failure
+        engine._op_handoff(Op(2, "handoff", (0, 0, 0, 0)))
 
 
 def test_the_rmmod_bound_scales_with_the_timeout_scale() -> None:
