@@ -301,11 +301,8 @@ def test_a_record_claiming_more_than_the_window_grants_nothing_outside_it(
 
 
 RELOAD = (
-    "import subprocess\n"
-    "p = '/sys/module/obmm/parameters/'\n"
-    "args = [f'{n}=' + open(p + n).read().strip() for n in ('node_id', 'pool_base', 'pool_size')]\n"
-    "subprocess.run(['rmmod', 'obmm'], check=True)\n"
-    "subprocess.run(['insmod', '/opt/obmm-testbed/kmod/obmm.ko', *args], check=True)\n"
+    "import xnode\n"
+    "xnode.reload_obmm()\n"
     "print(open('/sys/kernel/obmm_emu/enabled').read().strip())\n"
 )
 

@@ -478,33 +478,13 @@ def test_importer_stopped_past_the_death_timeout_is_dead_and_faults_on_resume(
 # (a new boot: a new boot id, a new pool), then at once an EXPORT of SIZE, filled with
 # NEW_PATTERN if it is made.  `extra` parameters go to insmod.
 RELOAD_AND_EXPORT = """
-import errno, json, os, subprocess, time
+import errno, json, time
 from pathlib import Path
-import obmm
+import obmm, xnode
 if {mem_id} is not None:
     with obmm.Obmm() as dev:
         dev.unexport({mem_id})
-p = "/sys/module/obmm/parameters/"
-args = [f"{{n}}=" + open(p + n).read().strip() for n in ("node_id", "pool_base", "pool_size")]
-# A process that just let the driver go may still be exiting: a bounded wait, then who holds it.
-for _ in range(100):
-    if subprocess.run(["rmmod", "obmm"], capture_output=True).returncode == 0:
-        break
-    time.sleep(0.1)
-else:
-    holders = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fd_dir = f"/proc/{{pid}}/fd"
-            fds = [os.readlink(f"{{fd_dir}}/{{fd}}") for fd in os.listdir(fd_dir)]
-            maps = Path(f"/proc/{{pid}}/maps").read_text()
-        except OSError:
-            continue
-        if any(f.startswith("/dev/obmm") for f in fds) or "obmm_shmdev" in maps:
-            cmdline = Path(f"/proc/{{pid}}/cmdline").read_text().replace("\\0", " ")
-            holders.append(f"{{pid}}: {{cmdline}}")
-    raise SystemExit(f"rmmod obmm: still in use, by {{holders}}")
-subprocess.run(["insmod", "/opt/obmm-testbed/kmod/obmm.ko", *args, *{extra!r}], check=True)
+xnode.reload_obmm(tuple({extra!r}))
 out = {{"quarantined_at_load": int(Path("/sys/kernel/obmm_emu/quarantined").read_text(), 0)}}
 if {export}:
     t0 = time.monotonic()

@@ -303,6 +303,39 @@ def node_memory(node: int) -> int:
     return 0
 
 
+MODULE_KO = "/opt/obmm-testbed/kmod/obmm.ko"
+#: The load parameters a reload keeps (the fabric's: this node's id and pool).
+RELOAD_PARAMS = ("node_id", "pool_base", "pool_size")
+
+
+def reload_obmm(extra: tuple[str, ...] = ()) -> None:
+    """rmmod obmm and insmod it again with its fabric parameters and `extra`: a new boot of
+    the driver.  A process that just let the driver go may still be exiting: rmmod is retried
+    for up to 10 s, then SystemExit names who holds the driver (a file or a mapping)."""
+    import subprocess
+
+    params = Path("/sys/module/obmm/parameters")
+    args = [f"{n}=" + (params / n).read_text().strip() for n in RELOAD_PARAMS]
+    for _ in range(100):
+        if subprocess.run(["rmmod", "obmm"], capture_output=True).returncode == 0:
+            break
+        time.sleep(0.1)
+    else:
+        holders = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fd_dir = f"/proc/{pid}/fd"
+                fds = [os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir)]
+                maps = Path(f"/proc/{pid}/maps").read_text()
+            except OSError:
+                continue
+            if any(f.startswith("/dev/obmm") for f in fds) or "obmm_shmdev" in maps:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+                holders.append(f"{pid}: {cmdline}")
+        raise SystemExit(f"rmmod obmm: still in use, by {holders}")
+    subprocess.run(["insmod", MODULE_KO, *args, *extra], check=True)
+
+
 def unimport(mem_id: int) -> None:
     with obmm.Obmm() as dev:
         dev.unimport(mem_id)
