@@ -258,6 +258,7 @@ fuzz: setup-python
 	else \
 		$(MAKE) --no-print-directory suite-build || exit 1; \
 		$(VENV)/bin/obmm-testbed run --nodes 2 --dir none --timeout $(FUZZ_TIMEOUT) \
+			--kernel-allow fault-injection \
 			--node 0='$(call fuzz-cmd,$(FUZZ_SEED))' \
 			--node 1='$(call fuzz-cmd,$$(($(FUZZ_SEED) + 1)))' || exit 1; \
 		OBMM_FUZZ_SEED=$(FUZZ_SEED) OBMM_FUZZ_XROUNDS=$(FUZZ_XROUNDS) \

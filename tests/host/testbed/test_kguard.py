@@ -39,3 +39,65 @@ def test_reports_are_this_tests_only() -> None:
     assert [r.kind for r in guard.reports(0)] == ["warn"]
     guard.start("test_two")  # the next test starts clean
     assert guard.reports(0) == []
+
+
+VMALLOC_WARN = (
+    "[   20.0] ------------[ cut here ]------------\n"
+    "[   20.0] WARNING: CPU: 0 PID: 140 at mm/vmalloc.c:1598 alloc_vmap_area+0x86d/0x1d10\n"
+    "[   20.0] Call Trace:\n"
+    "[   20.0] ---[ end trace 0000000000000000 ]---\n"
+)
+TAINT_W = 1 << 9  # TAINT_WARN
+
+
+class TaintedNode(FakeNode):
+    """A FakeNode with a taint mask, read with the log as the guard's verdict does."""
+
+    def __init__(self) -> None:
+        super().__init__("[    1.0] boot\n")
+        self.taint = 0
+
+    def run(self, command: str, **kw: Any) -> SimpleNamespace:
+        if "> /dev/kmsg" in command:
+            super().run(command)
+            return SimpleNamespace(out=f"{self.taint}\n")
+        if command.startswith("dmesg; echo "):
+            sep = command.split("echo ", 1)[1].split(";", 1)[0]
+            return SimpleNamespace(out=f"{self.log}{sep}\n{self.taint}\n")
+        return super().run(command, **kw)
+
+
+def test_a_warn_the_run_allows_explains_its_w_taint_and_nothing_else() -> None:
+    """The debug-kernel campaign: `make fuzz` (run --kernel-allow fault-injection) saw the
+    kernel's own WARN on an injected vmap_area failure, which the fuzzer allows; the run's
+    guard reported the W taint it set.  With the rule, that WARN and its W are no failure;
+    without it, or with another WARN beside it, they are."""
+    from obmm.fuzz import faults
+
+    node = TaintedNode()
+    allowing = KernelLogGuard([node], allow=faults.ALLOW)  # type: ignore[list-item]
+    strict = KernelLogGuard([node])  # type: ignore[list-item]
+    allowing.start("run")
+    strict.start("run2")
+    node.log += VMALLOC_WARN
+    node.taint |= TAINT_W
+    assert allowing.failures() == []
+    assert allowing.reports(0) == []
+    got = strict.failures()
+    assert len(got) == 2 and "kernel reports" in got[0] and "taint gained 'W'" in got[1], got
+    node.log += WARN  # a WARN of ours: reported, and W is not excused by the allowed one
+    got = allowing.failures()
+    assert len(got) == 1 and "drivers/obmm/x.c" in got[0] and "mm/vmalloc.c" not in got[0], got
+
+
+def test_a_w_taint_without_an_allowed_warn_in_the_log_is_a_failure() -> None:
+    """A log that lost the WARN (a wrapped ring, seen before log_buf_len=16M on the debug
+    kernel) cannot explain a W taint, whatever the run allows."""
+    from obmm.fuzz import faults
+
+    node = TaintedNode()
+    guard = KernelLogGuard([node], allow=faults.ALLOW)  # type: ignore[list-item]
+    guard.start("run")
+    node.taint |= TAINT_W
+    got = guard.failures()
+    assert len(got) == 1 and "taint gained 'W'" in got[0], got

@@ -344,3 +344,15 @@ def test_an_interrupted_run_says_so_in_one_line_and_exits_130(
     assert time.monotonic() - t0 < 4
     err = capsys.readouterr().err
     assert err.strip() == "obmm-testbed run: interrupted (signal 15); the cluster is stopped"
+
+
+def test_kernel_allow_names_the_reports_the_run_expects() -> None:
+    """`make fuzz` runs the fuzzer with --kernel-allow fault-injection: the kernel's own WARN
+    on an injected failure is then no kernel report of the run; by default nothing is."""
+    from obmm.fuzz import faults
+
+    assert parse(["--", "true"]).kernel_allow == ()
+    plan = parse(["--kernel-allow", "fault-injection", "--", "true"])
+    assert plan.kernel_allow == faults.ALLOW
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        parse_args(["--kernel-allow", "anything", "--", "true"])

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
+from obmm.fuzz import faults
 from obmm.testbed import settings as settings_mod
 from obmm.testbed.errors import EXIT_INTERRUPTED, TestbedError
 from obmm.testbed.node import Node
@@ -66,7 +67,7 @@ from obmm.testbed.remote import (
 )
 from obmm.testbed.settings import Settings
 from obmm.testbed.ssh import EXIT_GUEST_GONE, CommandTimeout, GuestGone, SshError
-from obmm.tools import interrupts
+from obmm.tools import interrupts, logscan
 
 if TYPE_CHECKING:
     from obmm.testbed.session import Session
@@ -77,6 +78,8 @@ EXIT_KERNEL_REPORT = 1
 EXIT_TIMEOUT = 124  # like timeout(1)
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_NODES = 2
+#: --kernel-allow's names: kernel reports a run's commands may cause on purpose.
+KERNEL_ALLOW: dict[str, tuple[logscan.AllowRule, ...]] = {"fault-injection": faults.ALLOW}
 DEFAULT_EXCLUDES = (".git", ".venv", "__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache")
 PREFIX = "obmm-testbed"
 
@@ -103,6 +106,8 @@ class Plan:
     dest: PurePosixPath | None = None
     excludes: tuple[str, ...] = DEFAULT_EXCLUDES
     keep: bool = False
+    #: Kernel reports the commands may cause on purpose (--kernel-allow): not failures.
+    kernel_allow: tuple[logscan.AllowRule, ...] = ()
 
     @property
     def workdir(self) -> PurePosixPath:
@@ -175,6 +180,7 @@ def make_plan(args: argparse.Namespace, nodes: int) -> Plan:
         dest=dest,
         excludes=tuple(args.exclude) if args.exclude is not None else DEFAULT_EXCLUDES,
         keep=bool(args.keep),
+        kernel_allow=tuple(r for name in args.kernel_allow or () for r in KERNEL_ALLOW[name]),
     )
 
 
@@ -455,6 +461,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
     p.add_argument(
+        "--kernel-allow",
+        action="append",
+        choices=sorted(KERNEL_ALLOW),
+        help="kernel reports the commands cause on purpose, not a failure of the run "
+        "(fault-injection: the kernel's own WARN on an injected allocation failure; "
+        "repeatable)",
+    )
+    p.add_argument(
         "--cold", action="store_true", help="boot even if a snapshot fits (--snapshot off)"
     )
     settings_mod.add_arguments(
@@ -518,6 +532,7 @@ def _run(plan: Plan, settings: Settings) -> int:
             )
         guard = session.guard
         assert guard is not None
+        guard.allow = plan.kernel_allow
         guard.start(f"obmm-testbed run {settings.name}")
         progress.line(f"running on {len(plan.commands)} node(s) (deadline {plan.timeout:.0f} s)")
         execution = Execution(

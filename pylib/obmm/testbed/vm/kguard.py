@@ -34,9 +34,18 @@ TAINT_SEPARATOR = "==obmm-kguard-taint=="
 class KernelLogGuard:
     """Kernel reports, new taint and dead nodes since :meth:`start`, one text per node."""
 
-    def __init__(self, nodes: Sequence[Node], *, marker: str = MARKER) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        *,
+        marker: str = MARKER,
+        allow: tuple[logscan.AllowRule, ...] = (),
+    ) -> None:
         self.nodes = list(nodes)
         self.marker = marker
+        #: Reports the work may cause besides logscan's defaults (a run's --kernel-allow): not
+        #: failures, and the W taint they set is explained by them.
+        self.allow = allow
         self.tag = ""
         self.before: dict[int, int] = {}
 
@@ -65,7 +74,20 @@ class KernelLogGuard:
         """The kernel reports on `node` since :meth:`start`'s marker, while the watch goes on:
         what a test checks before it ends, on nodes an earlier test may have left a report on
         (one it expected, such as a strict-mode stale read)."""
-        return logscan.scan(self.new_kernel_log(node, self.tag))
+        return logscan.scan(self.new_kernel_log(node, self.tag), allow=self._rules())
+
+    def _rules(self) -> tuple[logscan.AllowRule, ...]:
+        return logscan.DEFAULT_ALLOW + self.allow
+
+    def _taint_explained(self, text: str, reports: list[logscan.Report]) -> str:
+        """The taint letters the allowed reports in `text` explain: W when one of them is a
+        WARN (what the scan with only the default rules reports beyond `reports`)."""
+        if not self.allow:
+            return ""
+        kinds = [r.kind for r in logscan.scan(text)]
+        for r in reports:
+            kinds.remove(r.kind)
+        return "W" if logscan.Kind.WARN in kinds else ""
 
     def taint(self, node: int) -> int:
         res = self.nodes[node].run("cat /proc/sys/kernel/tainted", timeout=60, bare=True)
@@ -108,10 +130,13 @@ class KernelLogGuard:
                 failures.append(f"node{i}: cannot read its kernel log: {got}")
                 continue
             text, taint_after = got
-            reports = logscan.scan(text)
+            reports = logscan.scan(text, allow=self._rules())
             if reports:
                 failures.append(f"node{i} kernel reports:\n{logscan.format_reports(reports)}")
-            bad = logscan.new_taint(taint_before, taint_after)
+            explained = self._taint_explained(text, reports)
+            bad = "".join(
+                c for c in logscan.new_taint(taint_before, taint_after) if c not in explained
+            )
             if bad:
                 failures.append(
                     f"node{i}: kernel taint gained {bad!r}\n{text[-TAINT_EXCERPT_CHARS:]}"
