@@ -23,12 +23,12 @@ The phases, each named by a line (no sleeps):
   as it begins (the work ends by itself: a command or test that returns at once).  For the
   interrupt patterns the case also checks that the teardown held the signals (its "waits for
   it" line), so a teardown that ended before the first signal fails the case instead of passing
-  it vacuously.  A teardown that goes well is short, so each teardown case first stops a
-  process the teardown waits for (the network hub of the pair it runs, `down`'s QEMU): the
-  teardown lasts seconds and the signals land in it however slowly this test reacts.  A SIGKILL
-  has no such witness: it lands after that line, within the teardown (which outlasts the
-  reaction of this test by far: QMP quit, the QEMU's exit, the hub, the run directory) or, on a
-  very slow machine, after it; either way nothing may be left.
+  it vacuously.  A teardown that goes well is short, so each teardown case makes it wait for
+  something: the SIGTERM to the network hub of the pair it runs is held by this test (ptrace),
+  `down`'s QEMU is stopped.  The teardown lasts seconds and the signals land in it however
+  slowly this test reacts.  A SIGKILL has no such witness: it lands after that line, within the
+  teardown (which outlasts the reaction of this test by far: QMP quit, the QEMU's exit, the
+  hub, the run directory) or, on a very slow machine, after it; either way nothing may be left.
 
 `up` has no work or teardown phase of its own: it returns once the nodes are ready, leaving a
 cluster owned by nobody.  Its "work" is not a phase of the matrix; its teardown is the `down`
@@ -42,6 +42,7 @@ Every wait is for a line, bounded by a budget for work whose length depends on t
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -300,14 +301,16 @@ def _bench(phase: str, env: dict[str, str], cwd: Path) -> Entry:
 
 
 def _held(phase: str, entry: Entry) -> Entry:
-    """For the teardown phase: SIGSTOP the pair's network hub once it listens, long before
-    the work ends (the entries run a pair for this phase; their work does not use the hub).
+    """For the teardown phase: trace the pair's network hub (ptrace) once it listens, long
+    before the work ends, so that the SIGTERM the teardown sends it waits HOLD_S in this test
+    before the hub gets it (the entries run a pair for this phase).
 
-    A stopped hub never acts on SIGTERM: the teardown waits out its bound (seconds) before it
-    SIGKILLs it, so the signals sent after "stopping cluster" land while it stops.  Without
-    this, a teardown that went well takes a fraction of a second, and on a loaded machine it
-    had ended before this test reacted to its line (the first signal then hit what came next:
-    the bench's next sample, so no "waits for it" line)."""
+    The teardown waits for the hub to exit, so it lasts seconds and the signals sent after
+    "stopping cluster" land in it.  Without this, a teardown that went well took a fraction
+    of a second, and on a loaded machine it had ended before this test reacted to its line
+    (the first signal then hit what came next: the bench's next sample, so no "waits for it"
+    line).  Until then the hub forwards frames as always (a SIGSTOPped one made the QEMUs
+    spin on their full sockets)."""
     if phase != "teardown":
         return entry
     assert entry.proc is not None
@@ -319,8 +322,43 @@ def _held(phase: str, entry: Entry) -> Entry:
         time.sleep(POLL_S)
     hubs = _qemus_under(run_root, "obmm.testbed.vm.hub")
     assert len(hubs) == 1, f"hub processes under {run_root}: {hubs}"
-    os.kill(hubs[0], signal.SIGSTOP)
+    _hold_signals_of(hubs[0])
     return entry
+
+
+#: How long the traced hub's SIGTERM or SIGINT waits (Cluster.stop waits TERM_TIMEOUT_S, 5 s).
+HOLD_S = 3.0
+PTRACE_CONT, PTRACE_SEIZE = 7, 0x4206
+WALL = 0x40000000  # waitpid's __WALL: a traced process that is not a child
+
+
+def _hold_signals_of(pid: int) -> None:
+    """Trace `pid` from a thread of this process (the tracer; ptrace is per thread) that
+    passes each signal on, SIGTERM and SIGINT after HOLD_S, until the process is gone."""
+    seized = threading.Event()
+    failed: list[int] = []
+
+    def tracer() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        if libc.ptrace(PTRACE_SEIZE, pid, None, None) != 0:
+            failed.append(ctypes.get_errno())
+        seized.set()
+        while not failed:
+            try:
+                _, status = os.waitpid(pid, WALL)
+            except ChildProcessError:
+                return
+            if not os.WIFSTOPPED(status):
+                return  # exited or killed
+            sig = os.WSTOPSIG(status)
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                time.sleep(HOLD_S)
+            libc.ptrace(PTRACE_CONT, pid, None, ctypes.c_void_p(sig))
+
+    threading.Thread(target=tracer, daemon=True).start()
+    seized.wait()
+    assert not failed, f"ptrace(PTRACE_SEIZE, {pid}): {os.strerror(failed[0])}"
 
 
 CASES: dict[str, Case] = {
