@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -472,6 +473,88 @@ def test_memory_unexported_beside_a_stuck_borrow_must_come_back(
         else:
             race.pinned_borrow_vs_reuse(rd)
         assert rd.engine.dev.calls[-1] == "unimport 99"
+
+
+class _BusyDev(_FakeDev):
+    """EXPORT ends `errnos` in turn (0: made), as a driver whose quarantine a peer has not
+    acknowledged ends it EBUSY."""
+
+    def __init__(self, *errnos: int) -> None:
+        super().__init__(0)
+        self.errnos = list(errnos)
+
+    def export(self, length: int) -> SimpleNamespace:
+        err = self.errnos.pop(0) if self.errnos else 0
+        if err:
+            self.calls.append(f"refused {length:#x}")
+            raise OSError(err, os.strerror(err))
+        return super().export(length)
+
+
+def test_a_setup_export_waits_out_a_quarantine_and_skips_the_round_if_it_stays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The campaign's race rounds ended in a traceback: a round's setup EXPORT met memory the
+    last round unexported, not yet acknowledged by a peer (EBUSY).  It retries while memory is
+    quarantined, the round is skipped if it stays so, and an EBUSY with nothing quarantined is
+    still the error it is."""
+    from obmm.fuzz import race
+
+    race_mod, rd = _race_round(monkeypatch, _BusyDev(errno.EBUSY, errno.EBUSY), 1, 2 << 20)
+    monkeypatch.setattr(race_mod, "wait_unquarantined", lambda *a, **kw: True)
+    assert rd.export(2 << 20).length == 2 << 20
+    assert rd.dev.calls == ["refused 0x200000", "refused 0x200000", "export 0x200000"]
+
+    monkeypatch.setattr(race_mod, "QUARANTINE_S", 0.0)
+    _, rd = _race_round(monkeypatch, _BusyDev(*[errno.EBUSY] * 100), 1, 2 << 20)
+    with pytest.raises(race.Skip, match="EBUSY with 0x200000 bytes still quarantined"):
+        rd.export(2 << 20)
+
+    _, rd = _race_round(monkeypatch, _BusyDev(errno.EBUSY), 1, 0)
+    with pytest.raises(OSError) as info:
+        rd.export(2 << 20)
+    assert info.value.errno == errno.EBUSY
+
+
+@pytest.mark.parametrize("raised", ["skip", "einval"])
+def test_a_round_that_cannot_start_is_skipped_and_an_unexpected_errno_is_a_failure(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    raised: str,
+) -> None:
+    """A skipped round is counted as not run and the run goes on; an errno from a call the
+    scenario does not race is reported as a fuzz failure with its replay line, not a traceback."""
+    import json
+
+    from obmm.fuzz import race
+
+    checked: list[int] = []
+    engine = SimpleNamespace(dev=_FakeDev(0), reload_ok=False, close=lambda: None,
+                             check=lambda op: checked.append(op.index))  # fmt: skip
+
+    def scenario(rd: race.Round) -> None:
+        if raised == "skip":
+            raise race.Skip("EXPORT 0x200000: EBUSY")
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    hugepages = tmp_path / "nr_hugepages"
+    hugepages.write_text("0")
+    monkeypatch.setattr(race, "Engine", lambda **kw: engine)
+    monkeypatch.setattr(race.target, "NR_HUGEPAGES", hugepages)
+    monkeypatch.setattr(race.target, "sysfs_ids", lambda: set())
+    monkeypatch.setattr(race, "SCENARIOS", {"setup": scenario})
+    status = race.main(5, 3)
+    out = capsys.readouterr().out
+    result = json.loads(out.split("fuzz-result ", 1)[1])
+    if raised == "skip":
+        assert status == 0 and checked == [0, 1, 2]
+        assert result["rounds"] == 3 and result["rounds_run"] == {"setup": 0}
+        assert "fuzz: round 0 (setup) not run: EXPORT 0x200000: EBUSY" in out
+    else:
+        assert status == 1 and checked == [] and result["failed"]
+        assert "FUZZ FAILURE" in out and "unexpected [Errno 22] Invalid argument" in out
+        assert "replay: python3 -m obmm.fuzz --mode concurrent --seed 5 --ops 1" in out
 
 
 class _NoIoctl:
