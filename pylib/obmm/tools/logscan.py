@@ -234,9 +234,11 @@ def new_taint(before: int, after: int) -> str:
     return "".join(c for c in gained if c not in BENIGN_TAINT)
 
 
-def _allowed(lines: Sequence[str], block: _Block, allow: Sequence[AllowRule]) -> bool:
+def _allowed_by(
+    lines: Sequence[str], block: _Block, allow: Sequence[AllowRule]
+) -> AllowRule | None:
     heads = [_message(line) for line in lines[block.start : block.header_index + 1]]
-    return any(re.search(rule.pattern, head) for rule in allow for head in heads)
+    return next((rule for rule in allow for head in heads if re.search(rule.pattern, head)), None)
 
 
 def scan(
@@ -244,8 +246,10 @@ def scan(
     *,
     allow: Iterable[AllowRule] = DEFAULT_ALLOW,
     benign_taint: str = BENIGN_TAINT,
+    allowed: list[tuple[Report, AllowRule]] | None = None,
 ) -> list[Report]:
-    """Reports of kernel trouble in ``text`` (dmesg, console log or /dev/kmsg output)."""
+    """Reports of kernel trouble in ``text`` (dmesg, console log or /dev/kmsg output).  The
+    reports a rule of ``allow`` excused go to ``allowed``, with that rule, when it is given."""
     rules = tuple(allow)
     # Split on "\n" only, so line numbers match grep and editors even when a
     # console log holds stray carriage returns.
@@ -262,9 +266,14 @@ def scan(
             return
         if block.kind is None:  # a cut-here with no header after it: still a splat
             block.kind = Kind.WARN
-        if not _allowed(lines, block, rules):
+        rule = _allowed_by(lines, block, rules)
+        if rule is None or allowed is not None:
             excerpt = "\n".join(lines[block.start : last + 1])
-            reports.append(Report(block.kind, block.start + 1, excerpt, block.title))
+            report = Report(block.kind, block.start + 1, excerpt, block.title)
+            if rule is None:
+                reports.append(report)
+            else:
+                allowed.append((report, rule))  # type: ignore[union-attr]
         block = None
 
     def open_block(i: int, header: _Header | None, msg: str) -> None:

@@ -79,15 +79,13 @@ class KernelLogGuard:
     def _rules(self) -> tuple[logscan.AllowRule, ...]:
         return logscan.DEFAULT_ALLOW + self.allow
 
-    def _taint_explained(self, text: str, reports: list[logscan.Report]) -> str:
-        """The taint letters the allowed reports in `text` explain: W when one of them is a
-        WARN (what the scan with only the default rules reports beyond `reports`)."""
-        if not self.allow:
-            return ""
-        kinds = [r.kind for r in logscan.scan(text)]
-        for r in reports:
-            kinds.remove(r.kind)
-        return "W" if logscan.Kind.WARN in kinds else ""
+    def _scan(self, text: str) -> tuple[list[logscan.Report], str]:
+        """The reports in `text` and the taint letters the reports this run allowed explain:
+        W when one that a rule of the run's own excused is a WARN."""
+        allowed: list[tuple[logscan.Report, logscan.AllowRule]] = []
+        reports = logscan.scan(text, allow=self._rules(), allowed=allowed)
+        warned = any(r.kind is logscan.Kind.WARN and rule in self.allow for r, rule in allowed)
+        return reports, "W" if warned else ""
 
     def taint(self, node: int) -> int:
         res = self.nodes[node].run("cat /proc/sys/kernel/tainted", timeout=60, bare=True)
@@ -130,10 +128,9 @@ class KernelLogGuard:
                 failures.append(f"node{i}: cannot read its kernel log: {got}")
                 continue
             text, taint_after = got
-            reports = logscan.scan(text, allow=self._rules())
+            reports, explained = self._scan(text)
             if reports:
                 failures.append(f"node{i} kernel reports:\n{logscan.format_reports(reports)}")
-            explained = self._taint_explained(text, reports)
             bad = "".join(
                 c for c in logscan.new_taint(taint_before, taint_after) if c not in explained
             )
