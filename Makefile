@@ -13,7 +13,7 @@ APT_PACKAGES := build-essential python3 python3-venv python3-dev libffi-dev \
 	gcc-aarch64-linux-gnu debian-archive-keyring \
 	qemu-system-arm qemu-user-static binfmt-support arch-test device-tree-compiler
 
-.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test arm64-test arm64-stage testbed-test hw-proof testbed-and-hw-proof real-driver-test fuzz-diff hw-test bench patch-check image kmod suite-build fuzz ubse clean
+.PHONY: setup setup-apt setup-python setup-node dist test host-test lint qemu-test arm64-test arm64-stage testbed-test hw-proof testbed-and-hw-proof vm-suites real-driver-test fuzz-diff hw-test bench patch-check image kmod suite-build fuzz ubse clean
 
 setup: setup-apt setup-python setup-node
 
@@ -56,8 +56,8 @@ dist: setup-python
 
 # make test: lint and the host suite beside the image and module builds, then patch-check (the
 # host suite leaves about a third of the machine idle, and mmdebstrap mostly one core), then
-# qemu-test, then testbed-test beside hw-proof, then the real driver's suites (one line and
-# nothing when no upstream tree is given).  A failing part stops the run after its
+# vm-suites (what qemu-test and testbed-and-hw-proof run, in three lanes), then the real
+# driver's suites (one line and nothing when no upstream tree is given).  A failing part stops the run after its
 # side-by-side step.  Every stage is timed (wall and CPU, children and guests included) into
 # results/stage-times.jsonl; whatever the outcome, the run ends with the table of each stage's
 # wall time against its CPU floor (also results/stage-summary.json) and the list of what was
@@ -70,7 +70,7 @@ test: setup-python
 		'build=$(MAKE) --no-print-directory suite-build' \
 		'build+=$(MAKE) --no-print-directory patch-check' \
 		'build+=$(ARM64) $(VENV)/bin/obmm-testbed image' || st=1; \
-	for stage in qemu-test testbed-and-hw-proof real-driver-test; do \
+	for stage in vm-suites real-driver-test; do \
 		[ $$st = 0 ] || break; \
 		$(SIDE_BY_SIDE) --record $(TEST_TIMES) --stage $$stage --plain \
 			"$$stage=$(MAKE) --no-print-directory $$stage STAGE_TIMES=$(TEST_TIMES)" || st=1; \
@@ -126,14 +126,16 @@ JUNIT = --junitxml=results/$(1)-junit.xml -o junit_logging=all
 # Set by make test: where the side-by-side stages append their times (empty: not recorded).
 STAGE_TIMES ?=
 RECORD_TIMES = $(if $(STAGE_TIMES),--record $(STAGE_TIMES))
+# Each job of qemu-test, testbed-and-hw-proof and make test's vm-suites, spelled once.
+GUEST_JOB = $(GUEST_SPLIT) $(PYTEST) $(GUEST_SUITE) $(call JUNIT,qemu)
+CLUSTER_JOB = $(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,cluster)
+TRUST_JOB = $(PYTEST) $(TRUST_SUITE) $(call JUNIT,trust)
+HW_STAGE_JOB = $(PYTEST) $(HW_STAGE_SUITE) $(call JUNIT,hw-stage)
 qemu-test: setup-python
 	@t0=$$(date +%s); \
 	$(MAKE) --no-print-directory suite-build || exit 1; \
 	$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage qemu-test \
-		'qemu=$(GUEST_SPLIT) $(PYTEST) $(GUEST_SUITE) $(call JUNIT,qemu)' \
-		'cluster=$(PYTEST) $(CLUSTER_SUITE) $(call JUNIT,cluster)' \
-		'trust=$(PYTEST) $(TRUST_SUITE) $(call JUNIT,trust)' \
-		'trust+=$(PYTEST) $(HW_STAGE_SUITE) $(call JUNIT,hw-stage)' \
+		'qemu=$(GUEST_JOB)' 'cluster=$(CLUSTER_JOB)' 'trust=$(TRUST_JOB)' 'trust+=$(HW_STAGE_JOB)' \
 	|| exit 1; \
 	$(PY) -m obmm.bench.cluster_hook record $$t0 results/qemu-junit.xml results/cluster-junit.xml \
 		results/trust-junit.xml results/hw-stage-junit.xml || true
@@ -186,16 +188,30 @@ hw-proof: setup-python
 	$(HW_PROOF_CLUSTER) || st=1; \
 	exit $$st
 
-# What `make test` runs after qemu-test: testbed-test and hw-proof side by side (prefixed
-# [testbed] and [hw]), as one job each, and the arm64 stage after hw-proof in its job: the
-# testbed job is the longer one, so arm64 takes the core hw-proof leaves idle.  Either alone
+# testbed-test and hw-proof side by side (prefixed [testbed] and [hw]), as one job each, and
+# the arm64 stage after hw-proof in its job: the testbed job is the longer one, so arm64 takes
+# the core hw-proof leaves idle.  Either alone
 # keeps a core idle much of the time (one node at a time, or guests waiting out hang and death
-# timers).  arm64-stage's own timing is left out (STAGE_TIMES=): it is part of the hw job's.
+# timers).  arm64-stage's own timing is left out (STAGE_TIMES=): it is part of its job's.
+ARM64_STAGE_JOB = $(MAKE) --no-print-directory arm64-stage STAGE_TIMES=
 testbed-and-hw-proof: setup-python
 	@$(MAKE) --no-print-directory suite-build || exit 1
 	@$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage testbed-and-hw-proof \
 		'testbed=$(TESTBED_TEST)' 'hw=$(HW_PROOF_GUEST)' 'hw+=$(HW_PROOF_CLUSTER)' \
-		'hw+=$(MAKE) --no-print-directory arm64-stage STAGE_TIMES='
+		'hw+=$(ARM64_STAGE_JOB)'
+
+# make test's VM stage: the jobs of qemu-test and testbed-and-hw-proof as one stage in three
+# lanes, each taking its next job when its last ends: the cluster suite then the hardware
+# proofs; the guest suite then the testbed's tests; the trust tests, the hardware stage's quick
+# proof, then the arm64 stage.  Run as two stages, each ended with one long job beside idle
+# cores (the cluster suite; the testbed's tests); as lanes, the CPU work of both is spread over
+# the whole time.  A lane's job starts whatever the last one's status; the stage fails if any did.
+vm-suites: setup-python
+	@$(MAKE) --no-print-directory suite-build || exit 1
+	@$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage vm-suites \
+		'cluster=$(CLUSTER_JOB)' 'cluster+=$(HW_PROOF_CLUSTER)' 'cluster+=$(HW_PROOF_GUEST)' \
+		'guest=$(GUEST_JOB)' 'guest+=$(TESTBED_TEST)' \
+		'trust=$(TRUST_JOB)' 'trust+=$(HW_STAGE_JOB)' 'trust+=$(ARM64_STAGE_JOB)'
 
 # The real obmm.ko: upstream's drivers/ub/obmm (from the tree $OBMM_UB_UPSTREAM names; not
 # given: one line, noted for make test's list, and nothing run) built over kmod/ub_compat, then

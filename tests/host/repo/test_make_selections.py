@@ -54,14 +54,34 @@ def test_each_selection_is_spelled_once() -> None:
     spelled = [ln for ln in text.splitlines() if re.search(r'-m "not ', ln)]
     assert spelled == [], spelled
     for target, selections in {
-        "qemu-test": ("GUEST_SUITE", "CLUSTER_SUITE", "TRUST_SUITE", "HW_STAGE_SUITE"),
+        "qemu-test": ("GUEST_JOB", "CLUSTER_JOB", "TRUST_JOB", "HW_STAGE_JOB"),
         "real-driver-test": ("GUEST_SUITE", "CLUSTER_SUITE"),
         "debug-test": ("GUEST_ALL", "CLUSTER_ALL"),
     }.items():
-        recipe = text.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
         for var in selections:
-            assert f"$({var})" in recipe, (target, var)
+            assert f"$({var})" in recipe(text, target), (target, var)
+    for job, suite in {"GUEST_JOB": "GUEST_SUITE", "CLUSTER_JOB": "CLUSTER_SUITE",
+                       "TRUST_JOB": "TRUST_SUITE", "HW_STAGE_JOB": "HW_STAGE_SUITE"}.items():  # fmt: skip
+        assert f"$({suite})" in text.split(f"\n{job} = ", 1)[1].split("\n", 1)[0], job
     assert "image kmod KBUILD_ARGS=--reuse" not in text  # one prerequisite: suite-build
+
+
+def recipe(text: str, target: str) -> str:
+    return text.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+
+
+def jobs(text: str, target: str) -> list[str]:
+    """The commands of a side-by-side recipe's jobs and steps (NAME=... and NAME+=...)."""
+    return re.findall(r"'[\w-]+\+?=([^']*)'", recipe(text, target))
+
+
+def test_make_tests_vm_stage_runs_exactly_the_jobs_of_qemu_test_and_testbed_and_hw_proof() -> None:
+    """make test runs the two stages' jobs in lanes (vm-suites): each of them once, no other."""
+    text = recipes()
+    two = jobs(text, "qemu-test") + jobs(text, "testbed-and-hw-proof")
+    lanes = jobs(text, "vm-suites")
+    assert len(two) == 8 and sorted(lanes) == sorted(two)
+    assert "for stage in vm-suites real-driver-test;" in text
 
 
 def test_the_cluster_suites_leave_out_the_fuzzer_and_debug_test_runs_what_qemu_test_does() -> None:
