@@ -464,32 +464,80 @@ def detach(argv: list[str], log: str) -> int:
     return int(pid)
 
 
+#: What a snippet must not leave behind in the agent: open files and mappings of the driver.
+DRIVER_FILES = "/dev/obmm"
+
+
+def _held(prefix: str) -> tuple[dict[int, str], set[tuple[int, int, str]]]:
+    """This process's open fds and mappings of files whose path starts with ``prefix``."""
+    fds = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            path = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the fd listdir itself used, gone already
+            continue
+        if path.startswith(prefix):
+            fds[int(name)] = path
+    maps = set()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(prefix):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            maps.add((start, end, fields[5]))
+    return fds, maps
+
+
+def run_snippet(code: str, watch: str = DRIVER_FILES) -> dict[str, Any]:
+    """Run one snippet in a scope of its own: ``{"ok", "out", "error"}``.  What it leaves open
+    or mapped of ``watch`` (an ``obmm.Obmm()`` never closed: its fd is a bare int) is closed
+    here and fails the snippet, naming it: left behind, it would hold the driver for every
+    later snippet of this agent, and a later test's rmmod would find the module in use."""
+    import contextlib
+    import ctypes
+    import gc
+    import io
+    import traceback
+
+    fds_before, maps_before = _held(watch)
+    buf = io.StringIO()
+    scope: dict[str, Any] = {"__name__": "__snippet__"}
+    try:
+        with contextlib.redirect_stdout(buf):
+            exec(compile(code, "<snippet>", "exec"), scope)
+        resp = {"ok": True, "out": buf.getvalue(), "error": ""}
+    except BaseException:
+        resp = {"ok": False, "out": buf.getvalue(), "error": traceback.format_exc()}
+    del scope
+    gc.collect()  # what only a reference cycle kept (a traceback's frames)
+    fds, maps = _held(watch)
+    left = [f"fd {fd} on {path}" for fd, path in sorted(fds.items()) if fd not in fds_before]
+    left += [f"mapping {a:#x}-{b:#x} of {path}" for a, b, path in sorted(maps - maps_before)]
+    if left:
+        munmap = ctypes.CDLL(None, use_errno=True).munmap
+        munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        for a, b, _ in maps - maps_before:
+            munmap(a, b - a)
+        for fd in fds.keys() - fds_before.keys():
+            os.close(fd)
+        resp["ok"] = False
+        resp["error"] += (f"the snippet left {'; '.join(left)} (the agent closed them: close "
+                          f"what a snippet opens, or use it as a context manager)\n")  # fmt: skip
+    return resp
+
+
 def agent(args: argparse.Namespace) -> int:
     """Run snippets sent by the host, one JSON line each, in this one process.
 
     Importing obmm costs seconds under TCG; the agent pays it once per node.  Request:
-    ``{"code": "..."}``; response: ``{"ok": bool, "out": stdout, "error": traceback}``.
+    ``{"code": "..."}``; response: ``{"ok": bool, "out": stdout, "error": traceback}``
+    (:func:`run_snippet`).
     """
-    import contextlib
-    import io
-    import traceback
-
     out = sys.stdout
     sys.stdout = sys.stderr  # stray output never corrupts the response stream
     print(json.dumps({"ready": os.getpid()}), file=out, flush=True)
     for line in sys.stdin:
-        if not line.strip():
-            continue
-        code = json.loads(line)["code"]
-        buf = io.StringIO()
-        scope: dict[str, Any] = {"__name__": "__snippet__"}
-        try:
-            with contextlib.redirect_stdout(buf):
-                exec(compile(code, "<snippet>", "exec"), scope)
-            resp = {"ok": True, "out": buf.getvalue(), "error": ""}
-        except BaseException:
-            resp = {"ok": False, "out": buf.getvalue(), "error": traceback.format_exc()}
-        print(json.dumps(resp), file=out, flush=True)
+        if line.strip():
+            print(json.dumps(run_snippet(json.loads(line)["code"])), file=out, flush=True)
     return 0
 
 
