@@ -777,6 +777,10 @@ class Engine:
         self.expect(op, f"{m.mem_id} keep={keep:#x} of {m.length:#x}", err, allowed)
         if not err:
             self._drop_tail(m, keep)
+        elif keep and err == errno.ENOMEM:
+            # the cut is made before the allocation that failed, and stays (6.1 mm/mmap.c:
+            # do_mas_align_munmap: a failed munmap_sidetree() leaves the split)
+            m.split = True
 
     def _split(self, op: Op, m: Map) -> None:
         """madvise() of whole granules inside a mapping: the kernel splits its VMA there, so

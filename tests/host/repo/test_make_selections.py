@@ -60,9 +60,10 @@ def test_each_selection_is_spelled_once() -> None:
     }.items():
         for var in selections:
             assert f"$({var})" in recipe(text, target), (target, var)
-    for job, suite in {"GUEST_JOB": "GUEST_SUITE", "CLUSTER_JOB": "CLUSTER_SUITE",
-                       "TRUST_JOB": "TRUST_SUITE", "HW_STAGE_JOB": "HW_STAGE_SUITE"}.items():  # fmt: skip
-        assert f"$({suite})" in text.split(f"\n{job} = ", 1)[1].split("\n", 1)[0], job
+    for job in ("GUEST_JOB", "CLUSTER_JOB", "TRUST_JOB", "HW_STAGE_JOB"):
+        suite = job.replace("_JOB", "_SUITE")
+        defined = text.split(f"\n{job} = ", 1)[1].split("\n", 1)[0]
+        assert f"$({suite})" in defined, job
     assert "image kmod KBUILD_ARGS=--reuse" not in text  # one prerequisite: suite-build
 
 

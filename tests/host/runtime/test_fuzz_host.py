@@ -252,6 +252,20 @@ def test_munmap_splits_a_mapping_with_madvise_and_mremap_then_faults(
     assert m.split
     with pytest.raises(engine_mod.Failure):
         engine._op_munmap(Op(3, "munmap", (0, 1, 0, 0, 5 << 32, 50 << 32)))
+    # an armed munmap of the tail (word 1: a cut; word 2: keep one granule) that fails ENOMEM
+    # may have made its cut: split too (the campaign, seed 1, op 17899: a later move EFAULT)
+    m.split = False
+    monkeypatch.setattr(engine_mod.target, "munmap", lambda *a: errno.ENOMEM)
+    engine.faults = SimpleNamespace(armed=contextlib.nullcontext)
+    engine._op_munmap(Op(3, "munmap", (0, 0, 0, 50 << 32, 50 << 32, 5 << 32)))
+    engine.faults = None
+    assert m.split and m.length == 4 * (4 << 10)
+    m.split = False  # a failed munmap of all of it cuts nothing
+    engine.faults = SimpleNamespace(armed=contextlib.nullcontext)
+    engine._op_munmap(Op(3, "munmap", (0, 50 << 32, 0, 50 << 32, 50 << 32, 5 << 32)))
+    engine.faults = None
+    assert not m.split
+    m.split = True
     monkeypatch.setattr(engine_mod.target, "mmap", lambda *a: (1 << 31, 0))
     monkeypatch.setattr(engine_mod.target, "mremap", lambda *a: (0, errno.EFAULT))
     engine._op_mremap(Op(4, "mremap", (0, 2, 0, 0, 0, 0)))  # "move"
