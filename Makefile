@@ -201,17 +201,19 @@ testbed-and-hw-proof: setup-python
 		'hw+=$(ARM64_STAGE_JOB)'
 
 # make test's VM stage: the jobs of qemu-test and testbed-and-hw-proof as one stage in three
-# lanes, each taking its next job when its last ends: the cluster suite then the hardware
-# proofs; the guest suite then the testbed's tests; the trust tests, the hardware stage's quick
-# proof, then the arm64 stage.  Run as two stages, each ended with one long job beside idle
-# cores (the cluster suite; the testbed's tests); as lanes, the CPU work of both is spread over
-# the whole time.  A lane's job starts whatever the last one's status; the stage fails if any did.
+# lanes, each taking its next job when its last ends: the cluster suite then the arm64 stage;
+# the guest suite then the testbed's tests; the trust tests, the hardware stage's quick proof,
+# then the hardware proofs.  Run as two stages, each ended with one long job beside idle cores
+# (the cluster suite; the testbed's tests); as lanes, the CPU work of both is spread over the
+# whole time, and the arm64 nodes (the heaviest under TCG) start once the cluster suite is
+# done.  A lane's job starts whatever the last one's status; the stage fails if any did.
 vm-suites: setup-python
 	@$(MAKE) --no-print-directory suite-build || exit 1
 	@$(SIDE_BY_SIDE) $(RECORD_TIMES) --stage vm-suites \
-		'cluster=$(CLUSTER_JOB)' 'cluster+=$(HW_PROOF_CLUSTER)' 'cluster+=$(HW_PROOF_GUEST)' \
+		'cluster=$(CLUSTER_JOB)' 'cluster+=$(ARM64_STAGE_JOB)' \
 		'guest=$(GUEST_JOB)' 'guest+=$(TESTBED_TEST)' \
-		'trust=$(TRUST_JOB)' 'trust+=$(HW_STAGE_JOB)' 'trust+=$(ARM64_STAGE_JOB)'
+		'trust=$(TRUST_JOB)' 'trust+=$(HW_STAGE_JOB)' 'trust+=$(HW_PROOF_GUEST)' \
+		'trust+=$(HW_PROOF_CLUSTER)'
 
 # The real obmm.ko: upstream's drivers/ub/obmm (from the tree $OBMM_UB_UPSTREAM names; not
 # given: one line, noted for make test's list, and nothing run) built over kmod/ub_compat, then
