@@ -508,8 +508,10 @@ def run_snippet(code: str, watch: str = DRIVER_FILES) -> dict[str, Any]:
     except BaseException:
         resp = {"ok": False, "out": buf.getvalue(), "error": traceback.format_exc()}
     del scope
-    gc.collect()  # what only a reference cycle kept (a traceback's frames)
     fds, maps = _held(watch)
+    if fds.keys() - fds_before.keys() or maps - maps_before:
+        gc.collect()  # a file object only a reference cycle kept closes when collected
+        fds, maps = _held(watch)
     left = [f"fd {fd} on {path}" for fd, path in sorted(fds.items()) if fd not in fds_before]
     left += [f"mapping {a:#x}-{b:#x} of {path}" for a, b, path in sorted(maps - maps_before)]
     if left:
