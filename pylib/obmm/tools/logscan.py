@@ -272,8 +272,8 @@ def scan(
             report = Report(block.kind, block.start + 1, excerpt, block.title)
             if rule is None:
                 reports.append(report)
-            else:
-                allowed.append((report, rule))  # type: ignore[union-attr]
+            elif allowed is not None:
+                allowed.append((report, rule))
         block = None
 
     def open_block(i: int, header: _Header | None, msg: str) -> None:
