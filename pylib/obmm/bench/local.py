@@ -255,6 +255,9 @@ class LocalNode:
     def console_tail(self) -> str:
         return "(this machine: no console)"
 
+    def console_since(self, marker: str) -> str:
+        return ""
+
     def fetch_handle(
         self, server: Node | str, name: str = "region", *, port: int = DEFAULT_PORT,
         timeout: float = 60.0,

@@ -118,6 +118,12 @@ class Node(Protocol):
         """The last console lines, for failure reports (a host has none to give)."""
         ...
 
+    def console_since(self, marker: str) -> str:
+        """The console output after its last line holding `marker` (all of it without one):
+        what the kernel-log guard scans when the node's kernel log cannot be read over SSH.
+        "" for a node with no console here."""
+        ...
+
     def fetch_handle(
         self, server: Node | str, name: str = ..., *, port: int = ..., timeout: float = ...
     ) -> Handle:

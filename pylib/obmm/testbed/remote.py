@@ -331,6 +331,9 @@ class RemoteNode:
     def console_tail(self) -> str:
         return ""
 
+    def console_since(self, marker: str) -> str:
+        return ""
+
     # -- identity ------------------------------------------------------------------------------
 
     @property

@@ -70,6 +70,9 @@ class GuestNode(RemoteNode):
     def console_tail(self) -> str:
         return self.cluster.nodes[self.index].console_tail()
 
+    def console_since(self, marker: str) -> str:
+        return self.cluster.nodes[self.index].console_since(marker)
+
 
 @dataclass
 class Session:

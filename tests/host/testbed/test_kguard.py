@@ -101,3 +101,54 @@ def test_a_w_taint_without_an_allowed_warn_in_the_log_is_a_failure() -> None:
     node.taint |= TAINT_W
     got = guard.failures()
     assert len(got) == 1 and "taint gained 'W'" in got[0], got
+
+
+KASAN = (
+    "[  693.3] ==================================================================\n"
+    "[  693.3] BUG: KASAN: slab-out-of-bounds in obmm_vmap_release+0x1e0/0x210 [obmm]\n"
+    "[  693.3] Write of size 2 at addr ffff888006a1c2f0 by task python3/133\n"
+    "[  693.3] ==================================================================\n"
+)
+
+
+class UnreachableNode(TaintedNode):
+    """A node whose SSH is gone after the start (a kernel stuck after a report), and whose
+    console the host still has."""
+
+    def __init__(self, console: str) -> None:
+        super().__init__()
+        self.console = console
+        self.gone = False
+        self.asked: list[str] = []
+
+    def run(self, command: str, **kw: Any) -> SimpleNamespace:
+        from obmm.testbed.ssh import SshError
+
+        if self.gone:
+            raise SshError("node0: ssh connection lost")
+        return super().run(command, **kw)
+
+    def console_since(self, marker: str) -> str:
+        self.asked.append(marker)
+        cut = self.console.rfind(marker)
+        return self.console[self.console.find("\n", cut) + 1 :] if cut >= 0 else self.console
+
+
+def test_a_node_whose_log_ssh_cannot_read_is_reported_with_what_its_console_shows() -> None:
+    """A run whose fuzzer drove the emulator into a KASAN report said only "cannot read its
+    kernel log: ssh connection lost" (fix 2 reverted, debug kernel): the report was on the
+    console.  The guard now scans the console after its marker; an earlier report is not
+    this run's."""
+    node = UnreachableNode("")
+    guard = KernelLogGuard([node])  # type: ignore[list-item]
+    guard.start("run")
+    node.console = f"[    0.5] {KASAN}[    2.0] {guard.marker}: {guard.tag}\n[  690.0] ok\n{KASAN}"
+    node.gone = True
+    got = guard.failures()
+    assert len(got) == 1, got
+    assert got[0].startswith("node0: cannot read its kernel log: node0: ssh connection lost")
+    assert "its console shows:" in got[0] and "BUG: KASAN: slab-out-of-bounds" in got[0], got
+    assert "1 kernel log report(s)" in got[0], got  # the one before the marker is not the run's
+    assert node.asked == [f"{guard.marker}: {guard.tag}"]
+    node.console = f"[    2.0] {guard.marker}: {guard.tag}\n[  690.0] ok\n"  # nothing on it
+    assert guard.failures() == ["node0: cannot read its kernel log: node0: ssh connection lost"]

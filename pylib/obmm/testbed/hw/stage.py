@@ -257,6 +257,9 @@ class HostNode(RemoteNode):
     def console_tail(self) -> str:
         return f"({self.host.spec} is a hardware host: no console here; see its kernel log)"
 
+    def console_since(self, marker: str) -> str:
+        return ""
+
 
 def node_env_for(config: HwConfig, index: int) -> dict[str, str]:
     """Environment of the suite's processes on host `index`: its node number (what handles

@@ -195,6 +195,14 @@ class NodeProcess:
     def returncode(self) -> int | None:
         return None if self.popen is None else self.popen.poll()
 
+    def console_since(self, marker: str) -> str:
+        try:
+            text = self.console_log.read_bytes().decode(errors="replace").replace("\r", "")
+        except OSError:
+            return ""
+        cut = text.rfind(marker)
+        return text[text.find("\n", cut) + 1 :] if cut >= 0 else text
+
     def console_tail(self, lines: int = CONSOLE_TAIL_LINES) -> str:
         try:
             text = self.console_log.read_bytes().decode(errors="replace")

@@ -87,6 +87,15 @@ class KernelLogGuard:
         warned = any(r.kind is logscan.Kind.WARN and rule in self.allow for r, rule in allowed)
         return reports, "W" if warned else ""
 
+    def _unreadable(self, node: int, error: SshError) -> str:
+        """The failure of a node whose kernel log SSH cannot read (a kernel stuck after an
+        oops, a KASAN report that panicked it): what its console shows since the marker."""
+        text = f"node{node}: cannot read its kernel log: {error}"
+        reports, _ = self._scan(self.nodes[node].console_since(f"{self.marker}: {self.tag}"))
+        if reports:
+            text += f"\nits console shows:\n{logscan.format_reports(reports)}"
+        return text
+
     def taint(self, node: int) -> int:
         res = self.nodes[node].run("cat /proc/sys/kernel/tainted", timeout=60, bare=True)
         return int(res.out.strip() or "0")
@@ -125,7 +134,7 @@ class KernelLogGuard:
                 continue
             got = logs[i]
             if isinstance(got, SshError):
-                failures.append(f"node{i}: cannot read its kernel log: {got}")
+                failures.append(self._unreadable(i, got))
                 continue
             text, taint_after = got
             reports, explained = self._scan(text)
