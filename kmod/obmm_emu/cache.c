@@ -144,7 +144,7 @@ static struct obmm_report obmm_reports[OBMM_REPORTS];
 static u64 obmm_report_seq;
 
 static atomic64_t obmm_stat_fills, obmm_stat_wb_lines, obmm_stat_invals,
-	obmm_stat_evictions;
+	obmm_stat_evictions, obmm_stat_user_lines;
 
 bool obmm_cache_strict(void)
 {
@@ -313,6 +313,75 @@ static void obmm_page_free(struct obmm_cache *c, unsigned long pg)
 	kfree(p);
 }
 
+/*
+ * User DC instructions between their trap and the model's maintenance of
+ * their line (usermaint.c): the kernel executing one for the task may fault
+ * its page in, and that is no use of the line.  A few at a time: one per
+ * task, which runs its maintenance before it returns to user mode.
+ */
+#ifdef CONFIG_ARM64
+#define OBMM_DC_SLOTS	16
+static DEFINE_SPINLOCK(obmm_dc_lock);
+static struct {
+	struct task_struct *task;
+	unsigned long addr;
+} obmm_dc[OBMM_DC_SLOTS];
+
+void obmm_cache_dc_begin(unsigned long addr)
+{
+	unsigned long flags;
+	int i, free = -1;
+
+	spin_lock_irqsave(&obmm_dc_lock, flags);
+	for (i = 0; i < OBMM_DC_SLOTS; i++) {
+		if (obmm_dc[i].task == current) {
+			free = i;
+			break;
+		}
+		if (!obmm_dc[i].task && free < 0)
+			free = i;
+	}
+	if (free >= 0) {
+		obmm_dc[free].task = current;
+		obmm_dc[free].addr = addr;
+	}
+	spin_unlock_irqrestore(&obmm_dc_lock, flags);
+}
+
+void obmm_cache_dc_end(void)
+{
+	unsigned long flags;
+	int i;
+
+	spin_lock_irqsave(&obmm_dc_lock, flags);
+	for (i = 0; i < OBMM_DC_SLOTS; i++)
+		if (obmm_dc[i].task == current)
+			obmm_dc[i].task = NULL;
+	spin_unlock_irqrestore(&obmm_dc_lock, flags);
+}
+
+/* Whether a DC of this task is on the page at user address @page. */
+static bool obmm_dc_pending(unsigned long page)
+{
+	unsigned long flags;
+	bool found = false;
+	int i;
+
+	spin_lock_irqsave(&obmm_dc_lock, flags);
+	for (i = 0; i < OBMM_DC_SLOTS; i++)
+		if (obmm_dc[i].task == current &&
+		    (obmm_dc[i].addr & PAGE_MASK) == (page & PAGE_MASK))
+			found = true;
+	spin_unlock_irqrestore(&obmm_dc_lock, flags);
+	return found;
+}
+#else
+static bool obmm_dc_pending(unsigned long page)
+{
+	return false;
+}
+#endif
+
 /* Report the watched lines of a touched page that are still stale. */
 static void obmm_page_used(struct obmm_cache *c, unsigned long pg,
 			   struct obmm_cline_page *p)
@@ -352,7 +421,11 @@ vm_fault_t obmm_cache_fault(struct obmm_region *r, struct vm_area_struct *vma,
 	p = obmm_cline_fill(c, pg);
 	if (!p)
 		return VM_FAULT_OOM;
-	if (!bitmap_empty(p->watch, OBMM_LINES))
+	/*
+	 * The kernel executing a user DC for the task faults the page in: no
+	 * use.  Its maintenance zaps the page again while lines stay watched.
+	 */
+	if (!bitmap_empty(p->watch, OBMM_LINES) && !obmm_dc_pending(addr))
 		obmm_page_used(c, pg, p);
 	return vmf_insert_pfn_prot(vma, addr, page_to_pfn(p->shadow), prot);
 }
@@ -379,6 +452,40 @@ int obmm_cache_access(struct obmm_region *r, u64 off, void *buf, int len,
 	else
 		memcpy(buf, shadow, len);
 	return len;
+}
+
+/*
+ * A user's maintenance of the line holding region offset @off (arm64 EL0
+ * DC CVAC, CVAP, CVADP, CVAU: clean; DC CIVAC: clean and invalidate): a
+ * clean writes the line back if it is dirty, an invalidate then refills it
+ * from memory, so the next load sees memory.  The rest of the page stays
+ * cached.  Nothing when the page is not cached.  mmap_lock held.
+ */
+void obmm_cache_line_maintain(struct obmm_region *r, u64 off, bool inval)
+{
+	struct obmm_cache *c = r->cache;
+	unsigned long pg = off >> PAGE_SHIFT;
+	unsigned int line = offset_in_page(off) / OBMM_LINE;
+	size_t at = line * OBMM_LINE;
+	struct obmm_cline_page *p;
+	u8 *shadow;
+
+	if (!c || pg >= c->nr || !c->pages[pg])
+		return;
+	p = c->pages[pg];
+	shadow = page_address(p->shadow);
+	atomic64_inc(&obmm_stat_user_lines);
+	if (!r->revoked && obmm_line_differs(shadow, p->twin, line))
+		obmm_line_write_back(c, pg, p, line);
+	if (inval && !r->revoked) {
+		memcpy(p->twin + at, obmm_cline_mem(c, pg) + at, OBMM_LINE);
+		memcpy(shadow + at, p->twin + at, OBMM_LINE);
+		clear_bit(line, p->watch);
+		clear_bit(line, p->reported);
+	}
+	/* Stale lines left: the next touch is a use again (obmm_cache_fault). */
+	if (!bitmap_empty(p->watch, OBMM_LINES))
+		obmm_page_zap(c, pg);
 }
 
 /*
@@ -548,13 +655,14 @@ DEFINE_SHOW_ATTRIBUTE(obmm_reports);
 
 static int obmm_stats_show(struct seq_file *m, void *v)
 {
-	seq_printf(m, "coherence %s\nevict %u\nseed %lu\nscan_ms %u\nfills %lld\nwriteback_lines %lld\ninvalidated_pages %lld\nevictions %lld\nreports %llu\n",
+	seq_printf(m, "coherence %s\nevict %u\nseed %lu\nscan_ms %u\nfills %lld\nwriteback_lines %lld\ninvalidated_pages %lld\nevictions %lld\nuser_lines %lld\nreports %llu\n",
 		   obmm_strict ? "strict" : "coherent", coherence_evict,
 		   coherence_seed, coherence_scan_ms,
 		   (long long)atomic64_read(&obmm_stat_fills),
 		   (long long)atomic64_read(&obmm_stat_wb_lines),
 		   (long long)atomic64_read(&obmm_stat_invals),
 		   (long long)atomic64_read(&obmm_stat_evictions),
+		   (long long)atomic64_read(&obmm_stat_user_lines),
 		   obmm_report_seq);
 	return 0;
 }

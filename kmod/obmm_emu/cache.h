@@ -19,6 +19,11 @@ vm_fault_t obmm_cache_fault(struct obmm_region *r, struct vm_area_struct *vma,
 int obmm_cache_access(struct obmm_region *r, u64 off, void *buf, int len,
 		      bool write);
 void obmm_cache_maintain(struct obmm_region *r, u64 off, u64 len, u8 ops);
+void obmm_cache_line_maintain(struct obmm_region *r, u64 off, bool inval);
+#ifdef CONFIG_ARM64
+void obmm_cache_dc_begin(unsigned long addr);
+void obmm_cache_dc_end(void);
+#endif
 void obmm_cache_release(struct obmm_region *r, bool write_back);
 
 #endif /* OBMM_EMU_CACHE_H */

@@ -34,6 +34,7 @@
 #include "region.h"
 #include "shmdev.h"
 #include "ubc.h"
+#include "usermaint.h"
 
 static long obmm_dev_ioctl(struct file *file, unsigned int cmd,
 			   unsigned long arg)
@@ -170,10 +171,13 @@ static int __init obmm_emu_init(void)
 	ret = obmm_cache_init();
 	if (ret)
 		goto err_ubc;
+	ret = obmm_usermaint_init();
+	if (ret)
+		goto err_cache;
 	/* Last: no ioctl may arrive before init is complete. */
 	ret = misc_register(&obmm_misc);
 	if (ret)
-		goto err_cache;
+		goto err_usermaint;
 
 	pr_info("node %d ready (%s)\n", obmm_emu_node_id,
 		obmm_fabric_enabled() ? "fabric present" :
@@ -181,6 +185,8 @@ static int __init obmm_emu_init(void)
 	pr_info("obmm_module: init completed\n");
 	return 0;
 
+err_usermaint:
+	obmm_usermaint_exit();
 err_cache:
 	obmm_cache_exit();
 err_ubc:
@@ -225,6 +231,7 @@ static void __exit obmm_emu_exit(void)
 
 	pr_info("obmm_module: exit started\n");
 	misc_deregister(&obmm_misc);
+	obmm_usermaint_exit();
 	obmm_ubc_exit();
 	obmm_sysfs_exit();
 	obmm_shmdev_exit();

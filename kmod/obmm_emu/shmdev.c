@@ -623,6 +623,33 @@ static const struct vm_operations_struct obmm_vm_ops = {
 #endif
 };
 
+/*
+ * A cache maintenance instruction of the current task at user address
+ * @addr (arm64 EL0 DC, usermaint.c): on a strict cacheable mapping of a
+ * region, the model's maintenance of that line; elsewhere nothing (the
+ * kernel has already executed the instruction for the task).
+ */
+void obmm_shmdev_user_maint(unsigned long addr, bool inval)
+{
+	struct mm_struct *mm = current->mm;
+	struct vm_area_struct *vma;
+	struct obmm_region *r;
+
+	if (!mm)
+		return;
+	mmap_read_lock(mm);
+	vma = find_vma(mm, addr);
+	if (vma && vma->vm_start <= addr && vma->vm_ops == &obmm_vm_ops) {
+		r = obmm_vma_region(vma);
+		mutex_lock(&r->mmap_lock);
+		if (obmm_cache_on(r))
+			obmm_cache_line_maintain(r, obmm_vma_offset(vma, addr),
+						 inval);
+		mutex_unlock(&r->mmap_lock);
+	}
+	mmap_read_unlock(mm);
+}
+
 static void obmm_vma_set_flags(struct vm_area_struct *vma, vm_flags_t flags)
 {
 #ifdef OBMM_HAVE_VM_FLAGS_SET

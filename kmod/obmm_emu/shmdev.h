@@ -15,5 +15,6 @@ void obmm_shmdev_unpublish(struct obmm_region *r);
 struct device *obmm_shmdev_root(void);
 void obmm_shmdev_revoke(struct obmm_region *r);
 bool obmm_shmdev_revoked(struct obmm_region *r);
+void obmm_shmdev_user_maint(unsigned long addr, bool inval);
 
 #endif /* OBMM_EMU_SHMDEV_H */

@@ -38,24 +38,34 @@ pytestmark = [
 EXAMPLE = repo_root() / "examples" / "arm64"
 
 
-def test_handoff_with_arm64_fences_builds_and_runs_on_two_arm64_nodes(tmp_path: Path) -> None:
+def run_handoff(
+    tmp_path: Path, *extra: str, make: str = "make"
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """examples/arm64 copied as a user's directory, built and run by one `run --arch arm64`
+    line on two nodes (`extra`: more of its options); the process and its output."""
     work = tmp_path / "handoff"
     shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("handoff", "*.o"))
     name = f"arm64-handoff-{os.getpid()}"
     argv = [
         sys.executable, "-m", "obmm.testbed.cli.main", "run", "--arch", "arm64",
         "--nodes", "2", "--name", name, "--dir", str(work), "--timeout", str(scaled(300)),
-        "--node", "0=make && exec ./handoff export",
-        "--node", "1=make && ./handoff import",
-        "--service", "0", "--ready-line", "serving handle",
+        "--node", f"0={make} && exec ./handoff export",
+        "--node", f"1={make} && ./handoff import",
+        "--service", "0", "--ready-line", "serving handle", *extra,
     ]  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.run(
         argv, capture_output=True, text=True, timeout=scaled(900), check=False
     )  # fmt: skip
-    wall = time.monotonic() - t0
-    out = proc.stdout
-    print(f"obmm-testbed run --arch arm64: {wall:.1f} s\n{out}\n{proc.stderr[-3000:]}")
+    print(f"obmm-testbed run --arch arm64 {' '.join(extra)}: {time.monotonic() - t0:.1f} s\n"
+          f"{proc.stdout}\n{proc.stderr[-3000:]}")  # fmt: skip
+    # The cluster is gone with its run directory.
+    assert not list(run_root().glob(f"{RUN_PREFIX}{name}*"))
+    return proc, proc.stdout
+
+
+def test_handoff_with_arm64_fences_builds_and_runs_on_two_arm64_nodes(tmp_path: Path) -> None:
+    proc, out = run_handoff(tmp_path)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{proc.stderr[-4000:]}"
     lines = out.splitlines()
     for node in (0, 1):  # built in each guest, by its compiler, from the copied sources
@@ -72,5 +82,24 @@ def test_handoff_with_arm64_fences_builds_and_runs_on_two_arm64_nodes(tmp_path: 
     ), out
     assert "[node0] handoff: answered 8 rounds, 0 wrong words received" in lines, out
     assert "[node0] handoff: unexported" in lines, out
-    # The cluster is gone with its run directory.
-    assert not list(run_root().glob(f"{RUN_PREFIX}{name}*"))
+
+
+@pytest.mark.parametrize("maintained", [True, False], ids=["dc-civac", "no-dc"])
+def test_strict_coherence_counts_the_programs_own_dc_civac(
+    tmp_path: Path, maintained: bool
+) -> None:
+    """Under --coherence strict each node caches what its cacheable mappings touch until
+    maintenance; on arm64 the program's own `dc civac` is maintenance (kmod/obmm_emu/
+    usermaint.c).  With it the hand-off is right; built without it (make NO_DC=1) the exporter
+    never sees the importer's round 1 (its stores stay in the importer's cache), as on a UB host."""
+    make = "make" if maintained else "make NO_DC=1"
+    proc, out = run_handoff(tmp_path, "--coherence", "strict", make=make)
+    if maintained:
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{proc.stderr[-4000:]}"
+        assert "[node0] handoff: answered 8 rounds, 0 wrong words received" in out, out
+    else:  # whichever end waits out its 20 s first says so (the other may see the revocation)
+        said = out + proc.stderr
+        assert proc.returncode != 0, said
+        assert "[node0] handoff: round 1 never came" in said or (
+            "[node1] handoff: no answer to round 1" in said
+        ), said

@@ -89,8 +89,9 @@ ASSIGN = re.compile(r"^([\w$()-]+)\s*[:+]?=(.*)$", re.M)
 
 def sources(directory: Path) -> list[Path]:
     """The C files of the module built in `directory`: the objects of its ``Kbuild``'s
-    ``<module>-y`` / ``<module>-objs`` lines (or its ``obj-m`` objects, for a one-file
-    module), or, without a Kbuild, every ``*.c`` there."""
+    ``<module>-y`` / ``<module>-objs`` lines, and of its ``<module>-$(CONFIG_...)`` ones
+    whatever the configuration (or its ``obj-m`` objects, for a one-file module), or, without
+    a Kbuild, every ``*.c`` there."""
     kbuild = directory / "Kbuild"
     if not kbuild.is_file():
         return sorted(directory.glob("*.c"))
@@ -99,7 +100,8 @@ def sources(directory: Path) -> list[Path]:
     single: list[str] = []
     for m in ASSIGN.finditer(text):
         var, value = m.group(1), m.group(2)
-        if var.endswith(("-y", "-objs")) and not var.startswith(("ccflags", "obj")):
+        linked = var.endswith(("-y", "-objs")) or re.search(r"-\$\(CONFIG_\w+\)$", var)
+        if linked and not var.startswith(("ccflags", "obj")):
             parts += OBJECT.findall(value)
         elif var == "obj-m":
             single += OBJECT.findall(value)

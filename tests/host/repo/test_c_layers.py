@@ -157,17 +157,19 @@ def test_file_scope_calls_and_variables_count(tmp_path: Path) -> None:
 
 
 def test_kbuild_says_which_files(tmp_path: Path) -> None:
-    """A module's files are its Kbuild's objects, a shared directory's included; a C file the
-    Kbuild does not link is not part of it."""
+    """A module's files are its Kbuild's objects, a shared directory's and one a configuration
+    option adds included; a C file the Kbuild does not link is not part of it."""
     write(tmp_path / "common", {"fab.c": "int fab(void) { return 0; }\n"})
     mod = write(
         tmp_path / "mod",
         {
-            "Kbuild": "obj-m := m.o\nm-y := core.o \\\n\t../common/fab.o\n",
+            "Kbuild": "obj-m := m.o\nm-y := core.o \\\n\t../common/fab.o\n"
+            "m-$(CONFIG_ARM64) += arch.o\n",
             "core.c": "int core(void) { return fab(); }\n",
+            "arch.c": "int arch(void) { return core(); }\n",
             "stale.c": "int stale(void) { return core(); }\n",
         },
     )
     g = ccalls.graph([mod])
-    assert g.files == ["core.c", "fab.c"]
-    assert g.edges() == {("core.c", "fab.c")}
+    assert g.files == ["arch.c", "core.c", "fab.c"]
+    assert g.edges() == {("core.c", "fab.c"), ("arch.c", "core.c")}
