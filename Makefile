@@ -145,7 +145,8 @@ qemu-test: setup-python
 # tests with its reason.  arm64-stage is the part sized for make test: the plumbing, the
 # data path and every ioctl's refusals with their log lines, shmdev page and PMD mappings, a
 # borrow, then a user's arm64 C program through `obmm-testbed run --arch arm64` (its own pair,
-# first, so two pairs never run at once), a cross-node read and the kernel-log guard on a pair.
+# first, so two pairs never run at once; also under strict coherence, with and without its own
+# dc civac), a cross-node read and the kernel-log guard on a pair.
 ARM64 := OBMM_TESTBED_ARCH=arm64
 ARM64_STAGE_GUEST := tests/guest/test_plumbing.py tests/guest/test_data.py tests/guest/test_klog.py \
 	tests/guest/test_addr_query.py tests/guest/test_shmdev.py::test_pmd_mapping_is_pmd_aligned \
