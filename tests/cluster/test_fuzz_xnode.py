@@ -138,9 +138,7 @@ class Rounds:
         xc = self.xc
         if how == "reload":
             xc.py(A, GUEST_PY + "cross.unexport_all()\n")
-            xc.run(A, "p=/sys/module/obmm_emu/parameters; args=$(for k in node_id pool_base "
-                   "pool_size; do echo $k=$(cat $p/$k); done); rmmod obmm_emu && "
-                   "insmod /opt/obmm-testbed/kmod/obmm_emu.ko $args", timeout=120)  # fmt: skip
+            xc.py(A, "import xnode\nxnode.reload_obmm()\n", timeout=120)
         else:
             xc.py(
                 A, f"import obmm\nwith obmm.Obmm() as dev:\n    dev.unexport({handle['mem_id']})\n"

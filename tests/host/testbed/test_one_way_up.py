@@ -4,6 +4,7 @@ repeats its sequence (start a cluster, provision it)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,24 @@ def test_the_session_reloads_the_modules_on_every_node(monkeypatch: pytest.Monke
 def test_the_checker_sees_a_call() -> None:
     assert "bring_up" in calls(ROOT / FRONT_ENDS["obmm-testbed run"])
     assert "Cluster.start" in calls(ROOT / "pylib/obmm/testbed/session.py")
+
+
+#: A module load or unload as a command: `rmmod obmm...`, `insmod <file>.ko`, or an argv item.
+RELOAD = re.compile(
+    r"\b(rmmod|modprobe)\s+(-\S+\s+)*(obmm|ub_compat)|\binsmod\s+\S+\.ko|[\"'](rmmod|insmod|modprobe)[\"']"
+)
+
+
+def test_the_cluster_suite_reloads_the_driver_only_through_xnode_reload_obmm() -> None:
+    """One copy of a reload on a cluster node (tests/cluster/guest_side/xnode.py:reload_obmm,
+    with its fabric parameters and its wait for holders): the cross-node fuzzer's own shell
+    copy still named the module obmm_emu after it became obmm, and only `make fuzz` ran it."""
+    own = ROOT / "tests" / "cluster" / "guest_side" / "xnode.py"
+    spelled = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted((ROOT / "tests" / "cluster").rglob("*.py"))
+        if path != own
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if RELOAD.search(line)
+    ]
+    assert spelled == [], spelled
