@@ -316,13 +316,31 @@ static int obmm_pool_zero_granule(unsigned long idx)
 }
 
 /*
+ * Test only: how a granule's delay ended, so that a test sees unload cut the
+ * worker short from the log (an event) rather than from rmmod's wall time.
+ */
+static void obmm_pool_test_zero_delay_wait(unsigned long idx)
+{
+	unsigned long delay = msecs_to_jiffies(obmm_pool_test_zero_delay());
+	unsigned long end = jiffies + delay;
+
+	if (!delay)
+		return;
+	/* Its return cannot tell: it is 1 when the delay ran out with stopping set. */
+	wait_event_timeout(the_pool.zeroing_wq, READ_ONCE(the_pool.stopping),
+			   delay);
+	pr_info("test: zero worker: granule %lu: delay %s\n", idx,
+		time_before(jiffies, end) ? "ended by unload" : "served");
+}
+
+/*
  * Clear freed granules one by one, lowest first, until none is dirty or
  * the module unloads (what is left dirty then is nobody's: a load clears
  * the whole pool anew).
  */
 static void obmm_pool_zero_work(struct work_struct *work)
 {
-	unsigned long idx = 0, delay;
+	unsigned long idx = 0;
 	int ret;
 
 	for (;;) {
@@ -346,10 +364,7 @@ static void obmm_pool_zero_work(struct work_struct *work)
 		WRITE_ONCE(the_pool.zeroing, idx);
 		mutex_unlock(&the_pool.lock);
 
-		delay = msecs_to_jiffies(obmm_pool_test_zero_delay());
-		if (delay)
-			wait_event_timeout(the_pool.zeroing_wq,
-					   READ_ONCE(the_pool.stopping), delay);
+		obmm_pool_test_zero_delay_wait(idx);
 		ret = obmm_pool_zero_granule(idx);
 
 		mutex_lock(&the_pool.lock);
