@@ -179,7 +179,8 @@ TIMEOUT_SCALE = Var(
     "OBMM_TESTBED_TIMEOUT_SCALE",
     "testbed",
     "factor (>= 1) on the boot and per-test timeouts and the suites' waits for work of variable "
-    "length (slower debug kernels, a busy machine)",
+    "length (slower debug kernels); the machine's load stretches the waits further on its own "
+    "(runnable tasks per core, at most 8 times)",
     default=1.0,
     parse=as_float,
 )

@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from obmm import envvars
 from obmm.testbed.node import SshNode
 from obmm.testbed.remote import GUEST_ROOT
+from obmm.testbed.settings import scaled
 from obmm.testbed.ssh import (
     CommandFailed,
     CommandTimeout,
@@ -149,7 +149,7 @@ class ClusterHarness:
         if conn is not None:
             return conn
         # a debug kernel's sshd answers late under load: its scale, as the boot's
-        timeout = 60 * float(envvars.TIMEOUT_SCALE.get())
+        timeout = scaled(60)
         conn = self.node_list[node].connect(timeout=timeout, node_only=True)
         self._conns[node] = conn
         return conn
@@ -221,15 +221,16 @@ class ClusterHarness:
         )
 
     def wait_file(self, node: int, path: str, *, timeout: float = 90, log: str = "") -> str:
-        """Wait (bounded) until `path` exists in the guest; return its content."""
-        script = (
-            f"t=0; while [ ! -e {path} ]; do sleep 0.2; t=$((t+1)); "
-            f"[ $t -ge {int(timeout * 5)} ] && exit 1; done; cat {path}"
-        )
-        res = self.run(node, script, timeout=timeout + 30, check=False)
+        """Wait until `path` exists in the guest; return its content.  The wait is for work of
+        the machine's pace, so `timeout` is scaled (settings.scaled) and counted by the
+        guest's clock, not by its loop's turns."""
+        bound = scaled(timeout)
+        poll = f"while [ ! -e {shlex.quote(path)} ]; do sleep 0.2; done"
+        script = f"timeout {bound:.0f} sh -c {shlex.quote(poll)} && cat {shlex.quote(path)}"
+        res = self.run(node, script, timeout=bound + scaled(30), check=False)
         if not res.ok:
             extra = self.run(node, f"cat {log}", check=False).out if log else ""
-            raise AssertionError(f"node{node}: {path} did not appear in {timeout} s\n{extra}")
+            raise AssertionError(f"node{node}: {path} did not appear in {bound:.0f} s\n{extra}")
         return res.out
 
     def kill(self, node: int, pid: int, sig: str = "TERM") -> None:

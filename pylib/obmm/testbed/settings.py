@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -182,11 +183,27 @@ class Settings:
         return ", ".join(parts) or "defaults"
 
 
-def scaled(seconds: float, environ: Mapping[str, str] | None = None) -> float:
-    """`seconds` times $OBMM_TESTBED_TIMEOUT_SCALE: a harness's bound on work whose length
-    depends on the machine (a boot, a build, a command's progress), never on a behaviour the
-    test proves."""
-    return seconds * float(envvars.TIMEOUT_SCALE.get(environ))
+#: busy_factor's ceiling: beyond it a wait is a hang, however busy the machine.
+BUSY_FACTOR_MAX = 8.0
+
+
+def busy_factor(load: float | None = None, cpus: int | None = None) -> float:
+    """How many times its idle pace this machine runs CPU-bound work now: runnable tasks per
+    core (the 1-minute load average over the cores; TCG guests are CPU-bound), between 1 and
+    BUSY_FACTOR_MAX.  Other work beside a run makes it slower, not red."""
+    load = os.getloadavg()[0] if load is None else load
+    cpus = (os.cpu_count() or 1) if cpus is None else cpus
+    return min(BUSY_FACTOR_MAX, max(1.0, load / max(1, cpus)))
+
+
+def scaled(
+    seconds: float, environ: Mapping[str, str] | None = None, *, busy: float | None = None
+) -> float:
+    """`seconds` times $OBMM_TESTBED_TIMEOUT_SCALE times the machine's busy_factor() (or
+    `busy`): a harness's bound on work whose length depends on the machine (a boot, a build,
+    a command's progress), never on a behaviour the test proves."""
+    factor = busy_factor() if busy is None else busy
+    return seconds * float(envvars.TIMEOUT_SCALE.get(environ)) * factor
 
 
 def knob_env_params(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:

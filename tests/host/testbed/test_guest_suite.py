@@ -74,13 +74,19 @@ def test_collect_errors_and_garbage_lines() -> None:
 def test_guest_command_maps_events_to_stdout_and_sets_node_env() -> None:
     topo = Topology(nodes=2)
     cmd = guest_suite.guest_pytest_command(
-        ["tests/guest/t.py::test_it[a b]"], node=1, nodes=2, topology=topo, junit="/r/j.xml"
+        ["tests/guest/t.py::test_it[a b]"],
+        node=1,
+        nodes=2,
+        topology=topo,
+        junit="/r/j.xml",
+        timeout_scale=3,
     )
     assert cmd.endswith("3>&1 1>&2")
     words = shlex.split(cmd)
     assert "OBMM_NODE_ID=1" in words and "OBMM_NODES=2" in words
     assert f"OBMM_POOL_BASE={topo.pool_base}" in words
     assert "PYTHONPATH=/opt/obmm-testbed/pylib" in words
+    assert "OBMM_TESTBED_TIMEOUT_SCALE=3" in words  # the guest's bounds scale as the host's
     assert "obmm.testbed.suite.guest_plugin" in words
     assert "tests/guest/t.py::test_it[a b]" in words  # quoted, one argument
     assert "--junitxml=/r/j.xml" in words

@@ -132,10 +132,21 @@ def test_the_settings_page_documents_every_variable() -> None:
 
 def test_scaled_stretches_a_wait_by_the_timeout_scale() -> None:
     # The suites' waits for work of the machine's pace (the signal matrix's, the runner's).
-    assert settings_mod.scaled(300, {}) == 300
-    assert settings_mod.scaled(300, {envvars.TIMEOUT_SCALE.name: "2.5"}) == 750
+    assert settings_mod.scaled(300, {}, busy=1.0) == 300
+    assert settings_mod.scaled(300, {envvars.TIMEOUT_SCALE.name: "2.5"}, busy=1.0) == 750
+    assert settings_mod.scaled(300, {envvars.TIMEOUT_SCALE.name: "2.5"}, busy=2.0) == 1500
     with pytest.raises(ValueError, match="OBMM_TESTBED_TIMEOUT_SCALE"):
         settings_mod.scaled(1, {envvars.TIMEOUT_SCALE.name: "slow"})
+
+
+def test_busy_factor_is_runnable_tasks_per_core_between_1_and_its_ceiling() -> None:
+    # A busy machine stretches the waits (issue 33: a second cluster beside make test).
+    assert settings_mod.busy_factor(load=0.3, cpus=2) == 1.0
+    assert settings_mod.busy_factor(load=7.0, cpus=2) == 3.5
+    assert settings_mod.busy_factor(load=100.0, cpus=2) == settings_mod.BUSY_FACTOR_MAX
+    assert settings_mod.busy_factor(load=3.0, cpus=0) == 3.0
+    assert 1.0 <= settings_mod.busy_factor() <= settings_mod.BUSY_FACTOR_MAX
+    assert settings_mod.scaled(10, {}) >= 10
 
 
 def test_the_coherence_model_reaches_the_driver_parameters_only_when_strict() -> None:

@@ -158,8 +158,10 @@ def guest_pytest_command(
     topology: Topology,
     junit: str | None = None,
     driver: str = "emu",
+    timeout_scale: float = 1.0,
 ) -> str:
-    """The shell command that runs pytest in a guest with the event stream on stdout."""
+    """The shell command that runs pytest in a guest with the event stream on stdout; the
+    guest's bounds on work of variable length scale as the harness's (`timeout_scale`)."""
     env = {
         "PYTHONPATH": str(GUEST_ROOT / "pylib"),
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -170,6 +172,7 @@ def guest_pytest_command(
         envvars.POOL_SIZE.name: str(topology.pool_size),
         envvars.TARGET.name: "qemu",
         envvars.NODE_DRIVER.name: driver,
+        envvars.TIMEOUT_SCALE.name: f"{timeout_scale:g}",
     }
     return pytest_shell_command(GUEST_ROOT, env, args, junit=junit)
 
@@ -408,6 +411,7 @@ class GuestSession:
             nodes=session.topology.nodes,
             topology=session.topology,
             driver=session.settings.driver,
+            timeout_scale=session.settings.timeout_scale,
         )
         with session.nodes[node].connect() as conn:
             parser = collect_over(conn, cmd, "guest", timeout=300)
@@ -489,6 +493,7 @@ class GuestRun:
             topology=booted.topology,
             junit=junit,
             driver=booted.settings.driver,
+            timeout_scale=booted.settings.timeout_scale,
         )
         self.exit_status: int | None = None
         self.fatal: BaseException | None = None

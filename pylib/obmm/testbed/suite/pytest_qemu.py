@@ -34,7 +34,7 @@ import pytest
 from obmm import envvars
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import repo_root, results_dir
-from obmm.testbed.settings import Settings
+from obmm.testbed.settings import Settings, busy_factor
 from obmm.testbed.ssh import GuestGone
 from obmm.testbed.suite import durations
 from obmm.testbed.suite.guest_suite import (
@@ -305,7 +305,11 @@ class GuestItem(pytest.Item):
 
     def runtest(self) -> None:
         run = self._run()
-        timeout = float(envvars.GUEST_TEST_TIMEOUT.get()) * _timeout_scale(session_for(self.config))
+        timeout = (
+            float(envvars.GUEST_TEST_TIMEOUT.get())
+            * _timeout_scale(session_for(self.config))
+            * busy_factor()
+        )
         with run.lock:
             running_before = run.parser.current
         try:
