@@ -335,6 +335,16 @@ def scan(
     return reports
 
 
+def after_marker(text: str, marker: str) -> str:
+    """The lines of a kernel log after the last line holding `marker` (all of `text` if no
+    line does: the marker scrolled out of the buffer, or the node restarted)."""
+    cut = text.rfind(marker)
+    if cut < 0:
+        return text
+    end = text.find("\n", cut)
+    return "" if end < 0 else text[end + 1 :]
+
+
 def format_reports(reports: Sequence[Report]) -> str:
     """Human-readable text of reports, for a test failure message."""
     parts = [f"{len(reports)} kernel log report(s):"]

@@ -601,3 +601,11 @@ def test_the_coherence_models_reports_are_one_line_each_and_the_load_line_is_not
 def test_a_coherence_report_inside_a_warn_block_is_still_its_own() -> None:
     reports = logscan.scan(WARN + COHERENCE.splitlines(keepends=True)[1])
     assert {r.kind for r in reports} == {Kind.WARN, Kind.COHERENCE}
+
+
+def test_after_marker_is_the_log_after_the_last_marker_line() -> None:
+    # kguard's per-test log, and a dead node's console (issue 36: one copy of the cut).
+    log = "a\nobmm-cluster-test: t1\nb\nobmm-cluster-test: t1\nc\nd\n"
+    assert logscan.after_marker(log, "obmm-cluster-test: t1") == "c\nd\n"
+    assert logscan.after_marker(log, "obmm-cluster-test: t2") == log
+    assert logscan.after_marker("x\nmark", "mark") == ""

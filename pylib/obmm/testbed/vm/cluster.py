@@ -42,7 +42,7 @@ from obmm.testbed.vm import kmemleak, numa, ownership, pvh, qemu
 from obmm.testbed.vm import snapshot as snapshot_mod
 from obmm.testbed.vm.machine import Machine
 from obmm.testbed.vm.timeline import READY_LINE, ConsoleWatch, Timeline, cpu_seconds
-from obmm.tools import interrupts
+from obmm.tools import interrupts, logscan
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +200,7 @@ class NodeProcess:
             text = self.console_log.read_bytes().decode(errors="replace").replace("\r", "")
         except OSError:
             return ""
-        cut = text.rfind(marker)
-        return text[text.find("\n", cut) + 1 :] if cut >= 0 else text
+        return logscan.after_marker(text, marker)
 
     def console_tail(self, lines: int = CONSOLE_TAIL_LINES) -> str:
         try:

@@ -67,8 +67,7 @@ class KernelLogGuard:
     def new_kernel_log(self, node: int, tag: str) -> str:
         """The node's kernel log after the marker `tag` (all of it if the marker is gone)."""
         text = self.nodes[node].run("dmesg", timeout=60, bare=True).out
-        cut = text.rfind(f"{self.marker}: {tag}")
-        return text[text.find("\n", cut) + 1 :] if cut >= 0 else text
+        return logscan.after_marker(text, f"{self.marker}: {tag}")
 
     def reports(self, node: int) -> list[logscan.Report]:
         """The kernel reports on `node` since :meth:`start`'s marker, while the watch goes on:
@@ -117,9 +116,7 @@ class KernelLogGuard:
         except SshError as exc:
             return exc
         text, _, taint = res.out.rpartition(f"{TAINT_SEPARATOR}\n")
-        cut = text.rfind(f"{self.marker}: {self.tag}")
-        text = text[text.find("\n", cut) + 1 :] if cut >= 0 else text
-        return text, int(taint.strip() or "0")
+        return logscan.after_marker(text, f"{self.marker}: {self.tag}"), int(taint.strip() or "0")
 
     def failures(self, *, allow_dead: bool = False) -> list[str]:
         """What went wrong in the kernels since :meth:`start`, one text per node."""
