@@ -37,7 +37,7 @@ from obmm.testbed.errors import TestbedError
 from obmm.testbed.progress import Progress
 from obmm.testbed.remote import GUEST_ROOT
 from obmm.testbed.session import Session, attach, bring_up
-from obmm.testbed.settings import Settings
+from obmm.testbed.settings import Settings, busy_factor
 from obmm.testbed.ssh import CommandTimeout, Connection, GuestGone, SshError
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm.cluster import Cluster, NodeDied
@@ -461,6 +461,7 @@ class GuestRun:
     # __init__ (the hardware stage's run).
     ping_after_s: float = PING_AFTER_S
     ping_timeout_s: float = PING_TIMEOUT_S
+    timeout_scale: float = 1.0
 
     def __init__(
         self,
@@ -477,6 +478,7 @@ class GuestRun:
         self.ping_after_s = ping_after_s
         self.ping_timeout_s = ping_timeout_s
         booted = session.boot()
+        self.timeout_scale = booted.settings.timeout_scale
         self.cluster = booted.cluster
         self.nodeids = nodeids
         self.node = node
@@ -545,12 +547,14 @@ class GuestRun:
             time.sleep(0.1)
 
     def _ping(self) -> None:
+        # An answer takes longer from a slower kernel or on a busy machine: scaled as the waits.
+        limit = self.ping_timeout_s * self.timeout_scale * busy_factor()
         conn = Connection(
             self.cluster.target(self.node), alive=self.cluster.all_alive, name=f"node{self.node}"
         )
         try:
-            conn.connect(time.monotonic() + self.ping_timeout_s)
-            conn.run("true", timeout=self.ping_timeout_s)
+            conn.connect(time.monotonic() + limit)
+            conn.run("true", timeout=limit)
         except SshError as exc:
             dead = self._dead()
             if dead is not None:
