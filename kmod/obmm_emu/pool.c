@@ -317,20 +317,24 @@ static int obmm_pool_zero_granule(unsigned long idx)
 
 /*
  * Test only: how a granule's delay ended, so that a test sees unload cut the
- * worker short from the log (an event) rather than from rmmod's wall time.
+ * worker short from the log (an event) rather than from rmmod's wall time:
+ * served (no unload yet), ended by unload, or served while unload waited.
  */
 static void obmm_pool_test_zero_delay_wait(unsigned long idx)
 {
 	unsigned long delay = msecs_to_jiffies(obmm_pool_test_zero_delay());
 	unsigned long end = jiffies + delay;
+	const char *how = "served";
 
 	if (!delay)
 		return;
 	/* Its return cannot tell: it is 1 when the delay ran out with stopping set. */
 	wait_event_timeout(the_pool.zeroing_wq, READ_ONCE(the_pool.stopping),
 			   delay);
-	pr_info("test: zero worker: granule %lu: delay %s\n", idx,
-		time_before(jiffies, end) ? "ended by unload" : "served");
+	if (READ_ONCE(the_pool.stopping))
+		how = time_before(jiffies, end) ? "ended by unload" :
+						  "served while unload waited";
+	pr_info("test: zero worker: granule %lu: delay %s\n", idx, how);
 }
 
 /*

@@ -254,9 +254,10 @@ def test_unload_stops_the_zero_worker_at_once(
     """Loaded with the test build's test_zero_delay_ms at its 5 s maximum, the zero worker
     holds each of the pool's 127 freshly dirty granules 5 s before clearing it; rmmod waited
     for all of them (about 10 minutes).  Unload now wakes the worker from the granule it is at
-    and stops it there.  The test build logs how each granule's delay ended: exactly one is
-    ended by the unload, and no granule is taken after it (events, not rmmod's wall time,
-    which a busy host stretches)."""
+    and stops it there.  The test build logs how each granule's delay ended: unload never
+    waits one out, ends at most one, and no granule is taken after it (events, not rmmod's
+    wall time, which a busy host stretches; on one, the unload may come while the worker
+    clears a granule between two delays, and end none)."""
     if not (PARAMS / "test_zero_delay_ms").exists():
         pytest.skip("not the suites' build of obmm_emu (no test_zero_delay_ms)")
     rmmod()
@@ -266,15 +267,19 @@ def test_unload_stops_the_zero_worker_at_once(
     rmmod()
     subprocess.run(["insmod", str(KO), *reload_args], check=True)
     log = kernel_log.take()
-    ends = ZERO_DELAY_END.findall(log)
+    ends = [how for _, how in ZERO_DELAY_END.findall(log)]
     assert ends, f"no zero-worker delay line in the log:\n{log}"
-    assert ends[-1][1] == "ended by unload", f"the last granule's delay was {ends[-1][1]}:\n{log}"
-    assert [e for e in ends if e[1] == "ended by unload"] == [ends[-1]], log
+    assert "served while unload waited" not in ends, log
+    assert ends.count("ended by unload") <= 1, log
+    assert "ended by unload" not in ends[:-1], log
     assert not logscan.scan(log, allow=()), log
 
 
 #: The test build's line for the end of a granule's zero delay (pool.c).
-ZERO_DELAY_END = re.compile(r"test: zero worker: granule (\d+): delay (ended by unload|served)")
+ZERO_DELAY_END = re.compile(
+    r"test: zero worker: granule (\d+): delay (ended by unload|served while unload waited|served)$",
+    re.MULTILINE,
+)
 
 
 def test_unload_cancels_the_export_pid_quarantine_before_the_fabric_goes(
