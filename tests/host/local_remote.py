@@ -38,5 +38,5 @@ class LocalRemoteNode(RemoteNode):
             self.workdir = PurePosixPath(workdir)
         self.conn = LocalConnection()
 
-    def connect(self, timeout: float = 30.0, *, node_only: bool = True) -> Connection:
+    def connect(self, timeout: float | None = None, *, node_only: bool = True) -> Connection:
         return self.conn  # type: ignore[return-value]

@@ -139,6 +139,6 @@ class SshNode(Node, Protocol):
     """A node reached over SSH (a QEMU guest or a UB host), for harnesses that hold
     long-lived channels of their own (the cluster suite's snippet agents)."""
 
-    def connect(self, timeout: float = ..., *, node_only: bool = ...) -> Connection:
+    def connect(self, timeout: float | None = ..., *, node_only: bool = ...) -> Connection:
         """A new logged-in connection; with `node_only` it fails only once this node died."""
         ...

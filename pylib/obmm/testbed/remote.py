@@ -320,7 +320,7 @@ class RemoteNode:
 
     # -- what subclasses provide ---------------------------------------------------------------
 
-    def connect(self, timeout: float = 30.0, *, node_only: bool = True) -> Connection:
+    def connect(self, timeout: float | None = None, *, node_only: bool = True) -> Connection:
         """A new logged-in SSH connection of the caller's own (long-lived channels); with
         `node_only` (the default) it fails only once this node died, else once any did."""
         raise NotImplementedError

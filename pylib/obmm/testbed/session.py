@@ -53,7 +53,7 @@ class GuestNode(RemoteNode):
         super().__init__(index, f"node{index}", addr=cluster.fabric_ip(index))
         self.cluster = cluster
 
-    def connect(self, timeout: float = 30.0, *, node_only: bool = True) -> Connection:
+    def connect(self, timeout: float | None = None, *, node_only: bool = True) -> Connection:
         return self.cluster.connect(self.index, timeout, node_only=node_only)
 
     def open_connection(self) -> Connection:

@@ -248,7 +248,7 @@ class HostNode(RemoteNode):
         self.config = config
         self.set_env(node_env_for(config, index))
 
-    def connect(self, timeout: float = 30.0, *, node_only: bool = True) -> HwConnection:
+    def connect(self, timeout: float | None = None, *, node_only: bool = True) -> HwConnection:
         return connect(self.host, self.config)
 
     def alive(self) -> bool:

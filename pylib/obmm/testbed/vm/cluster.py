@@ -36,6 +36,7 @@ from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
+from obmm.testbed.settings import busy_factor
 from obmm.testbed.ssh import Connection, GuestGone, Target
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import kmemleak, numa, ownership, pvh, qemu
@@ -68,6 +69,8 @@ PR_SET_PDEATHSIG = 1
 DEFAULT_NAME = "default"  # the cluster `up`, `ssh`, `down` use unless told
 # Host randomness written into a restored guest's pool.
 SEED_BYTES = 64
+#: A login to a booted node on an idle machine takes well under this.
+CONNECT_S = 30.0
 _DEATH_MARKERS = ("Kernel panic", "BUG:", "Oops:", "general protection fault")
 
 
@@ -271,6 +274,8 @@ class Cluster:
     progress: Progress | None = field(default=None, repr=False, compare=False)
     #: Seconds of a silent console that make wait_ssh raise BootStalled (None: no limit).
     boot_stall: float | None = field(default=None, repr=False, compare=False)
+    #: The settings' timeout_scale (slower kernels): connect's default bound scales with it.
+    timeout_scale: float = field(default=1.0, repr=False, compare=False)
 
     # -- discovery --------------------------------------------------------------------------
 
@@ -463,7 +468,8 @@ class Cluster:
                     cluster.stop()
                     return again(boot_retries)
             if wait:
-                cluster.boot_stall = BOOT_STALL_S * max(1.0, timeout_scale)
+                cluster.timeout_scale = max(1.0, timeout_scale)
+                cluster.boot_stall = BOOT_STALL_S * cluster.timeout_scale
                 wait_s = timeout or boot_timeout(topology, accel, timeout_scale)
                 try:
                     cluster.wait_ssh(wait_s, progress)
@@ -830,9 +836,14 @@ class Cluster:
             host_key=self.image.host_key,
         )
 
-    def connect(self, index: int, timeout: float = 30.0, *, node_only: bool = False) -> Connection:
-        """An SSH connection to node `index`.  It fails once any node died, or with
-        `node_only` once this node died (so survivors of a killed node stay usable)."""
+    def connect(
+        self, index: int, timeout: float | None = None, *, node_only: bool = False
+    ) -> Connection:
+        """An SSH connection to node `index`, within `timeout` seconds (default CONNECT_S,
+        times the timeout scale and the machine's busy_factor).  It fails once any node died,
+        or with `node_only` once this node died (so survivors of a killed node stay usable)."""
+        if timeout is None:
+            timeout = CONNECT_S * self.timeout_scale * busy_factor()
         alive = self.nodes[index].alive if node_only else self._alive_fn(index)
         conn = Connection(self.target(index), alive=alive, name=f"node{index}")
         try:
