@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -174,6 +175,28 @@ def test_guest_plugin_streams_events_from_a_real_pytest(tmp_path: Path) -> None:
     # Marker names come with the collection (the hardware-stage proof selects by them).
     by_name = {n.split("::")[-1]: m for n, m in p.markers.items()}
     assert by_name == {"test_ok": [], "test_bad": [], "test_skip": ["skip"]}
+
+
+def test_guest_plugin_says_alive_while_a_long_test_runs(tmp_path: Path) -> None:
+    # A node busy with one long test may take minutes to log a new SSH session in (the host's
+    # ping); the stream it already has says the guest still runs (debug-kernel guest suite).
+    from obmm.testbed.suite import guest_plugin
+
+    out = io.StringIO()
+    events = guest_plugin.EventStream(out)
+    events.start_heartbeat(every=0.05)
+    events.emit({"event": "start", "nodeid": "t::long"})
+    time.sleep(0.5)  # the long test
+    events.emit({"event": "finish", "nodeid": "t::long"})
+    events.stop_heartbeat()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]  # whole lines only
+    assert lines[0]["event"] == "start" and lines[-1]["event"] == "finish"
+    assert sum(e["event"] == "alive" for e in lines) >= 3
+    p = guest_suite.EventParser()
+    before = p.last_event
+    time.sleep(0.01)
+    p.feed(b'{"event": "alive"}\n')
+    assert p.last_event > before and not p.garbage and not p.results
 
 
 def test_ssh_cli_accepts_options_before_or_after_the_node() -> None:

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from typing import IO, Any
 
 import pytest
 
 from obmm import envvars
+
+#: Seconds between the stream's "alive" events: the host pings a node (a new SSH login) only
+#: after 30 s without an event, and a node busy with a long test (65,535 mappings under KASAN)
+#: may take minutes to log a new session in while its running one still flows.
+HEARTBEAT_S = 10.0
 
 DRIVERS_SHOWN = {"real": "real obmm.ko on the testbed", "hardware": "real obmm.ko of a UB host"}
 
@@ -86,10 +93,33 @@ class EventStream:
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
         self.collect_errors: list[dict[str, Any]] = []
+        self._lock = threading.Lock()  # the heartbeat's thread writes too
+        self._stopped = threading.Event()
 
     def emit(self, event: dict[str, Any]) -> None:
-        self.stream.write(json.dumps(event) + "\n")
-        self.stream.flush()
+        with self._lock:
+            self.stream.write(json.dumps(event) + "\n")
+            self.stream.flush()
+
+    def beat(self, every: float = HEARTBEAT_S) -> None:
+        """Emit an "alive" event every `every` seconds until stopped or the stream closes: the
+        guest's userspace still runs, whatever a test keeps busy (the host's silence timer).
+        Run in a thread of its own, which takes no signal: a test's SIGALRM or SIGINT must
+        interrupt the main thread's blocking call."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        while not self._stopped.wait(every):
+            try:
+                self.emit({"event": "alive"})
+            except (OSError, ValueError):  # the host went away, or the stream closed
+                return
+
+    def start_heartbeat(self, every: float = HEARTBEAT_S) -> None:
+        threading.Thread(
+            target=self.beat, args=(every,), name="obmm-heartbeat", daemon=True
+        ).start()
+
+    def stop_heartbeat(self) -> None:
+        self._stopped.set()
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -133,6 +163,7 @@ class EventStream:
         self.emit({"event": "finish", "nodeid": nodeid})
 
     def pytest_sessionfinish(self, exitstatus: int) -> None:
+        self.stop_heartbeat()
         self.emit({"event": "session_finish", "exitstatus": int(exitstatus)})
 
 
@@ -140,4 +171,6 @@ def pytest_configure(config: pytest.Config) -> None:
     fd = envvars.EVENT_FD.raw()
     if fd:
         stream = os.fdopen(int(fd), "w", buffering=1, closefd=False)
-        config.pluginmanager.register(EventStream(stream), "obmm-event-stream")
+        events = EventStream(stream)
+        config.pluginmanager.register(events, "obmm-event-stream")
+        events.start_heartbeat()
