@@ -197,13 +197,19 @@ def busy_factor(load: float | None = None, cpus: int | None = None) -> float:
 
 
 def scaled(
-    seconds: float, environ: Mapping[str, str] | None = None, *, busy: float | None = None
+    seconds: float,
+    environ: Mapping[str, str] | None = None,
+    *,
+    scale: float | None = None,
+    busy: float | None = None,
 ) -> float:
-    """`seconds` times $OBMM_TESTBED_TIMEOUT_SCALE times the machine's busy_factor() (or
-    `busy`): a harness's bound on work whose length depends on the machine (a boot, a build,
-    a command's progress), never on a behaviour the test proves."""
+    """`seconds` times the timeout scale (`scale`, else $OBMM_TESTBED_TIMEOUT_SCALE) times the
+    machine's busy_factor() (or `busy`): a harness's bound on work whose length depends on the
+    machine (a boot, a build, a command's progress), never on a behaviour the test proves."""
+    if scale is None:
+        scale = float(envvars.TIMEOUT_SCALE.get(environ))
     factor = busy_factor() if busy is None else busy
-    return seconds * float(envvars.TIMEOUT_SCALE.get(environ)) * factor
+    return seconds * scale * factor
 
 
 def knob_env_params(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:

@@ -93,6 +93,24 @@ def test_guest_command_maps_events_to_stdout_and_sets_node_env() -> None:
     assert "--junitxml=/r/j.xml" in words
 
 
+def test_dev_command_has_the_suite_environment_without_the_event_stream() -> None:
+    topo = Topology(nodes=2)
+    suite = guest_suite.guest_pytest_command(
+        ["t.py"], node=1, nodes=2, topology=topo, driver="real", timeout_scale=3
+    )
+    dev = guest_suite.guest_pytest_human_command(
+        ["t.py"], node=1, nodes=2, topology=topo, driver="real", timeout_scale=3
+    )
+    suite_words, dev_words = set(shlex.split(suite)), shlex.split(dev)
+    env = {w for w in dev_words if w.startswith(("OBMM_", "PYTHON"))}
+    # `obmm-testbed dev` runs the guest tests as the suite does, its waits scaled alike
+    assert "OBMM_TESTBED_TIMEOUT_SCALE=3" in env and "OBMM_DRIVER=real" in env
+    assert env == {w for w in suite_words if w.startswith(("OBMM_", "PYTHON"))} - {
+        "OBMM_EVENT_FD=3"
+    }
+    assert not any(w.startswith("obmm.testbed.suite.guest_plugin") for w in dev_words)
+
+
 def test_insmod_passes_only_the_fabric_parameters_the_module_declares() -> None:
     topo = Topology(nodes=2, memory_mib=1024, pool_mib=256)
     ko = PurePosixPath("/opt/obmm-testbed/kmod/obmm.ko")

@@ -135,6 +135,8 @@ def test_scaled_stretches_a_wait_by_the_timeout_scale() -> None:
     assert settings_mod.scaled(300, {}, busy=1.0) == 300
     assert settings_mod.scaled(300, {envvars.TIMEOUT_SCALE.name: "2.5"}, busy=1.0) == 750
     assert settings_mod.scaled(300, {envvars.TIMEOUT_SCALE.name: "2.5"}, busy=2.0) == 1500
+    # a session's own scale (its Settings) wins over the environment's
+    assert settings_mod.scaled(300, {envvars.TIMEOUT_SCALE.name: "2.5"}, scale=3, busy=2.0) == 1800
     with pytest.raises(ValueError, match="OBMM_TESTBED_TIMEOUT_SCALE"):
         settings_mod.scaled(1, {envvars.TIMEOUT_SCALE.name: "slow"})
 

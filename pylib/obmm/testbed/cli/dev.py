@@ -33,7 +33,7 @@ from obmm.testbed.node import OutputFn
 from obmm.testbed.paths import results_dir
 from obmm.testbed.progress import Progress
 from obmm.testbed.session import Session, attach, bring_up
-from obmm.testbed.settings import Settings
+from obmm.testbed.settings import Settings, scaled
 from obmm.testbed.vm.cluster import Cluster, ClusterError, rundir_for
 
 DEFAULT_NAME = "dev"
@@ -133,11 +133,11 @@ def _run_tests(session: Session, pytest_args: list[str]) -> int:
     node = session.nodes[0]
     cmd = guest_pytest_human_command(
         pytest_args, node=0, nodes=len(session.nodes), topology=session.topology,
-        driver=session.settings.driver,
+        driver=session.settings.driver, timeout_scale=session.settings.timeout_scale,
     )  # fmt: skip
     res = node.run(
         cmd,
-        timeout=TEST_TIMEOUT_S * session.settings.timeout_scale,
+        timeout=scaled(TEST_TIMEOUT_S, scale=session.settings.timeout_scale),
         bare=True,
         on_stdout=_writer(sys.stdout.buffer),
         on_stderr=_writer(sys.stderr.buffer),

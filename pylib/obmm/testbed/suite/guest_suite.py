@@ -37,7 +37,7 @@ from obmm.testbed.errors import TestbedError
 from obmm.testbed.progress import Progress
 from obmm.testbed.remote import GUEST_ROOT
 from obmm.testbed.session import Session, attach, bring_up
-from obmm.testbed.settings import Settings, busy_factor
+from obmm.testbed.settings import Settings, scaled
 from obmm.testbed.ssh import CommandTimeout, Connection, GuestGone, SshError
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm.cluster import Cluster, NodeDied
@@ -150,6 +150,24 @@ class EventParser:
             self.session_exit = int(event.get("exitstatus", -1))
 
 
+def guest_env(
+    *, node: int, nodes: int, topology: Topology, driver: str = "emu", timeout_scale: float = 1.0
+) -> dict[str, str]:
+    """The guest suite's environment on node `node`; the guest's bounds on work of variable
+    length scale as the harness's (`timeout_scale`)."""
+    return {
+        "PYTHONPATH": str(GUEST_ROOT / "pylib"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        envvars.NODE_ID.name: str(node),
+        envvars.NODE_COUNT.name: str(nodes),
+        envvars.POOL_BASE.name: str(topology.pool_base),
+        envvars.POOL_SIZE.name: str(topology.pool_size),
+        envvars.TARGET.name: "qemu",
+        envvars.NODE_DRIVER.name: driver,
+        envvars.TIMEOUT_SCALE.name: f"{timeout_scale:g}",
+    }
+
+
 def guest_pytest_command(
     args: Sequence[str],
     *,
@@ -160,38 +178,28 @@ def guest_pytest_command(
     driver: str = "emu",
     timeout_scale: float = 1.0,
 ) -> str:
-    """The shell command that runs pytest in a guest with the event stream on stdout; the
-    guest's bounds on work of variable length scale as the harness's (`timeout_scale`)."""
-    env = {
-        "PYTHONPATH": str(GUEST_ROOT / "pylib"),
-        "PYTHONDONTWRITEBYTECODE": "1",
-        envvars.EVENT_FD.name: str(EVENT_FD),
-        envvars.NODE_ID.name: str(node),
-        envvars.NODE_COUNT.name: str(nodes),
-        envvars.POOL_BASE.name: str(topology.pool_base),
-        envvars.POOL_SIZE.name: str(topology.pool_size),
-        envvars.TARGET.name: "qemu",
-        envvars.NODE_DRIVER.name: driver,
-        envvars.TIMEOUT_SCALE.name: f"{timeout_scale:g}",
-    }
+    """The shell command that runs pytest in a guest with the event stream on stdout."""
+    env = guest_env(
+        node=node, nodes=nodes, topology=topology, driver=driver, timeout_scale=timeout_scale
+    )
+    env[envvars.EVENT_FD.name] = str(EVENT_FD)
     return pytest_shell_command(GUEST_ROOT, env, args, junit=junit)
 
 
 def guest_pytest_human_command(
-    args: Sequence[str], *, node: int, nodes: int, topology: Topology, driver: str = "emu"
+    args: Sequence[str],
+    *,
+    node: int,
+    nodes: int,
+    topology: Topology,
+    driver: str = "emu",
+    timeout_scale: float = 1.0,
 ) -> str:
     """pytest in a guest for a person at a terminal (`obmm-testbed dev`): the suite's
     environment, its output as pytest prints it, no event stream."""
-    env = {
-        "PYTHONPATH": str(GUEST_ROOT / "pylib"),
-        "PYTHONDONTWRITEBYTECODE": "1",
-        envvars.NODE_ID.name: str(node),
-        envvars.NODE_COUNT.name: str(nodes),
-        envvars.POOL_BASE.name: str(topology.pool_base),
-        envvars.POOL_SIZE.name: str(topology.pool_size),
-        envvars.TARGET.name: "qemu",
-        envvars.NODE_DRIVER.name: driver,
-    }
+    env = guest_env(
+        node=node, nodes=nodes, topology=topology, driver=driver, timeout_scale=timeout_scale
+    )
     env_s = " ".join(f"{k}={_q(v)}" for k, v in env.items())
     argv = ["python3", "-m", "pytest", "-p", "no:cacheprovider", *args]
     return f"cd {GUEST_ROOT} && env {env_s} {' '.join(_q(a) for a in argv)}"
@@ -548,7 +556,7 @@ class GuestRun:
 
     def _ping(self) -> None:
         # An answer takes longer from a slower kernel or on a busy machine: scaled as the waits.
-        limit = self.ping_timeout_s * self.timeout_scale * busy_factor()
+        limit = scaled(self.ping_timeout_s, scale=self.timeout_scale)
         conn = Connection(
             self.cluster.target(self.node), alive=self.cluster.all_alive, name=f"node{self.node}"
         )

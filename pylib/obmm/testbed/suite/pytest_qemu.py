@@ -34,7 +34,7 @@ import pytest
 from obmm import envvars
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import repo_root, results_dir
-from obmm.testbed.settings import Settings, busy_factor
+from obmm.testbed.settings import Settings, scaled
 from obmm.testbed.ssh import GuestGone
 from obmm.testbed.suite import durations
 from obmm.testbed.suite.guest_suite import (
@@ -305,10 +305,8 @@ class GuestItem(pytest.Item):
 
     def runtest(self) -> None:
         run = self._run()
-        timeout = (
-            float(envvars.GUEST_TEST_TIMEOUT.get())
-            * _timeout_scale(session_for(self.config))
-            * busy_factor()
+        timeout = scaled(
+            float(envvars.GUEST_TEST_TIMEOUT.get()), scale=_timeout_scale(session_for(self.config))
         )
         with run.lock:
             running_before = run.parser.current

@@ -36,7 +36,7 @@ from obmm.testbed.errors import TestbedError
 from obmm.testbed.parallel import on_each
 from obmm.testbed.paths import cache_dir, qemu_dir, run_root
 from obmm.testbed.progress import Progress
-from obmm.testbed.settings import busy_factor
+from obmm.testbed.settings import scaled
 from obmm.testbed.ssh import Connection, GuestGone, Target
 from obmm.testbed.topology import Topology
 from obmm.testbed.vm import kmemleak, numa, ownership, pvh, qemu
@@ -843,7 +843,7 @@ class Cluster:
         times the timeout scale and the machine's busy_factor).  It fails once any node died,
         or with `node_only` once this node died (so survivors of a killed node stay usable)."""
         if timeout is None:
-            timeout = CONNECT_S * self.timeout_scale * busy_factor()
+            timeout = scaled(CONNECT_S, scale=self.timeout_scale)
         alive = self.nodes[index].alive if node_only else self._alive_fn(index)
         conn = Connection(self.target(index), alive=alive, name=f"node{index}")
         try:
