@@ -650,3 +650,34 @@ def test_shipped_pytest_starts_from_its_bytecode(tmp_path: Path) -> None:
     assert len(found.loaded) >= 20, found.stderr[-2000:]
     assert found.compiled == []
     assert found.stale == []
+
+
+def test_hardware_liveness_ping_is_scaled_by_this_machines_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hardware host's liveness ping waits as long as a guest's would on this machine: the
+    timeout scale and the busy factor stretch it (a loaded runner answers slowly too)."""
+    timeouts: list[float] = []
+
+    class Conn:
+        def __enter__(self) -> Conn:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def run(self, cmd: str, *, timeout: float) -> None:
+            timeouts.append(timeout)
+
+    class Hw:
+        name = "hostA"
+
+        def connect(self) -> Conn:
+            return Conn()
+
+    monkeypatch.setenv(envvars.TIMEOUT_SCALE.name, "2")
+    monkeypatch.setattr("obmm.testbed.settings.busy_factor", lambda: 3.0)
+    run = object.__new__(hwstage.HwRun)
+    run.hw = Hw()  # type: ignore[assignment]
+    run._ping()
+    assert timeouts == [hwstage.runner.PING_TIMEOUT_S * 2 * 3]

@@ -54,6 +54,7 @@ from obmm.testbed.hw.preflight import (
 )
 from obmm.testbed.paths import repo_root, results_dir
 from obmm.testbed.remote import RemoteNode
+from obmm.testbed.settings import scaled
 from obmm.testbed.ssh import Connection, SshError
 from obmm.testbed.suite import guest_suite as runner
 from obmm.testbed.vm.cluster import ClusterError
@@ -230,7 +231,8 @@ class HwRun(runner.GuestRun):
     def _ping(self) -> None:
         try:
             with self.hw.connect() as conn:
-                conn.run("true", timeout=runner.PING_TIMEOUT_S)
+                # This machine's load slows the answer as it does a guest's (settings.scaled).
+                conn.run("true", timeout=scaled(runner.PING_TIMEOUT_S))
         except SshError as exc:
             raise runner.GuestUnresponsive(f"{self.hw.name} stopped answering ({exc})") from exc
 
