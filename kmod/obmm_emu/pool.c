@@ -136,11 +136,6 @@ static unsigned int obmm_pool_test_zero_delay(void)
 	return min_t(unsigned int, READ_ONCE(test_zero_delay_ms),
 		     OBMM_TEST_DELAY_MAX_MS);
 }
-#else
-static unsigned int obmm_pool_test_zero_delay(void)
-{
-	return 0;
-}
 #endif
 
 struct obmm_pool_state {
@@ -315,6 +310,7 @@ static int obmm_pool_zero_granule(unsigned long idx)
 	return 0;
 }
 
+#ifdef OBMM_EMU_TEST
 /*
  * Test only: how a granule's delay ended, so that a test sees unload cut the
  * worker short from the log (an event) rather than from rmmod's wall time:
@@ -336,6 +332,11 @@ static void obmm_pool_test_zero_delay_wait(unsigned long idx)
 						  "served while unload waited";
 	pr_info("test: zero worker: granule %lu: delay %s\n", idx, how);
 }
+#else
+static inline void obmm_pool_test_zero_delay_wait(unsigned long idx)
+{
+}
+#endif
 
 /*
  * Clear freed granules one by one, lowest first, until none is dirty or
