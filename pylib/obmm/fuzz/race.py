@@ -773,6 +773,7 @@ def main(
     status = 0
     done = 0
     ran: dict[str, int] = {}  # scenario -> rounds whose preconditions held
+    skipped: dict[str, int] = {}  # scenario -> rounds not run (Skip: a precondition failed)
     for i in range(rounds):
         if seconds > 0 and time.monotonic() - t0 >= seconds:
             break
@@ -798,11 +799,14 @@ def main(
         calls += rd.calls
         done += 1
         ran[name] = ran.get(name, 0) + (0 if rd.skipped else 1)
+        if rd.skipped:
+            skipped[name] = skipped.get(name, 0) + 1
     elapsed = time.monotonic() - t0
     engine.close()
     figures = {"mode": "concurrent", "seed": seed, "rounds": done,
                "ops": calls, "seconds": round(elapsed, 2),
                "ops_per_s": round(calls / elapsed, 1) if elapsed else 0.0,
-               "failed": status != 0, "rounds_run": dict(sorted(ran.items()))}  # fmt: skip
+               "failed": status != 0, "rounds_run": dict(sorted(ran.items())),
+               "rounds_skipped": dict(sorted(skipped.items()))}  # fmt: skip
     print("fuzz-result " + json.dumps(figures), flush=True)
     return status

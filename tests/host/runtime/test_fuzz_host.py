@@ -564,9 +564,11 @@ def test_a_round_that_cannot_start_is_skipped_and_an_unexpected_errno_is_a_failu
     if raised == "skip":
         assert status == 0 and checked == [0, 1, 2]
         assert result["rounds"] == 3 and result["rounds_run"] == {"setup": 0}
+        assert result["rounds_skipped"] == {"setup": 3}
         assert "fuzz: round 0 (setup) not run: EXPORT 0x200000: EBUSY" in out
     else:
         assert status == 1 and checked == [] and result["failed"]
+        assert result["rounds_skipped"] == {}
         assert "FUZZ FAILURE" in out and "unexpected [Errno 22] Invalid argument" in out
         assert "replay: python3 -m obmm.fuzz --mode concurrent --seed 5 --ops 1" in out
 
