@@ -63,12 +63,14 @@ def record(args: argparse.Namespace) -> int:
     if args.only:
         ops = select(ops, [int(i) for i in args.only.split(",") if i])
     t0 = time.monotonic()
-    failure = engine.run(ops)
-    elapsed = time.monotonic() - t0
-    engine.close()
-    with open(args.record, "w") as out:
-        for outcome in engine.outcomes:
-            out.write(json.dumps(outcome) + "\n")
+    try:
+        failure = engine.run(ops)
+    finally:  # what ran is recorded even when the run ends in an exception
+        elapsed = time.monotonic() - t0
+        engine.close()
+        with open(args.record, "w") as out:
+            for outcome in engine.outcomes:
+                out.write(json.dumps(outcome) + "\n")
     if failure is not None:
         print(f"FUZZ FAILURE: {failure}", flush=True)
     figures = {"mode": "record", "seed": args.seed, "ops": engine.ops_run,

@@ -382,3 +382,29 @@ def test_the_driver_markers_under_each_driver(driver: str) -> None:
         assert _added(emu_only) == [("skipif", emulator_only_reason("hardware"), False)]
         assert _added(fabric) == [("skipif", TESTBED_FABRIC_SKIP, False)]
         assert _added(differs) == []  # a UB host is the real driver on real hardware
+
+
+def test_fuzz_diff_says_why_a_fuzzer_ended_without_its_result(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The CLI prints an error's first line only: it names the exception the fuzzer ended on
+    and the file holding its whole output (the 20,000-op run said only 'Traceback (most
+    recent call last):')."""
+    monkeypatch.setenv("OBMM_TESTBED_RESULTS", str(tmp_path))
+    side = object.__new__(fuzzdiff.Side)
+    side.driver = "real"
+    err = (
+        '{"op": 0, "kind": "export", "errnos": ["ok"]}\n'
+        "Traceback (most recent call last):\n"
+        '  File "engine.py", line 9, in run\n'
+        "KeyError: 7\n"
+    )
+    exc = side.unfinished(1, "", err)
+    first = str(exc).splitlines()[0]
+    log = tmp_path / "fuzz-diff-real.log"
+    assert first == (
+        f"real: the fuzzer did not finish: exit status 1, after 1 operation(s): KeyError: 7 "
+        f"(its output: {log})"
+    )
+    assert "KeyError: 7" in log.read_text() and '"op": 0' in log.read_text()
+    assert "(signal 9: see the node's console)" in str(side.unfinished(137, "", ""))

@@ -183,20 +183,27 @@ class Side:
         with self.session.connect(0) as conn:
             result = conn.run(cmd, timeout=timeout)
         if "fuzz-result" not in result.out:
-            # stderr carries the records (JSON lines) and whatever else the fuzzer said
-            lines = result.err.splitlines()
-            said = [ln for ln in lines if not ln.startswith("{")]
-            done = len(lines) - len(said)
-            # the guest shell's status: 128 + N for a fuzzer killed by signal N
-            died = f" (signal {result.exit_status - 128}: see the node's console)" \
-                if result.exit_status > 128 else ""  # fmt: skip
-            raise FuzzDiffError(
-                f"{self.driver}: the fuzzer did not finish: exit status "
-                f"{result.exit_status}{died}, after {done} operation(s); "
-                f"stdout: {result.out.strip()[-1500:]!r}; stderr: " + "\n".join(said)[-1500:]
-            )
+            raise self.unfinished(result.exit_status, result.out, result.err)
         failure = next((ln for ln in result.out.splitlines() if ln.startswith("FUZZ FAILURE")), "")
         return parse_records(result.err), failure
+
+    def unfinished(self, status: int, out: str, err: str) -> FuzzDiffError:
+        """The error for a fuzzer that ended without its result line.  Its whole output (a
+        traceback, a kernel's kill) goes to results/fuzz-diff-<driver>.log; the message, whose
+        first line is all the CLI prints, names that file and the output's last line."""
+        # stderr carries the records (JSON lines) and whatever else the fuzzer said
+        lines = err.splitlines()
+        said = [ln for ln in lines if not ln.startswith("{")]
+        done = len(lines) - len(said)
+        log = results_dir() / f"fuzz-diff-{self.driver}.log"
+        log.write_text(f"exit status {status}\n--- stdout\n{out}\n--- stderr\n{err}\n")
+        last = next((ln.strip() for ln in reversed(said) if ln.strip()), "nothing on stderr")
+        # the guest shell's status: 128 + N for a fuzzer killed by signal N
+        died = f" (signal {status - 128}: see the node's console)" if status > 128 else ""
+        return FuzzDiffError(
+            f"{self.driver}: the fuzzer did not finish: exit status {status}{died}, after "
+            f"{done} operation(s): {last} (its output: {log})\n" + "\n".join(said)[-1500:]
+        )
 
     def close(self) -> None:
         self.session.close()
