@@ -98,10 +98,7 @@ class Fabric:
         return self.window_addr(dev.query_pa_by_memid(mem_id, offset))
 
     def import_loopback(self, dev: obmm.Obmm, exp: obmm.Export, **kw: object) -> obmm.Import:
-        if exp.uba & decoder.EMU_UBA_SCATTERED and os.environ.get("OBMM_DRIVER") == "real":
-            # Where its pool gave the export in pieces (kmod/ub_compat/pool.c): a host's UMMU
-            # maps them to one UBA range, the testbed's decoder reaches one physical run only.
-            pytest.skip("the real driver's pool gave the export in pieces; no UBA reaches it")
+        skip_if_in_pieces(exp)
         kw.setdefault("tokenid", exp.tokenid)
         return dev.import_(
             self.loopback_addr(dev, exp.mem_id),
@@ -109,6 +106,13 @@ class Fabric:
             scna=self.cna,
             **kw,  # type: ignore[arg-type]
         )
+
+
+def skip_if_in_pieces(exp: obmm.Export) -> None:
+    """Skip where the real driver's pool gave `exp` in pieces (kmod/ub_compat/pool.c): a
+    host's UMMU maps them to one UBA range, the testbed's decoder reaches one run only."""
+    if exp.uba & decoder.EMU_UBA_SCATTERED and os.environ.get("OBMM_DRIVER") == "real":
+        pytest.skip("the real driver's pool gave the export in pieces; no UBA reaches it")
 
 
 def load_fabric() -> Fabric | None:
