@@ -408,3 +408,31 @@ def test_fuzz_diff_says_why_a_fuzzer_ended_without_its_result(
     )
     assert "KeyError: 7" in log.read_text() and '"op": 0' in log.read_text()
     assert "(signal 9: see the node's console)" in str(side.unfinished(137, "", ""))
+
+
+def test_fuzz_diff_runs_the_fuzzer_without_khugepaged() -> None:
+    """The real driver's EXPORT_PID deadlocks its caller against a queued mmap writer
+    (FIDELITY): both record runs start with khugepaged off, before the fuzzer."""
+    commands: list[str] = []
+
+    class Conn:
+        def __enter__(self) -> Conn:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def run(self, cmd: str, *, timeout: float) -> Result:
+            commands.append(cmd)
+            return Result(cmd, 0, b'fuzz-result {"ops": 0}\n', b"", 0.1)
+
+    class Session:
+        def connect(self, node: int) -> Conn:
+            return Conn()
+
+    side = object.__new__(fuzzdiff.Side)
+    side.driver, side.session = "real", Session()  # type: ignore[assignment]
+    side.record(1, 10)
+    (cmd,) = commands
+    assert cmd.startswith("echo never > /sys/kernel/mm/transparent_hugepage/enabled; ")
+    assert cmd.index("transparent_hugepage") < cmd.index("python3 -m obmm.fuzz")

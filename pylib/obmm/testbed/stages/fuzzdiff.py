@@ -55,6 +55,12 @@ COMPARED = ("errnos", "check", "skipped", "mem_id", "numa_id", "offset")
 RUN_S_PER_OP = 0.5
 RUN_MIN_S = 300.0
 GUEST_OUT = "/tmp/obmm-fuzz-diff.jsonl"
+#: On both nodes, so both run alike: no khugepaged.  The real driver's EXPORT_PID holds its mm's
+#: mmap lock for read around pin_user_pages_fast() (obmm_export_from_user.c:
+#: alloc_export_memory_pid), whose slow path takes it again; a writer queued in between
+#: (khugepaged collapsing a huge page of the fuzzer) deadlocks both, and the node panics on the
+#: hung task (FIDELITY, "EXPORT_PID of the caller's own memory").
+NO_KHUGEPAGED = "echo never > /sys/kernel/mm/transparent_hugepage/enabled"
 
 
 class FuzzDiffError(TestbedError, RuntimeError):
@@ -175,7 +181,7 @@ class Side:
         if skip_exports:
             args += ["--skip-exports", ",".join(str(i) for i in skip_exports)]
         cmd = (
-            f"cd {GUEST_ROOT} && PYTHONPATH=pylib python3 -m obmm.fuzz "
+            f"{NO_KHUGEPAGED}; cd {GUEST_ROOT} && PYTHONPATH=pylib python3 -m obmm.fuzz "
             + " ".join(shlex.quote(a) for a in args)
             + f"; status=$?; cat {GUEST_OUT} >&2; exit $status"
         )
