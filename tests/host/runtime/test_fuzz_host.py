@@ -816,6 +816,19 @@ def test_update_range_sequences_need_a_region_nothing_maps(monkeypatch: pytest.M
     assert calls == []
 
 
+def test_record_mode_leaves_out_the_read_only_fd_sequence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fuzz-diff: finding 1's sequence is left out on both drivers: on the real driver each
+    one takes its pages off the process's data_vm until it underflows and the fuzzer's own
+    allocations fail (MemoryError at op 15179 of seed 1, twice).  The split sequence runs."""
+    engine_mod, engine, calls = _sequence_engine(monkeypatch, [])
+    engine.record, engine._outcome = True, {"op": 0, "kind": "update_range", "errnos": []}
+    assert engine._update_sequence(RO_FD)
+    assert calls == [] and engine._outcome["skipped"] == engine_mod.RO_FD_WRITABLE
+    engine._outcome = {"op": 1, "kind": "update_range", "errnos": []}
+    assert engine._update_sequence(SPLIT)
+    assert "skipped" not in engine._outcome and any(c[0] == "madvise" for c in calls)
+
+
 def test_record_mode_keeps_what_ran_when_the_run_raises(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
